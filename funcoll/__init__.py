@@ -1,0 +1,48 @@
+"""funcoll: one collective path for PyTorch on TPU (torch_xla) and Intel GPU (XPU), with a CPU reference.
+
+``import funcoll`` registers the torch.distributed backend ``"funcoll"`` and overrides nothing.
+``funcoll.install()`` puts funcoll's kernels on the ``_c10d_functional`` ops of the accelerators present.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from . import algorithms, groups, semantics, transport
+from .kernels import install, installed, uninstall
+from .process_group import FuncollWork, Options, ProcessGroupFuncoll, register_backend
+from .semantics import ReduceOp
+from .transport import Capabilities, PROFILES
+
+__version__ = "0.1.0"
+
+__all__ = ["install", "uninstall", "installed", "capabilities", "Options", "ProcessGroupFuncoll",
+           "FuncollWork", "ReduceOp", "Capabilities", "PROFILES", "record", "groups"]
+
+record = algorithms.record
+
+register_backend()
+
+
+def capabilities(device_type: str, profile: Optional[str] = None) -> Capabilities:
+    """What funcoll's transport for ``device_type`` does natively (the rest funcoll fills).
+
+    ``profile`` names a capability profile ("gloo", "xccl", "xla") to read instead of the running stack;
+    for "cpu" it is intersected with gloo's, exactly as ``FUNCOLL_PROFILE`` does.
+    """
+    if device_type == "cpu":
+        from .lowering import gloo
+
+        return gloo.capabilities(profile)
+    from .lowering import _ensure_loaded, _funcoll_factories
+
+    _ensure_loaded(device_type)
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"funcoll.lowering.{device_type}")
+    except ImportError:
+        mod = None
+    if mod is not None and hasattr(mod, "capabilities"):
+        return mod.capabilities(profile)
+    return transport.profile(profile or device_type)

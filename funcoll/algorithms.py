@@ -1,0 +1,713 @@
+"""The algorithms layer: every collective's full semantics, built from a transport's native primitives.
+
+One function per collective. Each validates through :mod:`funcoll.semantics`, then asks the transport's
+``Capabilities`` whether the request is native; if not, it composes a strategy. The strategies are written
+once here and shared by every device:
+
+* complex           -> reduced as its real view (sum/avg only)
+* bool              -> reduced as uint8 (sum/max/bor = max, product/min/band = min, bxor = bxor)
+* AVG               -> SUM then scale (fp16/bf16 summed in float32; integers summed in int64, then
+                       divided with truncation, like NCCL)
+* PREMUL_SUM        -> scale then SUM
+* unsigned dtypes   -> reduced as the signed dtype of the same width (min/max with the sign bit flipped)
+* narrow dtypes     -> widen, reduce, narrow (exact modulo the width for sums and products)
+* other ops         -> gather, then reduce locally in rank order (bitwise ops, broken integer MIN/MAX)
+* unmovable dtypes  -> moved as raw bits of a dtype the backend moves (fp8, uint16/32/64, complex)
+* uneven all_to_all -> agree on the largest split, pad, even all_to_all, unpad
+* coalesced         -> one flat buffer per dtype, one collective each (or one tuple op where native)
+* broadcast         -> masked integer SUM of the raw bits where the backend has no broadcast
+* reduce/gather/scatter -> all_reduce / all_gather / broadcast where the backend lacks them
+
+All ranks are group-local. Every function returns a :class:`Pending`: waiting on it waits on the native
+handles and then runs the local finishing steps (unpad, scale, narrow, copy back). Multi-step strategies
+wait between their steps; the last step stays asynchronous where the transport is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from . import semantics as S
+from .semantics import ReduceOp, Reduction
+from .transport import Handle, Transport
+
+__all__ = [
+    "Pending", "record", "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_coalesced",
+    "reduce_scatter", "reduce_scatter_coalesced", "all_to_all", "broadcast", "reduce", "gather",
+    "scatter", "send", "recv", "barrier",
+]
+
+R = ReduceOp
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pending results and strategy recording
+# ---------------------------------------------------------------------------------------------------
+class Pending(Handle):
+    """Native handles to wait on, then local finishing steps to run once, in order."""
+
+    __slots__ = ("_handles", "_then")
+
+    def __init__(self, handles: Sequence[Handle] = (), then: Optional[Callable[[], object]] = None):
+        self._handles = [h for h in handles if h is not None]
+        self._then = [then] if then is not None else []
+
+    def and_then(self, fn: Callable[[], object]) -> "Pending":
+        self._then.append(fn)
+        return self
+
+    def wait(self) -> None:
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.wait()
+        thens, self._then = self._then, []
+        for fn in thens:
+            fn()
+
+    def is_completed(self) -> bool:
+        return not self._then and all(h.is_completed() for h in self._handles)
+
+
+DONE = Pending()
+
+_recorders: List[list] = []
+_current: Optional[list] = None
+
+
+@contextlib.contextmanager
+def record():
+    """Collects, for every collective started inside the block, ``(op, [strategies])``.
+
+    >>> with funcoll.algorithms.record() as calls: dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    >>> calls   # [("all_reduce", ["avg=sum+scale"])] under FUNCOLL_PROFILE=xccl
+    """
+    log: list = []
+    _recorders.append(log)
+    try:
+        yield log
+    finally:
+        _recorders.remove(log)
+
+
+def _note(strategy: str) -> None:
+    if _current is not None:
+        _current.append(strategy)
+
+
+def _entry(op: str):
+    """Marks a public algorithm: runs it without autograd and records its strategies."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            global _current
+            if not _recorders or _current is not None:
+                with torch.no_grad():
+                    return fn(*args, **kwargs)
+            _current = notes = []
+            try:
+                with torch.no_grad():
+                    return fn(*args, **kwargs)
+            finally:
+                _current = None
+                for log in _recorders:
+                    log.append((op, notes or ["native"]))
+
+        return wrapper
+
+    return deco
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------------
+_BOOL_AS_UINT8 = {R.SUM: R.MAX, R.MAX: R.MAX, R.BOR: R.MAX, R.PRODUCT: R.MIN, R.MIN: R.MIN,
+                  R.BAND: R.MIN, R.BXOR: R.BXOR}
+_SIGNED_OF = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+_SIGN_BIT = {torch.int16: -(1 << 15), torch.int32: -(1 << 31), torch.int64: -(1 << 63)}
+_WIDER = {torch.int8: (torch.int32, torch.int64), torch.uint8: (torch.int32, torch.int64),
+          torch.int16: (torch.int32, torch.int64), torch.int32: (torch.int64,),
+          torch.float16: (torch.float32,), torch.bfloat16: (torch.float32,)}
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+# dtypes with the same element size, tried in order to move raw bits
+_SAME_WIDTH = {1: (torch.uint8, torch.int8), 2: (torch.int16, torch.float16, torch.bfloat16),
+               4: (torch.int32, torch.float32), 8: (torch.int64, torch.float64)}
+
+
+def _contig_in(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _with_contig_out(t: torch.Tensor, run: Callable[[torch.Tensor], Pending]) -> Pending:
+    """Runs ``run`` on a contiguous tensor and copies the result back into ``t`` when it was not."""
+    if t.is_contiguous():
+        return run(t)
+    work = t.contiguous()
+    return run(work).and_then(lambda: t.copy_(work))
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor with at least one dimension, sharing storage."""
+    return t.reshape(1) if t.dim() == 0 else t
+
+
+def _bits(t: torch.Tensor, caps) -> torch.Tensor:
+    """A view of contiguous ``t`` as a dtype the backend moves natively, dim 0 unchanged."""
+    if caps.moves(t.dtype):
+        return t
+    t = _flat(t)
+    if t.dtype.is_complex:
+        _note(f"{t.dtype} moved as its real view")
+        return _bits(torch.view_as_real(t), caps)
+    size = t.element_size()
+    for cand in _SAME_WIDTH.get(size, ()):
+        if caps.moves(cand):
+            _note(f"{t.dtype} moved as {cand}")
+            return t.view(cand)
+    if not caps.moves(torch.uint8):  # pragma: no cover - every backend moves bytes
+        raise NotImplementedError(f"funcoll: the {caps.name} transport moves no dtype that can carry {t.dtype}")
+    _note(f"{t.dtype} moved as bytes")
+    if t.dim() == 1:
+        return t.view(torch.uint8)
+    return t.view(t.shape[0], -1).view(torch.uint8)
+
+
+def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """Reduces dim 0 of ``g`` in rank order, in g's dtype."""
+    if op is R.SUM:
+        return g.sum(0, dtype=g.dtype)
+    if op is R.PRODUCT:
+        return g.prod(0, dtype=g.dtype)
+    if op is R.MIN:
+        return g.amin(0)
+    if op is R.MAX:
+        return g.amax(0)
+    fn = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
+    return functools.reduce(fn, g.unbind(0))
+
+
+def _canon_reduce(t: torch.Tensor, red: Reduction):
+    """complex -> real view, bool -> uint8 view with the matching op. Views share storage with t."""
+    if t.dtype.is_complex:
+        _note("complex reduced as its real view")
+        return torch.view_as_real(_flat(t)), red
+    if t.dtype == torch.bool:
+        op = _BOOL_AS_UINT8[red.op]
+        _note(f"bool reduced as uint8 {op}")
+        return t.view(torch.uint8), Reduction(op)
+    return t, red
+
+
+def _factor(red: Reduction, like: torch.Tensor):
+    f = red.factor
+    if isinstance(f, torch.Tensor):
+        return f.to(device=like.device, dtype=like.dtype).reshape(())
+    return f
+
+
+def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
+    for cand in _WIDER.get(dtype, ()):
+        if caps.reduces(primitive, op, cand):
+            return cand
+    for cand in _WIDER.get(dtype, ()):
+        if cand in caps.reduce_dtypes:
+            return cand
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# all_reduce
+# ---------------------------------------------------------------------------------------------------
+def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
+    """In-place all_reduce of contiguous ``t`` (already validated)."""
+    t, red = _canon_reduce(t, red)
+    caps, dt, op, n = tp.caps, t.dtype, red.op, tp.size
+    if caps.reduces("all_reduce", op, dt):
+        return Pending([tp.all_reduce(t, red)])
+    if op is R.AVG:
+        if dt.is_floating_point:
+            if dt in _LOW_PRECISION:
+                _note(f"avg=sum+scale in float32")
+                w = t.float()
+                return _ar(tp, w, Reduction(R.SUM)).and_then(lambda: t.copy_(w.div_(n)))
+            _note("avg=sum+scale")
+            return _ar(tp, t, Reduction(R.SUM)).and_then(lambda: t.div_(n))
+        _note("avg=int64 sum+truncating divide")
+        w = t.to(torch.int64)
+        return _ar(tp, w, Reduction(R.SUM)).and_then(
+            lambda: t.copy_(torch.div(w, n, rounding_mode="trunc")))
+    if op is R.PREMUL_SUM:
+        _note("premul_sum=scale+sum")
+        t.mul_(_factor(red, t))
+        return _ar(tp, t, Reduction(R.SUM))
+    if dt not in caps.reduce_dtypes:
+        if dt in _SIGNED_OF:
+            sdt = _SIGNED_OF[dt]
+            w = t.view(sdt)
+            if op in (R.MIN, R.MAX):
+                _note(f"{dt} {op} as {sdt} with the sign bit flipped")
+                w.bitwise_xor_(_SIGN_BIT[sdt])
+                return _ar(tp, w, red).and_then(lambda: w.bitwise_xor_(_SIGN_BIT[sdt]))
+            _note(f"{dt} reduced as {sdt}")
+            return _ar(tp, w, red)
+        wide = _wider(dt, caps, "all_reduce", op)
+        if wide is not None:
+            _note(f"widen {dt}->{wide}")
+            w = t.to(wide)
+            return _ar(tp, w, red).and_then(lambda: t.copy_(w))
+        raise NotImplementedError(f"funcoll.all_reduce: the {caps.name} transport cannot reduce {dt}")
+    # the dtype is native but not this op: gather, reduce locally in rank order
+    _note(f"gather+local {op}")
+    flat = t.reshape(-1)
+    g = flat.new_empty((n * flat.numel(),))
+    p = _ag(tp, g, flat)
+    return p.and_then(lambda: flat.copy_(_local_reduce(g.view(n, -1), op)))
+
+
+@_entry("all_reduce")
+def all_reduce(tp: Transport, tensor: torch.Tensor, op="sum") -> Pending:
+    """In-place all_reduce of ``tensor`` over the transport's group."""
+    red = S.parse_reduction(op, "all_reduce")
+    S.check_reduction("all_reduce", red, tensor.dtype)
+    if tensor.numel() == 0:
+        return DONE
+    return _with_contig_out(tensor, lambda t: _ar(tp, t, red))
+
+
+def _by_dtype(tensors: Sequence[torch.Tensor]):
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    return groups.values()
+
+
+@_entry("all_reduce_coalesced")
+def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum") -> Pending:
+    """In-place all_reduce of several tensors: one tuple op where native, else one flat buffer per dtype."""
+    red = S.parse_reduction(op, "all_reduce_coalesced")
+    for t in tensors:
+        S.check_reduction("all_reduce_coalesced", red, t.dtype)
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return DONE
+    caps = tp.caps
+    if caps.has("all_reduce_coalesced") and all(
+            t.is_contiguous() and caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
+        _note(f"one tuple all_reduce of {len(tensors)} tensors")
+        return Pending([tp.all_reduce_coalesced(tensors, red)])
+    pendings = []
+    for idx in _by_dtype(tensors):
+        ts = [tensors[i] for i in idx]
+        if len(ts) == 1:
+            pendings.append(_with_contig_out(ts[0], lambda t: _ar(tp, t, red)))
+            continue
+        _note(f"flat buffer of {len(ts)} {ts[0].dtype} tensors")
+        flat = torch.cat([t.reshape(-1) for t in ts])
+
+        def unflatten(ts=ts, flat=flat):
+            off = 0
+            for t in ts:
+                t.copy_(flat[off:off + t.numel()].view(t.shape))
+                off += t.numel()
+
+        pendings.append(_ar(tp, flat, red).and_then(unflatten))
+    return Pending(pendings)
+
+
+# ---------------------------------------------------------------------------------------------------
+# all_gather
+# ---------------------------------------------------------------------------------------------------
+def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+    """All-gather of contiguous ``inp`` into contiguous ``out`` (dim-0 concatenation)."""
+    caps = tp.caps
+    if not caps.has("all_gather"):  # pragma: no cover - every profile gathers
+        raise NotImplementedError(f"funcoll.all_gather: the {caps.name} transport has no all_gather")
+    return Pending([tp.all_gather(_bits(out, caps), _bits(inp, caps))])
+
+
+@_entry("all_gather_into_tensor")
+def all_gather(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+    S.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
+    if out.numel() == 0:
+        return DONE
+    inp = _flat(_contig_in(inp))
+    return _with_contig_out(out, lambda o: _ag(tp, o, inp))
+
+
+@_entry("all_gather_into_tensor_coalesced")
+def all_gather_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]) -> Pending:
+    """One flat buffer per dtype, one all_gather each."""
+    if len(outs) != len(inps):
+        raise ValueError(f"funcoll.all_gather_into_tensor_coalesced: {len(outs)} outputs for {len(inps)} inputs")
+    for o, i in zip(outs, inps):
+        S.check_all_gather("all_gather_into_tensor_coalesced", o, i, tp.size)
+    n = tp.size
+    pendings = []
+    for idx in _by_dtype(inps):
+        ins = [inps[i] for i in idx if inps[i].numel()]
+        os_ = [outs[i] for i in idx if inps[i].numel()]
+        if not ins:
+            continue
+        if len(ins) == 1:
+            pendings.append(_with_contig_out(os_[0], lambda o, i=_flat(_contig_in(ins[0])): _ag(tp, o, i)))
+            continue
+        _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        g = flat.new_empty((n * flat.numel(),))
+
+        def unflatten(ins=ins, os_=os_, g=g):
+            rows, off = g.view(n, -1), 0
+            for i, o in zip(ins, os_):
+                o.copy_(rows[:, off:off + i.numel()].reshape(o.shape))
+                off += i.numel()
+
+        pendings.append(_ag(tp, g, flat).and_then(unflatten))
+    return Pending(pendings)
+
+
+# ---------------------------------------------------------------------------------------------------
+# reduce_scatter
+# ---------------------------------------------------------------------------------------------------
+def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Pending:
+    """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated)."""
+    out, _ = _canon_reduce(out, red)
+    inp, red = _canon_reduce(inp, red)
+    caps, dt, op, n = tp.caps, inp.dtype, red.op, tp.size
+    if caps.reduces("reduce_scatter", op, dt):
+        return Pending([tp.reduce_scatter(out, inp, red)])
+    if op is R.AVG:
+        if dt.is_floating_point:
+            if dt in _LOW_PRECISION:
+                _note("avg=sum+scale in float32")
+                wo = out.float()
+                return _rs(tp, wo, inp.float(), Reduction(R.SUM)).and_then(lambda: out.copy_(wo.div_(n)))
+            _note("avg=sum+scale")
+            return _rs(tp, out, inp, Reduction(R.SUM)).and_then(lambda: out.div_(n))
+        _note("avg=int64 sum+truncating divide")
+        wo = out.to(torch.int64)
+        return _rs(tp, wo, inp.to(torch.int64), Reduction(R.SUM)).and_then(
+            lambda: out.copy_(torch.div(wo, n, rounding_mode="trunc")))
+    if op is R.PREMUL_SUM:
+        _note("premul_sum=scale+sum")
+        return _rs(tp, out, inp * _factor(red, inp), Reduction(R.SUM))
+    if dt not in caps.reduce_dtypes:
+        if dt in _SIGNED_OF:
+            sdt = _SIGNED_OF[dt]
+            wo, wi = out.view(sdt), inp.view(sdt)
+            if op in (R.MIN, R.MAX):
+                _note(f"{dt} {op} as {sdt} with the sign bit flipped")
+                return _rs(tp, wo, wi ^ _SIGN_BIT[sdt], red).and_then(lambda: wo.bitwise_xor_(_SIGN_BIT[sdt]))
+            _note(f"{dt} reduced as {sdt}")
+            return _rs(tp, wo, wi, red)
+        wide = _wider(dt, caps, "reduce_scatter", op)
+        if wide is not None:
+            _note(f"widen {dt}->{wide}")
+            wo = out.to(wide)
+            return _rs(tp, wo, inp.to(wide), red).and_then(lambda: out.copy_(wo))
+        raise NotImplementedError(f"funcoll.reduce_scatter_tensor: the {caps.name} transport cannot reduce {dt}")
+    if caps.has("all_to_all") and op in (R.BAND, R.BOR, R.BXOR, R.MIN, R.MAX, R.PRODUCT, R.SUM):
+        _note(f"all_to_all+local {op}")
+        buf = torch.empty_like(inp)
+        p = _a2a_even(tp, buf, inp)
+        return p.and_then(lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), op)))
+    _note("all_reduce+slice")  # pragma: no cover - every profile has all_to_all
+    w = inp.clone()
+    return _ar(tp, w, red).and_then(lambda: out.copy_(w.view((n,) + tuple(out.shape))[tp.rank]))
+
+
+@_entry("reduce_scatter_tensor")
+def reduce_scatter(tp: Transport, out: torch.Tensor, inp: torch.Tensor, op="sum") -> Pending:
+    red = S.parse_reduction(op, "reduce_scatter_tensor")
+    S.check_reduction("reduce_scatter_tensor", red, inp.dtype)
+    S.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
+    if out.numel() == 0:
+        return DONE
+    inp = _contig_in(inp)
+    return _with_contig_out(out, lambda o: _rs(tp, o, inp, red))
+
+
+@_entry("reduce_scatter_tensor_coalesced")
+def reduce_scatter_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                             op="sum") -> Pending:
+    """One flat buffer per dtype (each input's n chunks interleaved rank-major), one reduce_scatter each."""
+    red = S.parse_reduction(op, "reduce_scatter_tensor_coalesced")
+    if len(outs) != len(inps):
+        raise ValueError(f"funcoll.reduce_scatter_tensor_coalesced: {len(outs)} outputs for {len(inps)} inputs")
+    for o, i in zip(outs, inps):
+        S.check_reduction("reduce_scatter_tensor_coalesced", red, i.dtype)
+        S.check_reduce_scatter("reduce_scatter_tensor_coalesced", o, i, tp.size)
+    n = tp.size
+    pendings = []
+    for idx in _by_dtype(inps):
+        ins = [inps[i] for i in idx if inps[i].numel()]
+        os_ = [outs[i] for i in idx if inps[i].numel()]
+        if not ins:
+            continue
+        if len(ins) == 1:
+            pendings.append(_with_contig_out(os_[0], lambda o, i=_contig_in(ins[0]): _rs(tp, o, i, red)))
+            continue
+        _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
+        flat = torch.cat([i.reshape(n, -1) for i in ins], dim=1).reshape(-1)
+        res = flat.new_empty((flat.numel() // n,))
+
+        def unflatten(os_=os_, res=res):
+            off = 0
+            for o in os_:
+                o.copy_(res[off:off + o.numel()].view(o.shape))
+                off += o.numel()
+
+        pendings.append(_rs(tp, res, flat, red).and_then(unflatten))
+    return Pending(pendings)
+
+
+# ---------------------------------------------------------------------------------------------------
+# all_to_all
+# ---------------------------------------------------------------------------------------------------
+def _a2a_even(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+    caps = tp.caps
+    return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), None, None)])
+
+
+def _agree(tp: Transport, values: Sequence[int]) -> torch.Tensor:
+    """Gathers a few int64 values from every rank: returns an [n, len(values)] tensor (CPU)."""
+    mine = torch.tensor(list(values), dtype=torch.int64)
+    dev = getattr(tp, "control_device", None)
+    if dev is not None:
+        mine = mine.to(dev)
+    g = mine.new_empty((tp.size * mine.numel(),))
+    _ag(tp, g, mine).wait()
+    return g.view(tp.size, -1).cpu()
+
+
+def _offsets(splits):
+    offs, o = [], 0
+    for s in splits:
+        offs.append(o)
+        o += s
+    return offs
+
+
+def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, given: bool) -> Pending:
+    caps, n = tp.caps, tp.size
+    if not given:
+        return _a2a_even(tp, out, inp)
+    if caps.uneven_all_to_all:
+        return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), out_splits, in_splits)])
+    # Split sizes were given and the backend has no uneven all_to_all: every rank takes this path
+    # (a rank cannot know locally that the others are even), agrees on the largest split, pads to it.
+    local = out_splits + in_splits
+    agreed = _agree(tp, [max(local), -min(local)])
+    chunk, smallest = int(agreed[:, 0].max()), -int(agreed[:, 1].max())
+    if chunk == smallest:
+        _note("splits even on every rank: even all_to_all")
+        return _a2a_even(tp, out, inp)
+    _note(f"uneven all_to_all=pad to {chunk}+even all_to_all+unpad")
+    rest = tuple(inp.shape[1:])
+    padded = inp.new_zeros((n * chunk,) + rest)
+    for i, (off, s) in enumerate(zip(_offsets(in_splits), in_splits)):
+        if s:
+            padded[i * chunk:i * chunk + s].copy_(inp[off:off + s])
+    recv = torch.empty_like(padded)
+
+    def unpad():
+        for j, (off, s) in enumerate(zip(_offsets(out_splits), out_splits)):
+            if s:
+                out[off:off + s].copy_(recv[j * chunk:j * chunk + s])
+
+    return _a2a_even(tp, recv, padded).and_then(unpad)
+
+
+@_entry("all_to_all_single")
+def all_to_all(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None,
+               input_split_sizes=None) -> Pending:
+    given = bool(output_split_sizes) or bool(input_split_sizes)
+    out_splits, in_splits = S.check_all_to_all("all_to_all_single", out, inp, output_split_sizes,
+                                               input_split_sizes, tp.size)
+    inp = _contig_in(inp)
+    return _with_contig_out(out, lambda o: _a2a(tp, o, inp, out_splits, in_splits, given))
+
+
+# ---------------------------------------------------------------------------------------------------
+# broadcast, reduce, gather, scatter
+# ---------------------------------------------------------------------------------------------------
+def _bc(tp: Transport, t: torch.Tensor, src: int) -> Pending:
+    caps = tp.caps
+    if caps.has("broadcast"):
+        return Pending([tp.broadcast(_bits(t, caps), src)])
+    # No native broadcast: the raw bits, zeroed on every rank but src, summed as integers (exact).
+    b = _flat(t).reshape(-1).view(torch.uint8)
+    for cand in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        size = torch.empty((), dtype=cand).element_size()
+        if b.numel() % size == 0 and caps.reduces("all_reduce", R.SUM, cand):
+            b = b.view(cand)
+            break
+    _note(f"broadcast=masked {b.dtype} sum")
+    if tp.rank != src:
+        b.zero_()
+    return _ar(tp, b, Reduction(R.SUM))
+
+
+@_entry("broadcast")
+def broadcast(tp: Transport, tensor: torch.Tensor, src: int) -> Pending:
+    S.check_root("broadcast", "src", src, tp.size)
+    if tensor.numel() == 0:
+        return DONE
+    return _with_contig_out(tensor, lambda t: _bc(tp, t, src))
+
+
+@_entry("reduce")
+def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
+    """The result lands in ``tensor`` on ``dst``; other ranks' tensors are left unchanged."""
+    red = S.parse_reduction(op, "reduce")
+    S.check_reduction("reduce", red, tensor.dtype)
+    S.check_root("reduce", "dst", dst, tp.size)
+    if tensor.numel() == 0:
+        return DONE
+    caps = tp.caps
+    native = (caps.reduces("reduce", red.op, tensor.dtype) and not tensor.dtype.is_complex
+              and tensor.dtype != torch.bool)
+    if native:
+        if tp.rank == dst:
+            return _with_contig_out(tensor, lambda t: Pending([tp.reduce(t, dst, red)]))
+        return Pending([tp.reduce(tensor.contiguous().clone() if not tensor.is_contiguous() else tensor.clone(),
+                                  dst, red)])
+    _note("reduce=all_reduce")
+    if tp.rank == dst:
+        return _with_contig_out(tensor, lambda t: _ar(tp, t, red))
+    return _ar(tp, tensor.clone(memory_format=torch.contiguous_format), red)
+
+
+@_entry("gather")
+def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Tensor, dst: int) -> Pending:
+    S.check_root("gather", "dst", dst, tp.size)
+    if tp.rank == dst:
+        if outs is None or len(outs) != tp.size:
+            raise ValueError(f"funcoll.gather: the destination rank needs a list of {tp.size} output "
+                             f"tensors, got {None if outs is None else len(outs)}")
+        for i, o in enumerate(outs):
+            S.check_same_tensor("gather", f"output[{i}]", o, inp, inp.shape)
+    inp = _contig_in(inp)
+    caps = tp.caps
+    if caps.has("gather") and caps.moves(inp.dtype) and (tp.rank != dst or all(o.is_contiguous() for o in outs)):
+        return Pending([tp.gather(list(outs) if tp.rank == dst else None, inp, dst)])
+    _note("gather=all_gather")
+    flat = _flat(inp)
+    g = flat.new_empty((tp.size * flat.shape[0],) + tuple(flat.shape[1:]))
+
+    def place():
+        if tp.rank == dst:
+            for o, row in zip(outs, g.view((tp.size,) + tuple(flat.shape)).unbind(0)):
+                o.copy_(row.view(o.shape))
+
+    return _ag(tp, g, flat).and_then(place)
+
+
+@_entry("scatter")
+def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tensor]], src: int) -> Pending:
+    S.check_root("scatter", "src", src, tp.size)
+    if tp.rank == src:
+        if inps is None or len(inps) != tp.size:
+            raise ValueError(f"funcoll.scatter: the source rank needs a list of {tp.size} input tensors, "
+                             f"got {None if inps is None else len(inps)}")
+        for i, t in enumerate(inps):
+            S.check_same_tensor("scatter", f"input[{i}]", t, out, out.shape)
+    caps = tp.caps
+    if caps.has("scatter") and caps.moves(out.dtype):
+        ins = [_contig_in(t) for t in inps] if tp.rank == src else None
+        return _with_contig_out(out, lambda o: Pending([tp.scatter(o, ins, src)]))
+    _note("scatter=broadcast+slice")
+    buf = out.new_empty((tp.size,) + tuple(out.shape))
+    if tp.rank == src:
+        torch.stack(list(inps), out=buf)
+    return _bc(tp, buf, src).and_then(lambda: out.copy_(buf[tp.rank]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# point-to-point and barrier
+# ---------------------------------------------------------------------------------------------------
+@_entry("send")
+def send(tp: Transport, tensor: torch.Tensor, dst: int, tag: int = 0) -> Pending:
+    S.check_root("send", "dst", dst, tp.size)
+    if dst == tp.rank:
+        raise ValueError(f"funcoll.send: dst={dst} is the calling rank; send to another rank")
+    return Pending([tp.send(_bits(_contig_in(tensor), tp.caps), dst, tag)])
+
+
+@_entry("recv")
+def recv(tp: Transport, tensor: torch.Tensor, src: int, tag: int = 0) -> Pending:
+    S.check_root("recv", "src", src, tp.size)
+    if src == tp.rank:
+        raise ValueError(f"funcoll.recv: src={src} is the calling rank; receive from another rank")
+    return _with_contig_out(tensor, lambda t: Pending([tp.recv(_bits(t, tp.caps), src, tag)]))
+
+
+@_entry("barrier")
+def barrier(tp: Transport) -> Pending:
+    if tp.caps.has("barrier"):
+        return Pending([tp.barrier()])
+    _note("barrier=all_reduce of one element")
+    dev = getattr(tp, "control_device", None) or "cpu"
+    one = torch.zeros(1, dtype=torch.int32, device=dev)
+    return _ar(tp, one, Reduction(R.SUM))
+
+
+# ---------------------------------------------------------------------------------------------------
+# list forms of the eager API (allgather, reduce_scatter, alltoall with tensor lists)
+# ---------------------------------------------------------------------------------------------------
+@_entry("all_gather")
+def gather_list(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> Pending:
+    """``dist.all_gather``: every rank's ``inp`` lands in ``outs[rank]``."""
+    if len(outs) != tp.size:
+        raise ValueError(f"funcoll.all_gather: expected {tp.size} output tensors, got {len(outs)}")
+    for i, o in enumerate(outs):
+        S.check_same_tensor("all_gather", f"output[{i}]", o, inp, inp.shape)
+    flat = _flat(_contig_in(inp)).reshape(-1)
+    g = flat.new_empty((tp.size * flat.numel(),))
+
+    def place():
+        for o, row in zip(outs, g.view(tp.size, -1).unbind(0)):
+            o.copy_(row.view(o.shape))
+
+    return _ag(tp, g, flat).and_then(place)
+
+
+@_entry("reduce_scatter")
+def reduce_scatter_list(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], op="sum") -> Pending:
+    """``dist.reduce_scatter``: ``inps[r]`` of every rank is reduced into ``out`` on rank r."""
+    red = S.parse_reduction(op, "reduce_scatter")
+    S.check_reduction("reduce_scatter", red, out.dtype)
+    if len(inps) != tp.size:
+        raise ValueError(f"funcoll.reduce_scatter: expected {tp.size} input tensors, got {len(inps)}")
+    for i, t in enumerate(inps):
+        S.check_same_tensor("reduce_scatter", f"input[{i}]", t, out, out.shape)
+    if out.numel() == 0:
+        return DONE
+    flat = torch.cat([t.reshape(-1) for t in inps])
+    return _with_contig_out(out, lambda o: _rs(tp, o.view(-1), flat, red))
+
+
+@_entry("all_to_all")
+def all_to_all_list(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]) -> Pending:
+    """``dist.all_to_all``: ``inps[j]`` goes to rank j and lands in its ``outs[rank]``; sizes may differ."""
+    n = tp.size
+    if len(outs) != n or len(inps) != n:
+        raise ValueError(f"funcoll.all_to_all: expected {n} output and {n} input tensors, "
+                         f"got {len(outs)} and {len(inps)}")
+    dtype = inps[0].dtype
+    for i, t in enumerate(list(inps) + list(outs)):
+        if t.dtype != dtype:
+            raise TypeError(f"funcoll.all_to_all: all tensors must have dtype {dtype}, found {t.dtype}")
+    flat_in = torch.cat([t.reshape(-1) for t in inps])
+    out_splits = [o.numel() for o in outs]
+    flat_out = flat_in.new_empty((sum(out_splits),))
+    in_splits = [t.numel() for t in inps]
+
+    def place():
+        for o, off, s in zip(outs, _offsets(out_splits), out_splits):
+            o.copy_(flat_out[off:off + s].view(o.shape))
+
+    return _a2a(tp, flat_out, flat_in, out_splits, in_splits, True).and_then(place)

@@ -1,0 +1,177 @@
+"""The group registry: group name -> global ranks, and, where known, the partition the group belongs to.
+
+Group-local and global ranks are translated here and nowhere else. A partition is the set of disjoint
+blocks a group was created with (every block of a DeviceMesh dim, of ``new_subgroups``, of
+``split_group``); XLA needs it to emit the same ``replica_groups`` on every rank. A group whose partition
+is unknown is treated as a lone sub-group: the others ranks of the world are singleton blocks.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+__all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
+           "partition_of", "replica_groups", "to_global", "to_group", "new_subgroups", "split_group",
+           "clear"]
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    name: str
+    ranks: Tuple[int, ...]  # global ranks, in group-rank order
+    world_size: int
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+_lock = threading.Lock()
+_groups: Dict[str, GroupInfo] = {}
+# frozenset(block) -> the whole partition (tuple of blocks, each a tuple of global ranks)
+_partitions: Dict[frozenset, Tuple[Tuple[int, ...], ...]] = {}
+
+
+def register(name: str, ranks: Sequence[int], world_size: int) -> GroupInfo:
+    ranks = tuple(int(r) for r in ranks)
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"funcoll: group {name!r} lists a rank twice: {list(ranks)}")
+    if any(not 0 <= r < world_size for r in ranks):
+        raise ValueError(f"funcoll: group {name!r} has ranks {list(ranks)} outside the world of {world_size}")
+    info = GroupInfo(name, ranks, world_size)
+    with _lock:
+        _groups[name] = info
+    return info
+
+
+def unregister(name: str) -> None:
+    with _lock:
+        _groups.pop(name, None)
+
+
+def clear() -> None:
+    with _lock:
+        _groups.clear()
+        _partitions.clear()
+
+
+def lookup(name: str) -> GroupInfo:
+    """The group's info; a ValueError naming the fix when funcoll does not know it."""
+    info = _groups.get(name)
+    if info is not None:
+        return info
+    # A group created by torch.distributed with another backend: learn it from c10d.
+    info = _from_c10d(name)
+    if info is None:
+        known = ", ".join(sorted(_groups)) or "none"
+        raise ValueError(
+            f"funcoll: no process group named {name!r} (known: {known}); create it with "
+            f"torch.distributed.new_group(...) or init_process_group(...) first"
+        )
+    return info
+
+
+def _from_c10d(name: str) -> Optional[GroupInfo]:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        return None
+    try:
+        pg = c10d._resolve_process_group(name)
+    except Exception:
+        return None
+    ranks = c10d.get_process_group_ranks(pg)
+    return register(name, ranks, dist.get_world_size())
+
+
+def register_partition(blocks: Iterable[Sequence[int]]) -> Tuple[Tuple[int, ...], ...]:
+    """Declares that ``blocks`` (disjoint lists of global ranks) were created together, as one partition."""
+    part = tuple(tuple(int(r) for r in b) for b in blocks)
+    seen: set = set()
+    for b in part:
+        if seen & set(b):
+            raise ValueError(f"funcoll: partition blocks overlap: {[list(b) for b in part]}")
+        seen |= set(b)
+    with _lock:
+        for b in part:
+            _partitions[frozenset(b)] = part
+    return part
+
+
+def register_mesh(mesh) -> None:
+    """Registers every dimension of a ``torch.distributed.DeviceMesh`` as a partition."""
+    t = mesh.mesh
+    for dim in range(t.dim()):
+        blocks = t.transpose(dim, -1).reshape(-1, t.size(dim)).tolist()
+        register_partition(blocks)
+
+
+def partition_of(name: str) -> Optional[Tuple[Tuple[int, ...], ...]]:
+    info = lookup(name)
+    return _partitions.get(frozenset(info.ranks))
+
+
+def replica_groups(name: str) -> List[List[int]]:
+    """The replica groups every rank of the world must emit for a collective over group ``name``:
+    the group's partition when known, else the group padded with singleton blocks."""
+    info = lookup(name)
+    part = _partitions.get(frozenset(info.ranks))
+    if part is not None:
+        blocks = [list(b) for b in part]
+        covered = {r for b in part for r in b}
+    else:
+        blocks = [list(info.ranks)]
+        covered = set(info.ranks)
+    blocks += [[r] for r in range(info.world_size) if r not in covered]
+    if len(blocks) == 1 and blocks[0] == list(range(info.world_size)):
+        return blocks
+    return sorted(blocks, key=lambda b: min(b))
+
+
+def to_global(name: str, group_rank: int) -> int:
+    info = lookup(name)
+    if not 0 <= group_rank < info.size:
+        raise ValueError(f"funcoll: group rank {group_rank} is outside group {name!r} of size {info.size}")
+    return info.ranks[group_rank]
+
+
+def to_group(name: str, global_rank: int) -> int:
+    info = lookup(name)
+    try:
+        return info.ranks.index(global_rank)
+    except ValueError:
+        raise ValueError(f"funcoll: global rank {global_rank} is not in group {name!r} "
+                         f"(ranks {list(info.ranks)})") from None
+
+
+# -- partition-aware group creation ------------------------------------------------------------------
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, **kwargs):
+    """``torch.distributed.new_subgroups_by_enumeration`` that also registers the partition."""
+    import torch.distributed as dist
+
+    register_partition(ranks_per_subgroup_list)
+    return dist.new_subgroups_by_enumeration(ranks_per_subgroup_list, **kwargs)
+
+
+def new_subgroups(group_size: Optional[int] = None, **kwargs):
+    """``torch.distributed.new_subgroups`` that also registers the partition."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    size = group_size or world
+    if world % size:
+        raise ValueError(f"funcoll.new_subgroups: the world size {world} is not divisible by group_size {size}")
+    register_partition([list(range(i, i + size)) for i in range(0, world, size)])
+    return dist.new_subgroups(group_size, **kwargs)
+
+
+def split_group(parent_pg=None, split_ranks=None, **kwargs):
+    """``torch.distributed.split_group`` that also registers the partition."""
+    import torch.distributed as dist
+
+    if split_ranks is not None:
+        register_partition(split_ranks)
+    return dist.split_group(parent_pg=parent_pg, split_ranks=split_ranks, **kwargs)

@@ -1,0 +1,205 @@
+"""The compiled-graph entry point: funcoll kernels for the ``_c10d_functional`` ops, per dispatch key.
+
+``install(["xla"])`` registers them on the XLA key over torch_xla's own; ``install(["cpu"])`` on the CPU key
+(only when asked); ``uninstall()`` removes them, and the dispatcher serves the kernels that were there before.
+Each kernel is a thin adapter: it resolves the group, allocates the functional output and calls
+:mod:`funcoll.algorithms`; the Work is registered so that upstream ``wait_tensor`` waits on it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+from typing import Dict, Iterable, List, Optional
+
+import torch
+from torch._C._distributed_c10d import _register_work
+
+from . import algorithms as A
+from . import semantics as S
+from .lowering import transport_for
+
+__all__ = ["install", "uninstall", "installed", "OPS", "DISPATCH_KEYS"]
+
+DISPATCH_KEYS = {"cpu": "CPU", "xla": "XLA", "xpu": "XPU"}
+
+_libs: Dict[str, torch.library.Library] = {}
+_lock = threading.Lock()
+
+
+def _check_size(opname: str, tp, group_size: int, group_name: str) -> None:
+    if group_size != tp.size:
+        raise ValueError(f"funcoll.{opname}: group_size={group_size} but group {group_name!r} has "
+                         f"{tp.size} ranks; pass the group's size")
+
+
+def _finish(pending: A.Pending, outputs: List[torch.Tensor], tp) -> None:
+    if not tp.caps.is_async or pending.is_completed():
+        pending.wait()
+        return
+    from .process_group import FuncollWork
+
+    work = FuncollWork(pending, outputs)
+    for out in outputs:
+        _register_work(out, work)
+
+
+def all_reduce(input, reduce_op, group_name):
+    out = input.clone(memory_format=torch.contiguous_format)
+    return all_reduce_(out, reduce_op, group_name)
+
+
+def all_reduce_(input, reduce_op, group_name):
+    tp = transport_for(group_name, input.device)
+    _finish(A.all_reduce(tp, input, reduce_op), [input], tp)
+    return input
+
+
+def all_reduce_coalesced(inputs, reduce_op, group_name):
+    outs = [t.clone(memory_format=torch.contiguous_format) for t in inputs]
+    return all_reduce_coalesced_(outs, reduce_op, group_name)
+
+
+def all_reduce_coalesced_(inputs, reduce_op, group_name):
+    if not inputs:
+        return inputs
+    tp = transport_for(group_name, inputs[0].device)
+    _finish(A.all_reduce_coalesced(tp, list(inputs), reduce_op), list(inputs), tp)
+    return inputs
+
+
+def _gather_out(input, group_size):
+    shape = (group_size * (input.shape[0] if input.dim() else 1),) + tuple(input.shape[1:])
+    return input.new_empty(shape)
+
+
+def all_gather_into_tensor(input, group_size, group_name):
+    return all_gather_into_tensor_out(input, group_size, group_name, out=_gather_out(input, group_size))
+
+
+def all_gather_into_tensor_out(input, group_size, group_name, *, out):
+    tp = transport_for(group_name, input.device)
+    _check_size("all_gather_into_tensor", tp, group_size, group_name)
+    _finish(A.all_gather(tp, out, input), [out], tp)
+    return out
+
+
+def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
+    if not inputs:
+        return []
+    tp = transport_for(group_name, inputs[0].device)
+    _check_size("all_gather_into_tensor_coalesced", tp, group_size, group_name)
+    outs = [_gather_out(t, group_size) for t in inputs]
+    _finish(A.all_gather_coalesced(tp, outs, list(inputs)), outs, tp)
+    return outs
+
+
+def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
+    tp = transport_for(group_name, input.device)
+    _check_size("reduce_scatter_tensor", tp, group_size, group_name)
+    shape = S.check_reduce_scatter("reduce_scatter_tensor", None, input, group_size)
+    out = input.new_empty(shape)
+    _finish(A.reduce_scatter(tp, out, input, reduce_op), [out], tp)
+    return out
+
+
+def reduce_scatter_tensor_coalesced(inputs, reduce_op, group_size, group_name):
+    if not inputs:
+        return []
+    tp = transport_for(group_name, inputs[0].device)
+    _check_size("reduce_scatter_tensor_coalesced", tp, group_size, group_name)
+    outs = [t.new_empty(S.check_reduce_scatter("reduce_scatter_tensor_coalesced", None, t, group_size))
+            for t in inputs]
+    _finish(A.reduce_scatter_coalesced(tp, outs, list(inputs), reduce_op), outs, tp)
+    return outs
+
+
+def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
+    tp = transport_for(group_name, input.device)
+    out_splits = [int(s) for s in output_split_sizes]
+    rows = sum(out_splits) if out_splits else input.shape[0]
+    out = input.new_empty((rows,) + tuple(input.shape[1:]))
+    _finish(A.all_to_all(tp, out, input, out_splits, [int(s) for s in input_split_sizes]), [out], tp)
+    return out
+
+
+def broadcast(input, src, group_name):
+    out = input.clone(memory_format=torch.contiguous_format)
+    return broadcast_(out, src, group_name)
+
+
+def broadcast_(input, src, group_name):
+    tp = transport_for(group_name, input.device)
+    _finish(A.broadcast(tp, input, src), [input], tp)
+    return input
+
+
+OPS = {
+    "all_reduce": all_reduce,
+    "all_reduce_": all_reduce_,
+    "all_reduce_coalesced": all_reduce_coalesced,
+    "all_reduce_coalesced_": all_reduce_coalesced_,
+    "all_gather_into_tensor": all_gather_into_tensor,
+    "all_gather_into_tensor_out": all_gather_into_tensor_out,
+    "all_gather_into_tensor_coalesced": all_gather_into_tensor_coalesced,
+    "reduce_scatter_tensor": reduce_scatter_tensor,
+    "reduce_scatter_tensor_coalesced": reduce_scatter_tensor_coalesced,
+    "all_to_all_single": all_to_all_single,
+    "broadcast": broadcast,
+    "broadcast_": broadcast_,
+}
+# Device types whose transport needs its own wait_tensor kernel (lazy devices: waiting is a no-op there).
+_EXTRA: Dict[str, Dict[str, object]] = {}
+
+
+def register_extra_kernel(device_type: str, op: str, fn) -> None:
+    """A lowering module adds a kernel only its device needs (e.g. ``wait_tensor`` on XLA)."""
+    _EXTRA.setdefault(device_type, {})[op] = fn
+
+
+def _present(device_type: str) -> bool:
+    if device_type == "xla":
+        return "torch_xla" in sys.modules or importlib.util.find_spec("torch_xla") is not None
+    if device_type == "xpu":
+        return hasattr(torch, "xpu") and torch.xpu.is_available()
+    return False
+
+
+def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
+    """Registers funcoll's kernels on the dispatch keys of ``device_types`` ("xla", "xpu", "cpu").
+    None means every accelerator present ("cpu" only when asked). Idempotent. Returns the types installed."""
+    if device_types is None:
+        device_types = [d for d in ("xla", "xpu") if _present(d)]
+    elif isinstance(device_types, str):
+        device_types = [device_types]
+    done = []
+    with _lock:
+        for dt in device_types:
+            if dt not in DISPATCH_KEYS:
+                raise ValueError(f"funcoll.install: unknown device type {dt!r}; use one of "
+                                 f"{', '.join(DISPATCH_KEYS)}")
+            if dt not in _libs:
+                from .lowering import _ensure_loaded
+
+                _ensure_loaded(dt)
+                lib = torch.library.Library("_c10d_functional", "IMPL")
+                key = DISPATCH_KEYS[dt]
+                for name, fn in {**OPS, **_EXTRA.get(dt, {})}.items():
+                    lib.impl(name, fn, key)
+                _libs[dt] = lib
+            done.append(dt)
+    return done
+
+
+def uninstall(device_types: Optional[Iterable[str]] = None) -> None:
+    """Removes funcoll's kernels (all, or those of ``device_types``); the previous kernels serve again."""
+    with _lock:
+        for dt in list(_libs) if device_types is None else list(device_types):
+            lib = _libs.pop(dt, None)
+            if lib is not None:
+                lib._destroy()
+
+
+def installed() -> List[str]:
+    return sorted(_libs)

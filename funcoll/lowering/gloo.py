@@ -1,0 +1,97 @@
+"""The CPU reference transport: the primitives of a c10d gloo backend.
+
+Its capabilities are the ``gloo`` profile, intersected with the profile named by ``FUNCOLL_PROFILE`` (so
+the XCCL or XLA gap-filling paths run for real on any CPU machine).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch._C._distributed_c10d as C
+
+from ..semantics import ReduceOp, Reduction
+from ..transport import Capabilities, Transport, active_profile_name, profile
+
+_C10D_OP = {
+    ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+    ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.BAND: dist.ReduceOp.BAND,
+    ReduceOp.BOR: dist.ReduceOp.BOR, ReduceOp.BXOR: dist.ReduceOp.BXOR,
+}
+
+
+def c10d_op(red: Reduction):
+    return _C10D_OP[red.op]
+
+
+def capabilities(profile_name: Optional[str] = None) -> Capabilities:
+    caps = profile("gloo")
+    name = profile_name if profile_name is not None else active_profile_name()
+    if name and name != "gloo":
+        caps = caps.restrict(profile(name))
+    return caps
+
+
+class C10dTransport(Transport):
+    """Primitives of a c10d backend object (ProcessGroupGloo, ProcessGroupXCCL, ...)."""
+
+    def __init__(self, backend, caps: Capabilities, device_type: str = "cpu"):
+        super().__init__(backend.rank(), backend.size(), caps)
+        self.backend = backend
+        self.device_type = device_type
+
+    def _all_reduce(self, t, red):
+        o = C.AllreduceOptions()
+        o.reduceOp = c10d_op(red)
+        return self.backend.allreduce([t], o)
+
+    def _all_gather(self, out, inp):
+        return self.backend._allgather_base(out, inp, C.AllgatherOptions())
+
+    def _reduce_scatter(self, out, inp, red):
+        o = C.ReduceScatterOptions()
+        o.reduceOp = c10d_op(red)
+        return self.backend._reduce_scatter_base(out, inp, o)
+
+    def _all_to_all(self, out, inp, out_splits, in_splits):
+        return self.backend.alltoall_base(out, inp, out_splits or [], in_splits or [], C.AllToAllOptions())
+
+    def _broadcast(self, t, src):
+        o = C.BroadcastOptions()
+        o.rootRank = src
+        o.rootTensor = 0
+        return self.backend.broadcast([t], o)
+
+    def _reduce(self, t, dst, red):
+        o = C.ReduceOptions()
+        o.reduceOp = c10d_op(red)
+        o.rootRank = dst
+        o.rootTensor = 0
+        return self.backend.reduce([t], o)
+
+    def _gather(self, outs, inp, dst):
+        o = C.GatherOptions()
+        o.rootRank = dst
+        return self.backend.gather([list(outs)] if outs is not None else [], [inp], o)
+
+    def _scatter(self, out, inps, src):
+        o = C.ScatterOptions()
+        o.rootRank = src
+        return self.backend.scatter([out], [list(inps)] if inps is not None else [], o)
+
+    def _send(self, t, dst, tag):
+        return self.backend.send([t], dst, tag)
+
+    def _recv(self, t, src, tag):
+        return self.backend.recv([t], src, tag)
+
+    def _barrier(self):
+        return self.backend.barrier(C.BarrierOptions())
+
+
+def create(store, rank: int, size: int, timeout, profile_name: Optional[str] = None) -> C10dTransport:
+    """A gloo backend of its own for one funcoll group (collective: every rank of the group calls it)."""
+    backend = dist.ProcessGroupGloo(store, rank, size, timeout)
+    return C10dTransport(backend, capabilities(profile_name), "cpu")

@@ -1,0 +1,309 @@
+"""The eager entry point: ``ProcessGroupFuncoll``, the torch.distributed backend ``"funcoll"``.
+
+A thin adapter: each c10d method unpacks its options, finds the transport for the tensors' device and calls
+one function of :mod:`funcoll.algorithms`. No collective logic lives here.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, Work
+
+from . import algorithms as A
+from . import groups
+from .lowering import GroupContext, funcoll_factory
+from .transport import Transport
+
+__all__ = ["ProcessGroupFuncoll", "Options", "FuncollWork", "BACKEND_NAME"]
+
+BACKEND_NAME = "funcoll"
+
+
+@dataclass
+class Options:
+    """``pg_options`` for ``init_process_group("funcoll", pg_options=funcoll.Options(...))``.
+
+    ``lazy_cpu``: create the CPU (gloo) transport at the first CPU collective instead of at group creation.
+    None (default) means lazy only when the store cannot rendezvous other processes (HashStore, FakeStore),
+    as when a single process builds a virtual world to read the HLO it would compile.
+    ``profile``: a capability profile for this group's CPU transport, overriding ``FUNCOLL_PROFILE``.
+    """
+
+    lazy_cpu: Optional[bool] = None
+    profile: Optional[str] = None
+
+
+class FuncollWork(Work):
+    """A Work whose ``wait()`` waits on the transport's native handles, then runs the algorithm's
+    finishing steps. Asynchronous where the transport is (gloo, XCCL); complete at once on XLA."""
+
+    def __init__(self, pending: A.Pending, result: Sequence[torch.Tensor] = ()):
+        super().__init__()
+        self._pending = pending
+        self._result = list(result)
+        self._done = False
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        with self._lock:
+            if not self._done:
+                self._pending.wait()
+                self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done or self._pending.is_completed()
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self):
+        return None
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        """A future completed with the outputs. It waits first: funcoll runs no progress thread."""
+        self.wait()
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+def _local_stores() -> tuple:
+    kinds = [dist.HashStore]
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        kinds.append(FakeStore)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(kinds)
+
+
+_LOCAL_STORES = _local_stores()
+
+
+def _unwrap_store(store):
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+class ProcessGroupFuncoll(ProcessGroup):
+    """torch.distributed backend ``"funcoll"``: every eager collective runs funcoll's algorithms over the
+    transport of the tensors' device (gloo on CPU; XLA and XPU transports register themselves)."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = "",
+                 global_ranks: Sequence[int] = (), world_size: Optional[int] = None,
+                 options: Optional[Options] = None):
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = timeout
+        self._options = options or Options()
+        self._group_name = group_name
+        self._group_desc = ""
+        ranks = tuple(global_ranks) or tuple(range(size))
+        self._global_ranks = ranks
+        self._world_size = world_size if world_size is not None else size
+        self._transports: Dict[str, Transport] = {}
+        self._lock = threading.Lock()
+        if group_name:
+            groups.register(group_name, ranks, self._world_size)
+        lazy = self._options.lazy_cpu
+        if lazy is None:
+            lazy = isinstance(_unwrap_store(store), _LOCAL_STORES)
+        if not lazy:
+            self.transport("cpu")
+
+    # -- identity -------------------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def _set_group_name(self, name: str) -> None:
+        if self._group_name and self._group_name != name:
+            groups.unregister(self._group_name)
+        self._group_name = name
+        groups.register(name, self._global_ranks, self._world_size)
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupFuncoll(name={self._group_name!r}, rank={self.rank()}, size={self.size()})"
+
+    # -- transports -----------------------------------------------------------------------------------
+    def transport(self, device_type: str) -> Transport:
+        tp = self._transports.get(device_type)
+        if tp is not None:
+            return tp
+        with self._lock:
+            tp = self._transports.get(device_type)
+            if tp is None:
+                ctx = GroupContext(self._group_name, dist.PrefixStore(f"{device_type}/", self._store),
+                                   self.rank(), self.size(), self._timeout, self._global_ranks,
+                                   self._world_size)
+                if device_type == "cpu" and self._options.profile is not None:
+                    from .lowering import gloo
+
+                    tp = gloo.create(dist.PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size,
+                                     ctx.timeout, self._options.profile)
+                else:
+                    tp = funcoll_factory(device_type)(ctx)
+                self._transports[device_type] = tp
+        return tp
+
+    def _tp(self, tensors) -> Transport:
+        t = tensors
+        while isinstance(t, (list, tuple)):
+            if not t:
+                raise ValueError("funcoll: a collective needs at least one tensor")
+            t = t[0]
+        return self.transport(t.device.type)
+
+    @staticmethod
+    def _one(opname: str, tensors):
+        if len(tensors) != 1:
+            raise ValueError(f"funcoll.{opname}: expects exactly one tensor per call, got {len(tensors)}")
+        return tensors[0]
+
+    @staticmethod
+    def _work(pending: A.Pending, result=()) -> FuncollWork:
+        return FuncollWork(pending, result)
+
+    # -- collectives ----------------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        if isinstance(opts, (dist.ReduceOp, str)) or opts is None:
+            op = opts if opts is not None else "sum"
+        else:
+            op = opts.reduceOp
+        t = self._one("all_reduce", tensors)
+        return self._work(A.all_reduce(self._tp(t), t, op), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = opts.reduceOp if opts is not None else "sum"
+        return self._work(A.all_reduce_coalesced(self._tp(tensors), list(tensors), op), tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._work(A.all_gather(self._tp(input), output, input), [output])
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inp = self._one("all_gather", input_tensors)
+        outs = output_tensors[0]
+        if len(outs) != self.size():
+            raise ValueError(f"funcoll.all_gather: expected {self.size()} output tensors, got {len(outs)}")
+        return self._work(A.gather_list(self._tp(inp), list(outs), inp), outs)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._work(A.all_gather_coalesced(self._tp(inputs), list(outputs), list(inputs)), outputs)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        tp = self._tp(input_list)
+        return self._work(A.Pending([A.gather_list(tp, list(outs), inp)
+                                     for outs, inp in zip(output_lists, input_list)]), output_lists)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = opts.reduceOp if opts is not None else "sum"
+        return self._work(A.reduce_scatter(self._tp(input), output, input, op), [output])
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = opts.reduceOp if opts is not None else "sum"
+        out = self._one("reduce_scatter", output_tensors)
+        ins = input_tensors[0]
+        if len(ins) != self.size():
+            raise ValueError(f"funcoll.reduce_scatter: expected {self.size()} input tensors, got {len(ins)}")
+        return self._work(A.reduce_scatter_list(self._tp(out), out, list(ins), op), [out])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        op = opts.reduceOp if opts is not None else "sum"
+        return self._work(A.reduce_scatter_coalesced(self._tp(inputs), list(outputs), list(inputs), op),
+                          outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self._work(A.all_to_all(self._tp(input), output, input, list(output_split_sizes or []),
+                                       list(input_split_sizes or [])), [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._work(A.all_to_all_list(self._tp(input_tensors), list(output_tensors),
+                                            list(input_tensors)), output_tensors)
+
+    def broadcast(self, tensors, opts=None):
+        src = opts.rootRank if opts is not None else 0
+        t = self._one("broadcast", tensors)
+        return self._work(A.broadcast(self._tp(t), t, src), tensors)
+
+    def reduce(self, tensors, opts=None):
+        t = self._one("reduce", tensors)
+        return self._work(A.reduce(self._tp(t), t, opts.rootRank, opts.reduceOp), tensors)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        inp = self._one("gather", input_tensors)
+        outs = output_tensors[0] if output_tensors else None
+        return self._work(A.gather(self._tp(inp), outs, inp, opts.rootRank), outs or [])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        out = self._one("scatter", output_tensors)
+        ins = input_tensors[0] if input_tensors else None
+        return self._work(A.scatter(self._tp(out), out, ins, opts.rootRank), [out])
+
+    def send(self, tensors, dstRank, tag=0):
+        t = self._one("send", tensors)
+        return self._work(A.send(self._tp(t), t, dstRank, tag))
+
+    def recv(self, tensors, srcRank, tag=0):
+        t = self._one("recv", tensors)
+        return self._work(A.recv(self._tp(t), t, srcRank, tag), tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise NotImplementedError("funcoll.recv: receiving from any source is not supported; pass src")
+
+    def barrier(self, opts=None):
+        device = "cpu"
+        ids = getattr(opts, "device_ids", None)
+        if self._transports and "cpu" not in self._transports:
+            device = next(iter(self._transports))
+        return self._work(A.barrier(self.transport(device)))
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        return self.barrier()
+
+
+def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
+    o = dist_backend_opts
+    world = dist.get_world_size() if dist.is_initialized() else o.group_size
+    opts = backend_options if isinstance(backend_options, Options) else None
+    return ProcessGroupFuncoll(o.store, o.group_rank, o.group_size, o.timeout, group_name=o.group_id,
+                               global_ranks=tuple(o.global_ranks_in_group), world_size=world,
+                               options=opts)
+
+
+def register_backend() -> None:
+    if "FUNCOLL" in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])

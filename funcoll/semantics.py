@@ -1,0 +1,267 @@
+"""The semantics layer: one catalogue of collectives, reduce ops, dtype rules and shape rules.
+
+Everything here is device-free and pure. Every invalid request is rejected here, on the calling rank,
+before anything is sent, with a message that names the op, the argument and the fix. The algorithms
+call these checks first; the entry points (process group, kernels) never validate on their own.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+
+__all__ = [
+    "ReduceOp",
+    "Reduction",
+    "OPS",
+    "parse_reduction",
+    "check_reduction",
+    "check_all_gather",
+    "check_reduce_scatter",
+    "check_all_to_all",
+    "check_root",
+    "check_same_tensor",
+    "dtype_kind",
+]
+
+
+class ReduceOp(str, enum.Enum):
+    SUM = "sum"
+    AVG = "avg"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+    PREMUL_SUM = "premul_sum"
+
+    def __str__(self) -> str:  # "sum", not "ReduceOp.SUM", in messages and snapshots
+        return self.value
+
+
+BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
+
+# The collectives funcoll implements (DESIGN.md section 4). Eager-only ones are marked.
+OPS = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_coalesced",
+    "reduce_scatter",
+    "reduce_scatter_coalesced",
+    "all_to_all",
+    "broadcast",
+    "reduce",  # eager only
+    "gather",  # eager only
+    "scatter",  # eager only
+    "send",  # eager only
+    "recv",  # eager only
+    "barrier",  # eager only
+)
+
+_ALIASES = {"mul": ReduceOp.PRODUCT, "prod": ReduceOp.PRODUCT, "and": ReduceOp.BAND, "or": ReduceOp.BOR,
+            "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A reduce op plus, for premul_sum, its factor (a Python number or a one-element tensor)."""
+
+    op: ReduceOp
+    factor: Optional[Union[float, torch.Tensor]] = None
+
+    def __str__(self) -> str:
+        return str(self.op)
+
+
+def _names() -> str:
+    return ", ".join(o.value for o in ReduceOp)
+
+
+def parse_reduction(op, opname: str) -> Reduction:
+    """Accepts a string ("sum", "avg", ...), a ``torch.distributed.ReduceOp`` (including one made by
+    ``torch.distributed._make_nccl_premul_sum(factor)``), a ``ReduceOp.RedOpType``, a funcoll ``ReduceOp``
+    or a ``Reduction``."""
+    if isinstance(op, Reduction):
+        return op
+    if isinstance(op, ReduceOp):
+        red = Reduction(op)
+    elif isinstance(op, str):
+        key = op.lower()
+        if key in _ALIASES:
+            return Reduction(_ALIASES[key])
+        try:
+            red = Reduction(ReduceOp(key))
+        except ValueError:
+            raise ValueError(
+                f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}"
+            ) from None
+    else:
+        import torch.distributed as dist
+
+        if isinstance(op, dist.ReduceOp):
+            state = op.__getstate__()  # (RedOpType, factor-or-None)
+            kind, factor = state[0], (state[1] if len(state) > 1 else None)
+            red = Reduction(ReduceOp(kind.name.lower()), factor)
+        elif isinstance(op, dist.ReduceOp.RedOpType):
+            red = Reduction(ReduceOp(op.name.lower()))
+        else:
+            raise ValueError(
+                f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}"
+            )
+    if red.op is ReduceOp.PREMUL_SUM and red.factor is None:
+        raise ValueError(
+            f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
+            "torch.distributed._make_nccl_premul_sum(factor)"
+        )
+    return red
+
+
+FLOAT8 = frozenset(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+    if hasattr(torch, n)
+)
+UNSIGNED = frozenset({torch.uint8, torch.uint16, torch.uint32, torch.uint64})
+
+
+def dtype_kind(dtype: torch.dtype) -> str:
+    """'bool', 'int', 'float', 'float8' or 'complex'."""
+    if dtype == torch.bool:
+        return "bool"
+    if dtype in FLOAT8:
+        return "float8"
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "float"
+    return "int"
+
+
+def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
+    """A reduce op that makes no sense for the dtype is a TypeError, raised before anything is sent."""
+    kind = dtype_kind(dtype)
+    op = red.op
+    bad = None
+    if kind == "float8":
+        bad = (f"funcoll.{opname}: {dtype} tensors cannot be reduced (float8 is supported by "
+               "non-reducing ops only); upcast to bfloat16 or float32 before reducing")
+    elif kind == "float" and op in BITWISE:
+        bad = (f"funcoll.{opname}: reduce op {op} needs an integer or bool tensor, got {dtype}; "
+               "use sum/avg/product/min/max, or view the tensor as an integer dtype")
+    elif kind == "complex" and op not in (ReduceOp.SUM, ReduceOp.AVG):
+        bad = (f"funcoll.{opname}: reduce op {op} is not defined for complex tensors ({dtype}); "
+               "only sum and avg are")
+    elif kind == "bool" and op in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):
+        bad = (f"funcoll.{opname}: reduce op {op} is not defined for bool tensors; "
+               "convert to a floating point dtype first")
+    elif kind == "int" and op is ReduceOp.PREMUL_SUM:
+        bad = (f"funcoll.{opname}: reduce op premul_sum needs a floating point tensor, got {dtype}; "
+               "multiply and use sum instead")
+    elif dtype == torch.uint64 and op is ReduceOp.AVG:
+        bad = (f"funcoll.{opname}: reduce op avg on torch.uint64 cannot be computed exactly; "
+               "use sum and divide")
+    if bad:
+        raise TypeError(bad)
+    if op is ReduceOp.PREMUL_SUM and isinstance(red.factor, torch.Tensor) and red.factor.numel() != 1:
+        raise ValueError(
+            f"funcoll.{opname}: premul_sum factor must be a scalar or a one-element tensor, "
+            f"got shape {tuple(red.factor.shape)}"
+        )
+
+
+def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor,
+                      shape: Sequence[int]) -> None:
+    """An output tensor must have the expected shape and the input's dtype and device."""
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(
+            f"funcoll.{opname}: {arg} has shape {tuple(t.shape)}, expected {tuple(shape)}; "
+            f"allocate it with that shape"
+        )
+    if t.dtype != ref.dtype:
+        raise TypeError(
+            f"funcoll.{opname}: {arg} has dtype {t.dtype}, expected {ref.dtype} (the input's dtype)"
+        )
+    if t.device != ref.device:
+        raise ValueError(
+            f"funcoll.{opname}: {arg} is on {t.device}, expected {ref.device} (the input's device)"
+        )
+
+
+def check_all_gather(opname: str, out: torch.Tensor, inp: torch.Tensor, group_size: int) -> None:
+    shape = (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
+    check_same_tensor(opname, "output", out, inp, shape)
+
+
+def check_reduce_scatter(opname: str, out: Optional[torch.Tensor], inp: torch.Tensor,
+                         group_size: int) -> tuple:
+    if inp.dim() == 0 or inp.shape[0] % group_size:
+        raise ValueError(
+            f"funcoll.{opname}: input dim 0 ({inp.shape[0] if inp.dim() else 'a 0-dim tensor'}) must be "
+            f"divisible by the group size ({group_size}); pad the input to a multiple of {group_size}"
+        )
+    shape = (inp.shape[0] // group_size,) + tuple(inp.shape[1:])
+    if out is not None:
+        check_same_tensor(opname, "output", out, inp, shape)
+    return shape
+
+
+def _check_splits(opname: str, arg: str, splits, dim0: int, group_size: int, what: str) -> list:
+    if splits is None or len(splits) == 0:
+        if dim0 % group_size:
+            raise ValueError(
+                f"funcoll.{opname}: {what} dim 0 ({dim0}) is not divisible by the group size "
+                f"({group_size}) and no {arg} were given; pass {arg} explicitly"
+            )
+        return [dim0 // group_size] * group_size
+    splits = [int(s) for s in splits]
+    if len(splits) != group_size:
+        raise ValueError(
+            f"funcoll.{opname}: {arg} has {len(splits)} entries, expected one per rank of the group "
+            f"({group_size})"
+        )
+    if any(s < 0 for s in splits):
+        raise ValueError(f"funcoll.{opname}: {arg} {splits} has a negative entry")
+    if sum(splits) != dim0:
+        raise ValueError(
+            f"funcoll.{opname}: {arg} {splits} sum to {sum(splits)}, but {what} dim 0 is {dim0}; "
+            f"the splits must sum to dim 0"
+        )
+    return splits
+
+
+def check_all_to_all(opname: str, out: torch.Tensor, inp: torch.Tensor, output_split_sizes,
+                     input_split_sizes, group_size: int) -> tuple:
+    """Returns (output_splits, input_splits) as lists of ints."""
+    if inp.dim() == 0:
+        raise ValueError(f"funcoll.{opname}: input must have at least one dimension")
+    ins = _check_splits(opname, "input_split_sizes", input_split_sizes, inp.shape[0], group_size, "input")
+    outs = _check_splits(opname, "output_split_sizes", output_split_sizes, out.shape[0], group_size,
+                         "output")
+    if tuple(out.shape[1:]) != tuple(inp.shape[1:]):
+        raise ValueError(
+            f"funcoll.{opname}: output shape {tuple(out.shape)} and input shape {tuple(inp.shape)} "
+            f"must agree after dim 0"
+        )
+    if out.dtype != inp.dtype:
+        raise TypeError(f"funcoll.{opname}: output has dtype {out.dtype}, expected {inp.dtype} (the input's dtype)")
+    if out.device != inp.device:
+        raise ValueError(f"funcoll.{opname}: output is on {out.device}, expected {inp.device} (the input's device)")
+    return outs, ins
+
+
+def check_root(opname: str, arg: str, root: int, group_size: int) -> None:
+    if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < group_size:
+        raise ValueError(
+            f"funcoll.{opname}: {arg}={root!r} is outside the group (group-local ranks are "
+            f"0..{group_size - 1}); pass a rank of the group"
+        )
+
+
+def numel_of(shape) -> int:
+    return math.prod(shape)

@@ -1,0 +1,315 @@
+"""The transport layer: the primitives one device/backend really has, and a ``Capabilities`` value that says
+which of them are native.
+
+A transport never fills a gap: when the algorithms ask it for something its capabilities do not list, that
+is a bug in funcoll, and the transport raises :class:`NativeRefused` instead of sending anything.
+
+Capability facts live in one table here (``PROFILES``), each with its source. ``FUNCOLL_PROFILE=<name>``
+intersects the running transport's own capabilities with a named profile, so that, e.g., the XCCL
+gap-filling paths run for real over gloo on any CPU machine.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Optional, Sequence
+
+import torch
+
+from .semantics import ReduceOp, Reduction, FLOAT8
+
+__all__ = ["Capabilities", "Handle", "Done", "Transport", "NativeRefused", "PROFILES", "profile",
+           "active_profile_name"]
+
+R = ReduceOp
+
+# Primitive names a transport may offer natively.
+PRIMITIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter", "all_to_all",
+              "broadcast", "reduce", "gather", "scatter", "send_recv", "barrier")
+REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
+
+_INTS = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                   torch.uint16, torch.uint32, torch.uint64})
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+ALL_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8
+
+
+class NativeRefused(RuntimeError):
+    """Raised by a transport asked for something its capabilities do not list (a funcoll bug)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one backend does natively. ``None`` fields mean "everything"."""
+
+    name: str
+    primitives: frozenset  # native primitives (names from PRIMITIVES)
+    reduce_ops: frozenset  # reduce ops any reducing primitive accepts natively
+    dtypes: frozenset  # dtypes the backend moves at all (non-reducing ops)
+    reduce_dtypes: frozenset  # dtypes the backend reduces
+    # (reduce op, dtype) pairs that are refused even though the op and the dtype are native:
+    # e.g. integer MIN/MAX on XCCL, AVG on integers on gloo.
+    refused_pairs: frozenset = frozenset()
+    uneven_all_to_all: bool = True
+    is_async: bool = True
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def has(self, primitive: str) -> bool:
+        return primitive in self.primitives
+
+    def moves(self, dtype: torch.dtype) -> bool:
+        return dtype in self.dtypes
+
+    def reduces(self, primitive: str, op: ReduceOp, dtype: torch.dtype) -> bool:
+        return (primitive in self.primitives and op in self.reduce_ops and dtype in self.reduce_dtypes
+                and (op, dtype) not in self.refused_pairs)
+
+    def restrict(self, other: "Capabilities") -> "Capabilities":
+        """What both can do natively (a transport run under another backend's profile)."""
+        return Capabilities(
+            name=f"{self.name}[{other.name}]" if other.name != self.name else self.name,
+            primitives=self.primitives & other.primitives,
+            reduce_ops=self.reduce_ops & other.reduce_ops,
+            dtypes=self.dtypes & other.dtypes,
+            reduce_dtypes=self.reduce_dtypes & other.reduce_dtypes,
+            refused_pairs=self.refused_pairs | other.refused_pairs,
+            uneven_all_to_all=self.uneven_all_to_all and other.uneven_all_to_all,
+            is_async=self.is_async,
+            sources={**self.sources, **other.sources},
+        )
+
+
+def _pairs(ops: Iterable[ReduceOp], dtypes: Iterable[torch.dtype]) -> frozenset:
+    return frozenset((o, d) for o in ops for d in dtypes)
+
+
+_GLOO_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                          torch.uint8, torch.int32, torch.int64, torch.bool})
+
+# The capability table. Each fact has a source: "probe" means measured on torch 2.9.0 by
+# scripts/probe_gloo.py (re-run it on a new torch); DESIGN.md section 1 collects the XCCL and XLA facts.
+PROFILES: dict = {
+    "gloo": Capabilities(
+        name="gloo",
+        primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
+                              "all_to_all", "broadcast", "reduce", "gather", "scatter", "send_recv",
+                              "barrier"}),
+        reduce_ops=frozenset({R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR}),
+        dtypes=_GLOO_DTYPES,
+        reduce_dtypes=_GLOO_DTYPES,
+        refused_pairs=_pairs([R.AVG], _INTS | {torch.bool}) | _pairs([R.BAND, R.BOR, R.BXOR], _FLOATS),
+        uneven_all_to_all=True,
+        sources={
+            "gloo.dtypes": "probe: int16/uint16/uint32/uint64/float8 raise 'Invalid scalar type' (torch 2.9.0)",
+            "gloo.avg": "probe: AVG works for floating dtypes, raises for integers (torch 2.9.0)",
+            "gloo.premul_sum": "gloo has no PREMUL_SUM (ProcessGroupGloo.cpp, torch 2.9.0)",
+            "gloo.coalesced": "ProcessGroupGloo exposes allreduce_coalesced only; no "
+                              "allgather_into_tensor_coalesced / reduce_scatter_tensor_coalesced (probe)",
+        },
+    ),
+    "xccl": Capabilities(
+        name="xccl",
+        primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
+                              "all_to_all", "broadcast", "reduce", "gather", "scatter", "send_recv",
+                              "barrier"}),
+        reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX}),
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                          torch.uint8, torch.int32, torch.int64, torch.bool}) | FLOAT8,
+        reduce_dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                 torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
+        refused_pairs=_pairs([R.MIN, R.MAX], _INTS | {torch.bool}),
+        uneven_all_to_all=False,
+        sources={
+            "xccl.avg": "AVG missing or wrong on some oneCCL paths (DESIGN.md section 1; verl XPU port, seed 002)",
+            "xccl.premul_sum": "PREMUL_SUM raises in ProcessGroupXCCL up to torch 2.10 (DESIGN.md section 1)",
+            "xccl.bitwise": "BAND/BOR/BXOR always raise in ProcessGroupXCCL (DESIGN.md section 1)",
+            "xccl.dtypes": "int16/uint16/uint32/uint64 raise in ProcessGroupXCCL (DESIGN.md section 1)",
+            "xccl.int_minmax": "integer MIN/MAX have returned wrong results (DESIGN.md section 1; seed 002)",
+            "xccl.uneven_a2a": "uneven all_to_all_single has returned wrong results on some GPUs (DESIGN.md)",
+            "xccl.fp8": "fp8 reductions raise (DESIGN.md section 1); fp8 is moved as bytes",
+        },
+    ),
+    "xla": Capabilities(
+        name="xla",
+        primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
+                              "all_to_all", "send_recv"}),
+        reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR}),
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                          torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+                          torch.uint16, torch.uint32, torch.uint64}),
+        reduce_dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                 torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                                 torch.bool}),
+        refused_pairs=_pairs([R.BAND, R.BOR], _FLOATS),
+        uneven_all_to_all=False,
+        is_async=False,
+        sources={
+            "xla.reduce_ops": "cross_replica_reduces.cpp accepts sum/mul/and/or/min/max only (torch_xla 2.9)",
+            "xla.a2a": "all_to_all_single split sizes must be equal (torch_xla 2.9, seed 003)",
+            "xla.broadcast": "no broadcast lowering for _c10d_functional (torch_xla 2.9)",
+            "xla.reduce_gather_scatter": "ProcessGroupXla runs a full collective plus a graph sync (DESIGN.md)",
+        },
+    ),
+}
+
+
+def profile(name: str) -> Capabilities:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"funcoll: unknown capability profile {name!r}; use one of {', '.join(sorted(PROFILES))}"
+        ) from None
+
+
+def active_profile_name() -> Optional[str]:
+    """The profile named by ``FUNCOLL_PROFILE`` (None when unset or empty)."""
+    name = os.environ.get("FUNCOLL_PROFILE", "").strip().lower()
+    if not name or name in ("native", "none"):
+        return None
+    profile(name)  # validates
+    return name
+
+
+class Handle:
+    """What a primitive returns: something to wait on."""
+
+    def wait(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class Done(Handle):
+    """A primitive that has already completed (or is lazy, as on XLA)."""
+
+    def wait(self) -> None:
+        return None
+
+
+DONE = Done()
+
+
+class Transport:
+    """The primitives of one backend for one group. Ranks are group-local.
+
+    Reducing primitives work in place (``all_reduce``) or into a given output; each receives only
+    requests its capabilities list, and a subclass implements the ``_`` methods.
+    """
+
+    device_type: str = "cpu"
+
+    def __init__(self, rank: int, size: int, caps: Capabilities):
+        self.rank = rank
+        self.size = size
+        self.caps = caps
+        # (primitive, reduce op or "", dtype) -> count. Tests read this to prove which path ran.
+        self.calls: collections.Counter = collections.Counter()
+
+    # -- checks, shared by every transport -------------------------------------------------------
+    def _native(self, primitive: str, dtype: torch.dtype, op: Optional[ReduceOp] = None,
+                uneven: bool = False) -> None:
+        caps = self.caps
+        ok = caps.has(primitive) and caps.moves(dtype)
+        if ok and op is not None:
+            ok = caps.reduces(primitive, op, dtype)
+        if ok and uneven:
+            ok = caps.uneven_all_to_all
+        if not ok:
+            what = f"{primitive}({op}, {dtype})" if op is not None else f"{primitive}({dtype})"
+            raise NativeRefused(f"funcoll internal error: {caps.name} transport was asked for native "
+                                f"{what}{' with uneven splits' if uneven else ''}, which it does not have")
+        self.calls[(primitive, str(op) if op is not None else "", dtype)] += 1
+
+    # -- the primitives --------------------------------------------------------------------------
+    def all_reduce(self, t: torch.Tensor, red: Reduction) -> Handle:
+        self._native("all_reduce", t.dtype, red.op)
+        return self._all_reduce(t, red)
+
+    def all_reduce_coalesced(self, ts: Sequence[torch.Tensor], red: Reduction) -> Handle:
+        for t in ts:
+            self._native("all_reduce_coalesced", t.dtype, red.op)
+        return self._all_reduce_coalesced(ts, red)
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> Handle:
+        self._native("all_gather", inp.dtype)
+        return self._all_gather(out, inp)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Handle:
+        self._native("reduce_scatter", inp.dtype, red.op)
+        return self._reduce_scatter(out, inp, red)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Optional[list],
+                   in_splits: Optional[list]) -> Handle:
+        self._native("all_to_all", inp.dtype, uneven=out_splits is not None)
+        return self._all_to_all(out, inp, out_splits, in_splits)
+
+    def broadcast(self, t: torch.Tensor, src: int) -> Handle:
+        self._native("broadcast", t.dtype)
+        return self._broadcast(t, src)
+
+    def reduce(self, t: torch.Tensor, dst: int, red: Reduction) -> Handle:
+        self._native("reduce", t.dtype, red.op)
+        return self._reduce(t, dst, red)
+
+    def gather(self, outs: Optional[list], inp: torch.Tensor, dst: int) -> Handle:
+        self._native("gather", inp.dtype)
+        return self._gather(outs, inp, dst)
+
+    def scatter(self, out: torch.Tensor, inps: Optional[list], src: int) -> Handle:
+        self._native("scatter", out.dtype)
+        return self._scatter(out, inps, src)
+
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> Handle:
+        self._native("send_recv", t.dtype)
+        return self._send(t, dst, tag)
+
+    def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> Handle:
+        self._native("send_recv", t.dtype)
+        return self._recv(t, src, tag)
+
+    def barrier(self) -> Handle:
+        if not self.caps.has("barrier"):
+            raise NativeRefused(f"funcoll internal error: {self.caps.name} transport has no native barrier")
+        self.calls[("barrier", "", None)] += 1
+        return self._barrier()
+
+    # -- to implement ----------------------------------------------------------------------------
+    def _all_reduce(self, t, red):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _all_reduce_coalesced(self, ts, red):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _all_gather(self, out, inp):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _reduce_scatter(self, out, inp, red):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _all_to_all(self, out, inp, out_splits, in_splits):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _broadcast(self, t, src):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _reduce(self, t, dst, red):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _gather(self, outs, inp, dst):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _scatter(self, out, inps, src):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _send(self, t, dst, tag):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _recv(self, t, src, tag):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _barrier(self):  # pragma: no cover - interface
+        raise NotImplementedError
