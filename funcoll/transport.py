@@ -93,9 +93,8 @@ _GLOO_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.fl
 PROFILES: dict = {
     "gloo": Capabilities(
         name="gloo",
-        primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
-                              "all_to_all", "broadcast", "reduce", "gather", "scatter", "send_recv",
-                              "barrier"}),
+        primitives=frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                              "reduce", "gather", "scatter", "send_recv", "barrier"}),
         reduce_ops=frozenset({R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR}),
         dtypes=_GLOO_DTYPES,
         reduce_dtypes=_GLOO_DTYPES,
@@ -111,9 +110,8 @@ PROFILES: dict = {
     ),
     "xccl": Capabilities(
         name="xccl",
-        primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
-                              "all_to_all", "broadcast", "reduce", "gather", "scatter", "send_recv",
-                              "barrier"}),
+        primitives=frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                              "reduce", "gather", "scatter", "send_recv", "barrier"}),
         reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX}),
         dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                           torch.uint8, torch.int32, torch.int64, torch.bool}) | FLOAT8,
