@@ -77,7 +77,16 @@ def transport_for(group, device) -> Transport:
 
     from ..process_group import ProcessGroupFuncoll
 
-    pg = c10d._resolve_process_group(group) if isinstance(group, str) else group
+    if isinstance(group, str):
+        try:
+            pg = c10d._resolve_process_group(group)
+        except RuntimeError:
+            from ..groups import lookup
+
+            lookup(group)  # raises the ValueError naming the fix
+            raise
+    else:
+        pg = group
     device = torch.device(device)
     if isinstance(pg, ProcessGroupFuncoll):
         return pg.transport(device.type)
