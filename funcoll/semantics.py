@@ -104,12 +104,14 @@ def parse_reduction(op, opname: str) -> Reduction:
     else:
         import torch.distributed as dist
 
-        if isinstance(op, dist.ReduceOp):
-            state = op.__getstate__()  # (RedOpType, factor-or-None)
-            kind, factor = state[0], (state[1] if len(state) > 1 else None)
-            red = Reduction(ReduceOp(kind.name.lower()), factor)
-        elif isinstance(op, dist.ReduceOp.RedOpType):
+        if isinstance(op, dist.ReduceOp.RedOpType):
             red = Reduction(ReduceOp(op.name.lower()))
+        elif isinstance(op, dist.ReduceOp):
+            kind, factor = op.op, None
+            if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:
+                state = op.__getstate__()  # (RedOpType.PREMUL_SUM, factor)
+                factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
+            red = Reduction(ReduceOp(kind.name.lower()), factor)
         else:
             raise ValueError(
                 f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}"
