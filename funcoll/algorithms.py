@@ -114,8 +114,9 @@ def _entry(op: str):
                     return fn(*args, **kwargs)
             finally:
                 _current = None
+                notes = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
                 for log in _recorders:
-                    log.append((op, notes or ["native"]))
+                    log.append((op, notes))
 
         return wrapper
 
