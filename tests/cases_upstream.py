@@ -1,0 +1,43 @@
+"""Rank-side cases: DTensor and FSDP2 on a funcoll group (upstream APIs on top of funcoll)."""
+
+import torch
+
+import funcoll
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def _data(rank):
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randn(3, 4, generator=g)
+
+
+def fsdp2_and_dtensor(rank, n):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (n,))
+    x = distribute_tensor(torch.arange(4.0 * n).reshape(2 * n, 2), mesh, [Shard(0)])
+    gathered = x.redistribute(mesh, [Replicate()]).to_local()
+    m = _model()
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(m)
+    with funcoll.record() as log:
+        m(_data(rank)).sum().backward()
+    grads = [p.grad.full_tensor() for p in m.parameters()]
+    # the reference: every rank's gradient on an unsharded copy, averaged locally
+    refs = []
+    for r in range(n):
+        ref = _model()
+        ref(_data(r)).sum().backward()
+        refs.append([p.grad for p in ref.parameters()])
+    want = [torch.stack(gs).mean(0) for gs in zip(*refs)]
+    max_diff = max(float((g - w).abs().max()) for g, w in zip(grads, want))
+    return {"gathered": gathered, "max_diff": max_diff, "ops": sorted({o for o, _ in log}),
+            "strategies": sorted({s for _, ns in log for s in ns})}
