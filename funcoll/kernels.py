@@ -185,8 +185,18 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                 _ensure_loaded(dt)
                 lib = torch.library.Library("_c10d_functional", "IMPL")
                 key = DISPATCH_KEYS[dt]
-                for name, fn in {**OPS, **_EXTRA.get(dt, {})}.items():
-                    lib.impl(name, fn, key)
+                # Kernels other libraries registered from Python (torch_xla registers broadcast on XLA in
+                # torch_xla/_internal/c10d_registration.py): torch.library refuses to override them unless
+                # allowed, and would forget their registration when this library goes; keep it theirs.
+                owned = {k for k in torch.library._impls
+                         if k.startswith("_c10d_functional/") and k.endswith("/" + key)}
+                try:
+                    for name, fn in {**OPS, **_EXTRA.get(dt, {})}.items():
+                        lib.impl(name, fn, key, allow_override=True)
+                        lib._op_impls.difference_update(owned)
+                except BaseException:
+                    lib._destroy()  # no half-installed kernels
+                    raise
                 _libs[dt] = lib
             done.append(dt)
     return done

@@ -1,0 +1,641 @@
+"""The XLA transport: funcoll's primitives as torch_xla lazy collectives with explicit replica groups.
+
+Every primitive builds one lazy XLA collective (``all-reduce``, ``all-gather``, ``reduce-scatter``,
+``all-to-all``, ``collective-permute``) through ``torch_xla._XLAC`` with the replica groups funcoll's group
+registry gives for the group (:func:`funcoll.groups.replica_groups`): the whole partition when the group is a
+block of one (DeviceMesh dims, ``new_subgroups``, ``split_group``), else the group padded with singletons.
+The whole world is never implied: even the world group is spelled out.
+
+Ranks and world size come from the process group (the :class:`~funcoll.lowering.GroupContext` or the c10d
+group), never from ``torch_xla.runtime.world_size()``. A funcoll world of any size can therefore be built in
+one process (``init_process_group("funcoll", store=dist.HashStore(), rank=r, world_size=8)``) to read the HLO
+that rank of an 8-chip job would compile; :func:`collective_hlo_lines` prints its collectives readably.
+
+Rules every primitive follows (all found by experiment on torch_xla 2.9, see docs/xla.md):
+
+* results are computed with the *functional* ``_XLAC`` ops and written back with ``copy_``: the in-place
+  ``_XLAC`` ops set the IR of the tensor they get and bypass functionalization, so an in-place collective on a
+  view (``t[2:4]``, ``t.view(torch.uint8)``) silently leaves the base tensor unchanged;
+* nothing syncs the graph (no ``mark_step``, no ``.cpu()``), except the split-size agreement of an uneven
+  ``all_to_all`` in :mod:`funcoll.algorithms` (see :func:`static_split_bound` to avoid it);
+* the HLO is the same on every rank of the group: rank-dependent values (the broadcast mask) are device
+  data, i.e. parameters of the computation, never Python branches or constants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from dataclasses import replace
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
+
+from .. import groups as G
+from ..semantics import ReduceOp, Reduction
+from ..transport import Capabilities, Done, Transport, active_profile_name, profile
+from . import GroupContext, register_device
+
+__all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "collective_hlo_lines",
+           "hlo_lines", "reset_token", "static_split_bound", "COLLECTIVE_OPCODES"]
+
+_X = torch_xla._XLAC
+R = ReduceOp
+DONE = Done()
+
+# funcoll reduce op -> the reduce type string of torch_xla's cross-replica ops (cross_replica_reduces.cpp
+# GetReduceType: sum, mul, and, or, min, max).
+_XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "min", R.MAX: "max"}
+
+# signed integer of the same width, to move raw bits through an integer all-reduce exactly
+_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+# ---------------------------------------------------------------------------------------------------
+# capabilities
+# ---------------------------------------------------------------------------------------------------
+_BROADCAST_SOURCE = ("funcoll XLA transport: masked all-reduce SUM of the raw bits (as a same-width signed "
+                     "integer), the mask being device data so every rank compiles the same HLO; the same "
+                     "cost as torch_xla's xm.collective_broadcast (xla_model.py), but bit-exact for floats "
+                     "(-0.0, NaN payloads) and with explicit replica groups")
+
+
+def capabilities(profile_name: Optional[str] = None) -> Capabilities:
+    """What the XLA transport does natively: the ``xla`` profile (torch_xla 2.9's lazy collectives) plus
+    ``broadcast``, which this transport builds as one masked integer all-reduce with the same HLO on every
+    rank. ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile."""
+    base = profile("xla")
+    caps = replace(base, primitives=base.primitives | {"broadcast"},
+                   sources={**base.sources, "xla.broadcast": _BROADCAST_SOURCE})
+    name = profile_name if profile_name is not None else active_profile_name()
+    if name and name != "xla":
+        caps = caps.restrict(profile(name))
+    return caps
+
+
+# ---------------------------------------------------------------------------------------------------
+# devices (seed 004: never build xla:{LOCAL_RANK}; a process addresses only its own devices)
+# ---------------------------------------------------------------------------------------------------
+def _addressable() -> List[torch.device]:
+    return list(torch_xla.devices())
+
+
+def device_index(device: Union[None, int, str, torch.device]) -> int:
+    """The index, among this process's addressable XLA devices, named by ``device``.
+
+    Accepts None (the process's default device), an int, a digit string (``"0"``, e.g. from an environment
+    variable), ``"xla"``, ``"xla:N"`` and ``torch.device``. LOCAL_RANK is *not* an XLA device index: under
+    PJRT each process addresses its own devices, usually only ``xla:0``.
+    """
+    if device is None:
+        return torch_xla.device().index or 0
+    if isinstance(device, bool):
+        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got {device!r}")
+    if isinstance(device, int):
+        idx = device
+    elif isinstance(device, (str, torch.device)):
+        text = str(device).strip()
+        if text.isdigit():
+            idx = int(text)
+        else:
+            try:
+                dev = torch.device(text)
+            except RuntimeError:
+                raise ValueError(f"funcoll.xla: cannot read a device from {device!r}; pass an int, "
+                                 f"'xla:N' or a torch.device") from None
+            if dev.type != "xla":
+                raise ValueError(f"funcoll.xla: {device!r} is not an XLA device; pass 'xla', 'xla:N' or an "
+                                 f"index of one of this process's XLA devices")
+            if dev.index is None:
+                return torch_xla.device().index or 0
+            idx = dev.index
+    else:
+        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got "
+                        f"{type(device).__name__}")
+    count = len(_addressable())
+    if not 0 <= idx < count:
+        raise ValueError(
+            f"funcoll.xla: xla:{idx} is not addressable in this process (it has {count} XLA device"
+            f"{'s' if count != 1 else ''}: xla:0..xla:{count - 1}); a rank or LOCAL_RANK is not an XLA "
+            f"device index, use torch_xla.device() (or index 0) in each process")
+    return idx
+
+
+def normalize_device(device: Union[None, int, str, torch.device] = None) -> torch.device:
+    """``torch.device("xla", i)`` for ``device`` (see :func:`device_index`), validated against the devices
+    this process can address."""
+    return torch.device("xla", device_index(device))
+
+
+# ---------------------------------------------------------------------------------------------------
+# uneven all_to_all without a sync: a split bound every rank promises
+# ---------------------------------------------------------------------------------------------------
+_bound = threading.local()
+
+
+@contextlib.contextmanager
+def static_split_bound(bound: int):
+    """Inside the block, an uneven ``all_to_all_single`` on XLA pads every split to ``bound`` rows instead of
+    agreeing on the largest split first (which costs a tiny all-gather plus a device-to-host sync, and bakes
+    the other ranks' splits of the first call into a compiled graph).
+
+    ``bound`` is a promise made by *every* rank: no split, sent or received, on any rank, exceeds it. Each rank
+    checks its own splits and raises ValueError if one does, but it cannot check the others' (a rank whose
+    split exceeds the bound raises while its peers enter the collective). The all-to-all then moves
+    ``group_size * bound`` rows per rank.
+    """
+    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
+        raise ValueError(f"funcoll.xla.static_split_bound: bound must be a positive int, got {bound!r}")
+    prev = getattr(_bound, "value", None)
+    _bound.value = bound
+    try:
+        yield bound
+    finally:
+        _bound.value = prev
+
+
+def _current_bound() -> Optional[int]:
+    return getattr(_bound, "value", None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the transport
+# ---------------------------------------------------------------------------------------------------
+def _uniform(blocks: List[List[int]], size: int, world_size: int) -> Optional[List[List[int]]]:
+    """Replica groups of one size (all-gather, reduce-scatter and all-to-all need it): the blocks when they
+    are uniform, else the group's blocks plus the remaining ranks cut into blocks of ``size`` in order (ranks
+    outside the group never run this collective, so how they are grouped does not matter), else None."""
+    if all(len(b) == size for b in blocks):
+        return blocks
+    big = [b for b in blocks if len(b) > 1]
+    covered = {r for b in big for r in b}
+    rest = [r for r in range(world_size) if r not in covered]
+    if any(len(b) != size for b in big) or len(rest) % size:
+        return None
+    out = big + [rest[i:i + size] for i in range(0, len(rest), size)]
+    return sorted(out, key=min)
+
+
+class XlaTransport(Transport):
+    """Primitives of one group on one XLA device, as lazy collectives (``is_async=False``: building the op is
+    all there is to do; the graph runs at the next ``torch_xla.sync()`` or when a result is read)."""
+
+    device_type = "xla"
+
+    def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
+                 device=None, caps: Optional[Capabilities] = None, pin_layout: bool = True):
+        super().__init__(rank, size, caps if caps is not None else capabilities())
+        self.group_name = group_name
+        self.global_ranks = tuple(int(r) for r in global_ranks) or tuple(range(size))
+        self.world_size = int(world_size)
+        if len(self.global_ranks) != size:
+            raise ValueError(f"funcoll.xla: group {group_name!r} has size {size} but lists ranks "
+                             f"{list(self.global_ranks)}")
+        self.control_device = normalize_device(device)
+        # pin_layout=True, as torch_xla's own _c10d_functional kernels do (cross_replica_reduces.cpp): ranks
+        # may compile slightly different programs around a collective, and a pinned layout keeps them agreeing.
+        self.pin_layout = pin_layout
+
+    def __repr__(self) -> str:
+        return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
+                f"ranks={list(self.global_ranks)}, world={self.world_size}, device={self.control_device})")
+
+    # -- replica groups ------------------------------------------------------------------------------
+    def replica_groups(self) -> List[List[int]]:
+        """The replica groups for a collective over this group, as every rank of the world emits them. Read
+        from the registry at every call: a partition may be registered after the group was created."""
+        if self.size == self.world_size and self.global_ranks == tuple(range(self.world_size)):
+            return [list(self.global_ranks)]
+        try:
+            blocks = G.replica_groups(self.group_name)
+        except ValueError:
+            blocks = None
+        mine = set(self.global_ranks)
+        if blocks is None or not any(set(b) == mine for b in blocks):
+            # the registry does not know this group (a c10d group created elsewhere): a lone sub-group
+            blocks = [list(self.global_ranks)] + [[r] for r in range(self.world_size) if r not in mine]
+        # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
+        blocks = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
+        return sorted(blocks, key=min)
+
+    def _uniform_groups(self) -> Optional[List[List[int]]]:
+        return _uniform(self.replica_groups(), self.size, self.world_size)
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _token(self):
+        return _X._get_all_reduce_token(str(self.control_device))
+
+    def _set_token(self, token) -> None:
+        _X._set_all_reduce_token(str(self.control_device), token)
+
+    def _mask(self, src: int, like: torch.Tensor) -> torch.Tensor:
+        """A bool scalar, True on rank ``src`` only, as device data (a parameter of the computation): the HLO
+        does not depend on the rank. Made at every call, not cached: the eager path runs above
+        functionalization and the dispatch-key kernels below it, and a tensor made in one is unusable in
+        the other."""
+        m = torch.tensor(self.rank == src).to(like.device)
+        if torch._is_functional_tensor(like) and not torch._is_functional_tensor(m):
+            m = torch._to_functional_tensor(m)
+        return m
+
+    def _reduce_all(self, t: torch.Tensor, op: str, groups) -> torch.Tensor:
+        return _X._xla_all_reduce(op, t, 1.0, groups, self.pin_layout)
+
+    def _gather_via_all_reduce(self, inp: torch.Tensor, groups) -> torch.Tensor:
+        """All-gather as an integer all-reduce of the zero-padded raw bits: for replica groups of mixed sizes,
+        which XLA's all-gather does not accept. Exact; moves ``size`` times the data."""
+        flat = inp.reshape(-1)
+        bits = flat.view(_INT_OF_WIDTH[flat.element_size()]) if flat.dtype != torch.bool else \
+            flat.view(torch.int8)
+        k = bits.numel()
+        padded = torch.nn.functional.pad(bits, (self.rank * k, (self.size - 1 - self.rank) * k))
+        return self._reduce_all(padded, "sum", groups).view(flat.dtype)
+
+    # -- the primitives ------------------------------------------------------------------------------
+    def _all_reduce(self, t, red: Reduction):
+        t.copy_(self._reduce_all(t, _XLA_OP[red.op], self.replica_groups()))
+        return DONE
+
+    def _all_reduce_coalesced(self, ts, red: Reduction):
+        # one tuple all-reduce per dtype (torch_xla's BuildAllReduce groups operands by element type). Fresh
+        # clones are reduced in place (they are no views), then copied back through copy_.
+        work = [t.clone() for t in ts]
+        _X._xla_all_reduce_inplace(_XLA_OP[red.op], work, 1.0, self.replica_groups(), self.pin_layout)
+        for t, w in zip(ts, work):
+            t.copy_(w)
+        return DONE
+
+    def _all_gather(self, out, inp):
+        inp = inp.reshape((1,) if inp.dim() == 0 else tuple(inp.shape))
+        groups = self._uniform_groups()
+        if groups is None:
+            res = self._gather_via_all_reduce(inp, self.replica_groups())
+        else:
+            res = _X._xla_all_gather(inp, 0, self.size, groups, self.pin_layout, None, None)
+        out.copy_(res.view(out.shape))
+        return DONE
+
+    def _reduce_scatter(self, out, inp, red: Reduction):
+        groups = self._uniform_groups()
+        op = _XLA_OP[red.op]
+        if groups is None:
+            full = self._reduce_all(inp, op, self.replica_groups())
+            rows = inp.shape[0] // self.size
+            res = full[self.rank * rows:(self.rank + 1) * rows]
+        else:
+            res, token = _X._xla_reduce_scatter(op, inp, self._token(), 1.0, 0, self.size, groups,
+                                                self.pin_layout, None, None)
+            self._set_token(token)
+        out.copy_(res.view(out.shape))
+        return DONE
+
+    def _all_to_all(self, out, inp, out_splits, in_splits):
+        n = self.size
+        if out_splits is not None:  # only under static_split_bound(): pad / even all-to-all / slice
+            return self._all_to_all_bounded(out, inp, out_splits, in_splits)
+        groups = self._uniform_groups()
+        if groups is None:
+            rows = inp.shape[0] // n
+            g = self._gather_via_all_reduce(inp, self.replica_groups()).view((n, n, rows) + tuple(inp.shape[1:]))
+            res = g[:, self.rank].reshape(out.shape)
+        else:
+            res, token = _X._xla_all_to_all(inp, self._token(), 0, 0, n, groups, self.pin_layout)
+            self._set_token(token)
+        out.copy_(res.view(out.shape))
+        return DONE
+
+    def _all_to_all_bounded(self, out, inp, out_splits, in_splits):
+        from .. import algorithms as A
+
+        bound = _current_bound()
+        if bound is None:  # pragma: no cover - caps only claim uneven all_to_all inside the context
+            raise RuntimeError("funcoll internal error: uneven all_to_all reached the XLA transport without "
+                               "a static split bound")
+        local = list(out_splits) + list(in_splits)
+        if max(local) > bound:
+            raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
+                             f"bound {bound} promised by funcoll.lowering.xla.static_split_bound; raise the bound")
+        A._note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
+        n, rest = self.size, tuple(inp.shape[1:])
+        pieces, off = [], 0
+        for s in in_splits:
+            piece = inp[off:off + s]
+            off += s
+            if s < bound:
+                piece = torch.cat([piece, piece.new_zeros((bound - s,) + rest)])
+            pieces.append(piece)
+        padded = torch.cat(pieces)
+        recv = padded.new_empty(padded.shape)
+        self._all_to_all(recv, padded, None, None)
+        outs = [recv[j * bound:j * bound + s] for j, s in enumerate(out_splits) if s]
+        if outs:
+            out.copy_(torch.cat(outs) if len(outs) > 1 else outs[0])
+        return DONE
+
+    def _broadcast(self, t, src):
+        flat = t.reshape(-1)
+        bits = flat.view(torch.int8) if flat.dtype == torch.bool else flat.view(_INT_OF_WIDTH[flat.element_size()])
+        masked = torch.where(self._mask(src, bits), bits, torch.zeros((), dtype=bits.dtype, device=bits.device))
+        bits.copy_(self._reduce_all(masked, "sum", self.replica_groups()))
+        return DONE
+
+    def _permute(self, t: torch.Tensor, pairs: List[List[int]]) -> torch.Tensor:
+        res, token = _X._xla_collective_permute(t, self._token(), pairs)
+        self._set_token(token)
+        return res
+
+    def _send(self, t, dst, tag):
+        # The receiver runs the same collective-permute (same pair). The result (zeros here) is kept alive until
+        # the next step, so the op is part of this rank's next graph without a sync of its own.
+        res = self._permute(t, [[self.global_ranks[self.rank], self.global_ranks[dst]]])
+        _keep_until_step(res)
+        return DONE
+
+    def _recv(self, t, src, tag):
+        t.copy_(self._permute(t, [[self.global_ranks[src], self.global_ranks[self.rank]]]))
+        return DONE
+
+    # The caps never list these (the xla profile has no reduce/gather/scatter/barrier): algorithms build them
+    # from all_reduce / all_gather / broadcast, without a graph sync.
+    def _reduce(self, t, dst, red):  # pragma: no cover - not a capability
+        raise NotImplementedError
+
+    def _gather(self, outs, inp, dst):  # pragma: no cover - not a capability
+        raise NotImplementedError
+
+    def _scatter(self, out, inps, src):  # pragma: no cover - not a capability
+        raise NotImplementedError
+
+    def _barrier(self):  # pragma: no cover - not a capability
+        raise NotImplementedError
+
+    # -- static split bound: the capability follows the context ---------------------------------------
+    @property
+    def caps(self) -> Capabilities:
+        caps = self._caps
+        if _current_bound() is not None and caps.has("all_to_all"):
+            return replace(caps, uneven_all_to_all=True)
+        return caps
+
+    @caps.setter
+    def caps(self, value: Capabilities) -> None:
+        self._caps = value
+
+
+def _keep_until_step(t: torch.Tensor) -> None:
+    """Keeps ``t`` alive until the next ``torch_xla.sync()`` / ``xm.mark_step()``, which then runs it."""
+    import torch_xla.core.xla_model as xm
+
+    xm.add_step_closure(lambda _t: None, args=(t,))
+
+
+# ---------------------------------------------------------------------------------------------------
+# factories
+# ---------------------------------------------------------------------------------------------------
+def _check_runtime(rank_global: int, world_size: int) -> None:
+    """In a real job (the funcoll world has the runtime's size) funcoll's global rank must be the XLA replica
+    id of this process, or the replica groups would name the wrong chips. A larger funcoll world in one
+    process is a virtual one, built to read HLO; then nothing is checked."""
+    import torch_xla.runtime as xr
+
+    if xr.is_spmd():
+        raise RuntimeError("funcoll.xla: collectives with replica groups do not apply under SPMD "
+                           "(torch_xla.runtime.use_spmd()); use a CPU group, or no SPMD")
+    if world_size == xr.world_size() and rank_global != xr.global_ordinal():
+        raise ValueError(f"funcoll.xla: this process is rank {rank_global} of the funcoll world but XLA replica "
+                         f"{xr.global_ordinal()}; initialise the process group with rank=xr.global_ordinal() "
+                         f"(or the xla:// init method)")
+
+
+def _funcoll_factory(ctx: GroupContext) -> XlaTransport:
+    ranks = tuple(ctx.global_ranks) or tuple(range(ctx.size))
+    _check_runtime(ranks[ctx.rank], ctx.world_size)
+    return XlaTransport(ctx.name, ctx.rank, ctx.size, ranks, ctx.world_size)
+
+
+def _c10d_factory(pg, device) -> XlaTransport:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    ranks = tuple(c10d.get_process_group_ranks(pg))
+    world = dist.get_world_size() if dist.is_initialized() else pg.size()
+    _check_runtime(ranks[pg.rank()], world)
+    return XlaTransport(pg.group_name, pg.rank(), pg.size(), ranks, world, device=device)
+
+
+register_device("xla", funcoll=_funcoll_factory, c10d=_c10d_factory)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the XLA dispatch-key kernels: funcoll's generic kernels, run with functionalization re-entered
+# ---------------------------------------------------------------------------------------------------
+# Why: torch_xla 2.9 runs XLA tensors under functionalization, and a kernel registered on the XLA key runs
+# *below* it (Functionalize is in the TLS exclude set). There, ``t.view(torch.uint8)`` returns a tensor torch_xla
+# cannot read ("Expected XLA tensor") and a write into a slice (``out[a:b].copy_(x)``) is lost. funcoll's
+# strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
+# kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
+# functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
+_MUTATED = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0, "all_gather_into_tensor_out": "out"}
+_DK = torch._C.DispatchKey
+
+
+def _to_functional(x):
+    if isinstance(x, torch.Tensor):
+        return x if torch._is_functional_tensor(x) else torch._to_functional_tensor(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_functional(t) for t in x)
+    return x
+
+
+def _from_functional(x):
+    if isinstance(x, torch.Tensor):
+        if not torch._is_functional_tensor(x):
+            return x
+        torch._sync(x)
+        return torch._from_functional_tensor(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_from_functional(t) for t in x)
+    return x
+
+
+@contextlib.contextmanager
+def _functionalization():
+    # Functionalize leaves the TLS exclude set, so the wrapped tensors dispatch through it again. It is not
+    # added to the include set: torch_xla's C++ creates CPU tensors internally (the ordering token), and
+    # those must not come out as functional wrappers (that segfaults).
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    with torch._C._ForceDispatchKeyGuard(include, exclude.remove(_DK.Functionalize)):
+        yield
+
+
+def _functionalized(name: str, fn):
+    where = _MUTATED.get(name)
+
+    def kernel(*args, **kwargs):
+        fargs = [_to_functional(a) for a in args]
+        fkwargs = {k: _to_functional(v) for k, v in kwargs.items()}
+        with _functionalization():
+            res = fn(*fargs, **fkwargs)
+        if where is None:
+            return _from_functional(res)
+        orig, fun = (args[where], fargs[where]) if where != "out" else (kwargs["out"], fkwargs["out"])
+        if isinstance(orig, torch.Tensor):
+            orig.copy_(_from_functional(fun))
+        else:
+            for o, f in zip(orig, fun):
+                o.copy_(_from_functional(f))
+        return orig
+
+    kernel.__name__ = kernel.__qualname__ = f"xla_{name}"
+    kernel.__doc__ = f"funcoll's ``_c10d_functional.{name}`` on the XLA key (functionalization re-entered)."
+    return kernel
+
+
+def _wait_tensor(tensor):
+    """``_c10d_functional.wait_tensor`` on XLA: funcoll's XLA collectives are lazy ops, complete once built,
+    and never register a Work; waiting is the identity (the graph runs at the next sync)."""
+    return tensor
+
+
+def _register_kernels() -> None:
+    from .. import kernels
+
+    for name, fn in kernels.OPS.items():
+        kernels.register_extra_kernel("xla", name, _functionalized(name, fn))
+    kernels.register_extra_kernel("xla", "wait_tensor", _wait_tensor)
+
+
+_register_kernels()
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading HLO
+# ---------------------------------------------------------------------------------------------------
+COLLECTIVE_OPCODES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                      "collective-broadcast", "send", "recv", "all-reduce-start", "all-gather-start",
+                      "collective-permute-start")
+_KEEP_ATTRS = ("replica_groups", "dimensions", "source_target_pairs", "to_apply", "slice", "padding",
+               "direction")
+_LAYOUT = re.compile(r"(\])\{[0-9,]*(?::[^}]*)?\}")
+
+
+def reset_token(device=None) -> None:
+    """Starts a fresh ordering token for ``device``: the next collective's HLO no longer includes the earlier
+    collectives it would otherwise be chained to (torch_xla threads one pseudo token through all of them
+    until the next step). Nothing is executed."""
+    _X._set_all_reduce_token(str(normalize_device(device)), None)
+
+
+def _split_top(text: str, sep: str = ",") -> List[str]:
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return out
+
+
+def _parse_instruction(line: str):
+    """``%name = SHAPE opcode(OPERANDS), attrs`` -> (name, shape, opcode, operands, attrs) or None."""
+    m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
+    if not m:
+        return None
+    name, rest = m.group(1), m.group(2)
+    # the shape: a tuple "(...)" or one token
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                break
+        shape, rest = rest[:i + 1], rest[i + 1:].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    m = re.match(r"([a-z][\w\-]*)\(", rest)
+    if not m:
+        return None
+    opcode = m.group(1)
+    depth = 0
+    start = len(opcode)
+    for i in range(start, len(rest)):
+        depth += rest[i] == "("
+        depth -= rest[i] == ")"
+        if depth == 0:
+            break
+    operands = rest[start + 1:i]
+    attrs = rest[i + 1:].lstrip(", ")
+    return name, shape, opcode, operands, attrs
+
+
+def _norm_shape(shape: str) -> str:
+    return _LAYOUT.sub(r"\1", shape).replace(" ", "")
+
+
+def _computation_roots(hlo: str) -> Dict[str, str]:
+    """Computation name -> the opcode of its ROOT (e.g. %AddComputation.4 -> add)."""
+    roots, current = {}, None
+    for line in hlo.splitlines():
+        m = re.match(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{\s*$", line)
+        if m:
+            current = m.group(1)
+            continue
+        if current and line.strip().startswith("ROOT"):
+            ins = _parse_instruction(line)
+            if ins:
+                roots[current] = ins[2]
+    return roots
+
+
+def hlo_lines(hlo: str, keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
+    """The instructions of the ENTRY computation of ``hlo`` whose opcode is in ``keep``, one normalised line
+    each: ``opcode(operand shapes) -> result shape  attr=... `` with names, ids, layouts and metadata removed,
+    ``to_apply`` shown as the reduction's opcode (add, multiply, minimum, maximum, and, or)."""
+    keep = tuple(keep)
+    roots = _computation_roots(hlo)
+    out, in_entry = [], False
+    for line in hlo.splitlines():
+        if line.startswith("ENTRY "):
+            in_entry = True
+            continue
+        if in_entry and line.startswith("}"):
+            break
+        if not in_entry:
+            continue
+        ins = _parse_instruction(line)
+        if ins is None or ins[2] not in keep:
+            continue
+        _, shape, opcode, operands, attrs = ins
+        ops = [_norm_shape(o.rsplit(" ", 1)[0]) if "%" in o else _norm_shape(o) for o in _split_top(operands)]
+        kept = []
+        for a in _split_top(attrs):
+            key, _, val = a.partition("=")
+            if key not in _KEEP_ATTRS:
+                continue
+            if key == "to_apply":
+                val = roots.get(val.lstrip("%"), val)
+            kept.append(f"{key}={val}")
+        text = f"{opcode}({', '.join(ops)}) -> {_norm_shape(shape)}"
+        out.append(text + ("  " + " ".join(kept) if kept else ""))
+    return out
+
+
+def collective_hlo_lines(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
+                         keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
+    """The normalised HLO lines (see :func:`hlo_lines`) of the computation producing ``tensors`` (lazy XLA
+    tensors), by default only the collectives. Nothing is executed, so replica groups of a virtual world
+    larger than this machine are fine."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    return hlo_lines(_X._get_xla_tensors_hlo(list(tensors)), keep)
