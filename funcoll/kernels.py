@@ -149,13 +149,46 @@ OPS = {
     "broadcast": broadcast,
     "broadcast_": broadcast_,
 }
-# Device types whose transport needs its own wait_tensor kernel (lazy devices: waiting is a no-op there).
-_EXTRA: Dict[str, Dict[str, object]] = {}
+# Kernels only some device types need, as (op, dispatch key) -> kernel: e.g. wait_tensor on XLA, and the
+# Functionalize kernels below for devices whose tensors live under functionalization.
+_EXTRA: Dict[str, Dict[tuple, object]] = {}
 
 
-def register_extra_kernel(device_type: str, op: str, fn) -> None:
-    """A lowering module adds a kernel only its device needs (e.g. ``wait_tensor`` on XLA)."""
-    _EXTRA.setdefault(device_type, {})[op] = fn
+def register_extra_kernel(device_type: str, op: str, fn, key: Optional[str] = None) -> None:
+    """A lowering module adds a kernel only its device needs (on its own key, or on ``key``)."""
+    _EXTRA.setdefault(device_type, {})[(op, key or DISPATCH_KEYS[device_type])] = fn
+
+
+# -- the in-place / out variants under functionalization -------------------------------------------------
+# c10d declares all_reduce_, all_reduce_coalesced_, broadcast_ and all_gather_into_tensor_out with alias
+# annotations and gives them no Functionalize kernel, so on a device whose tensors are functional wrappers
+# (torch_xla 2.9) calling them raises "Found a custom (non-ATen) operator whose output has alias annotations".
+# These kernels are the functional op plus a copy_ into the argument: functionalization records the mutation,
+# eagerly and when AOTAutograd traces a graph that contains them.
+def _functionalize_all_reduce_(input, reduce_op, group_name):
+    return input.copy_(torch.ops._c10d_functional.all_reduce(input, reduce_op, group_name))
+
+
+def _functionalize_all_reduce_coalesced_(inputs, reduce_op, group_name):
+    for t, r in zip(inputs, torch.ops._c10d_functional.all_reduce_coalesced(inputs, reduce_op, group_name)):
+        t.copy_(r)
+    return inputs
+
+
+def _functionalize_broadcast_(input, src, group_name):
+    return input.copy_(torch.ops._c10d_functional.broadcast(input, src, group_name))
+
+
+def _functionalize_all_gather_into_tensor_out(input, group_size, group_name, *, out):
+    return out.copy_(torch.ops._c10d_functional.all_gather_into_tensor(input, group_size, group_name))
+
+
+FUNCTIONALIZE = {
+    "all_reduce_": _functionalize_all_reduce_,
+    "all_reduce_coalesced_": _functionalize_all_reduce_coalesced_,
+    "broadcast_": _functionalize_broadcast_,
+    "all_gather_into_tensor_out": _functionalize_all_gather_into_tensor_out,
+}
 
 
 def _present(device_type: str) -> bool:
@@ -188,11 +221,11 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                 # Kernels other libraries registered from Python (torch_xla registers broadcast on XLA in
                 # torch_xla/_internal/c10d_registration.py): torch.library refuses to override them unless
                 # allowed, and would forget their registration when this library goes; keep it theirs.
-                owned = {k for k in torch.library._impls
-                         if k.startswith("_c10d_functional/") and k.endswith("/" + key)}
+                owned = {k for k in torch.library._impls if k.startswith("_c10d_functional/")}
+                kernels = {**{(name, key): fn for name, fn in OPS.items()}, **_EXTRA.get(dt, {})}
                 try:
-                    for name, fn in {**OPS, **_EXTRA.get(dt, {})}.items():
-                        lib.impl(name, fn, key, allow_override=True)
+                    for (name, k), fn in kernels.items():
+                        lib.impl(name, fn, k, allow_override=True)
                         lib._op_impls.difference_update(owned)
                 except BaseException:
                     lib._destroy()  # no half-installed kernels

@@ -506,6 +506,9 @@ def _register_kernels() -> None:
     for name, fn in kernels.OPS.items():
         kernels.register_extra_kernel("xla", name, _functionalized(name, fn))
     kernels.register_extra_kernel("xla", "wait_tensor", _wait_tensor)
+    # XLA tensors are functional wrappers: the in-place/out variants need a Functionalize kernel to be callable
+    for name, fn in kernels.FUNCTIONALIZE.items():
+        kernels.register_extra_kernel("xla", name, fn, key="Functionalize")
 
 
 _register_kernels()
