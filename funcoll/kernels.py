@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import threading
+import warnings
 from typing import Dict, Iterable, List, Optional
 
 import torch
@@ -224,9 +225,12 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                 owned = {k for k in torch.library._impls if k.startswith("_c10d_functional/")}
                 kernels = {**{(name, key): fn for name, fn in OPS.items()}, **_EXTRA.get(dt, {})}
                 try:
-                    for (name, k), fn in kernels.items():
-                        lib.impl(name, fn, k, allow_override=True)
-                        lib._op_impls.difference_update(owned)
+                    with warnings.catch_warnings():
+                        # overriding torch_xla's kernels is the point of install(); uninstall() restores them
+                        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+                        for (name, k), fn in kernels.items():
+                            lib.impl(name, fn, k, allow_override=True)
+                            lib._op_impls.difference_update(owned)
                 except BaseException:
                     lib._destroy()  # no half-installed kernels
                     raise

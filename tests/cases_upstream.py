@@ -41,3 +41,25 @@ def fsdp2_and_dtensor(rank, n):
     max_diff = max(float((g - w).abs().max()) for g, w in zip(grads, want))
     return {"gathered": gathered, "max_diff": max_diff, "ops": sorted({o for o, _ in log}),
             "strategies": sorted({s for _, ns in log for s in ns})}
+
+
+def ddp(rank, n):
+    """DDP on a funcoll group: parameters broadcast from rank 0 at construction, gradients averaged."""
+    m = _model()
+    if rank:  # diverge, so the construction-time broadcast has something to do
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(float(rank))
+    with funcoll.record() as log:
+        d = torch.nn.parallel.DistributedDataParallel(m)
+        d(_data(rank)).sum().backward()
+    refs = []
+    for r in range(n):
+        ref = _model()
+        ref(_data(r)).sum().backward()
+        refs.append([p.grad for p in ref.parameters()])
+    want = [torch.stack(gs).mean(0) for gs in zip(*refs)]
+    ref_params = [p.detach() for p in _model().parameters()]
+    return {"params_equal_rank0": all(torch.equal(p.detach(), q) for p, q in zip(m.parameters(), ref_params)),
+            "max_diff": max(float((p.grad - w).abs().max()) for p, w in zip(m.parameters(), want)),
+            "ops": sorted({o for o, _ in log})}
