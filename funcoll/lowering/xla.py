@@ -16,6 +16,9 @@ Rules every primitive follows (all found by experiment on torch_xla 2.9, see doc
 * results are computed with the *functional* ``_XLAC`` ops and written back with ``copy_``: the in-place
   ``_XLAC`` ops set the IR of the tensor they get and bypass functionalization, so an in-place collective on a
   view (``t[2:4]``, ``t.view(torch.uint8)``) silently leaves the base tensor unchanged;
+* no dtype views (``t.view(torch.int32)``): torch_xla 2.9 has no lowering for ``view.dtype`` and runs it as a
+  CPU fallback (``aten::view_copy.dtype``), i.e. a device-to-host copy that executes the pending graph; a
+  write through such a view reaches the base only at the next sync, so the HLO read before it misses it;
 * nothing syncs the graph (no ``mark_step``, no ``.cpu()``), except the split-size agreement of an uneven
   ``all_to_all`` in :mod:`funcoll.algorithms` (see :func:`static_split_bound` to avoid it);
 * the HLO is the same on every rank of the group: rank-dependent values (the broadcast mask) are device
@@ -49,26 +52,40 @@ DONE = Done()
 # GetReduceType: sum, mul, and, or, min, max).
 _XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "min", R.MAX: "max"}
 
-# signed integer of the same width, to move raw bits through an integer all-reduce exactly
-_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 # ---------------------------------------------------------------------------------------------------
 # capabilities
 # ---------------------------------------------------------------------------------------------------
-_BROADCAST_SOURCE = ("funcoll XLA transport: masked all-reduce SUM of the raw bits (as a same-width signed "
-                     "integer), the mask being device data so every rank compiles the same HLO; the same "
-                     "cost as torch_xla's xm.collective_broadcast (xla_model.py), but bit-exact for floats "
-                     "(-0.0, NaN payloads) and with explicit replica groups")
+_BROADCAST_SOURCE = ("funcoll XLA transport: one all-reduce of the tensor masked on every rank but src by the "
+                     "additive identity that keeps every value's bits (-0.0 for floats, 0 for integers, False "
+                     "with OR for bool), the mask being device data so every rank compiles the same HLO; the "
+                     "same cost as torch_xla's xm.collective_broadcast (xla_model.py), which multiplies by 0/1 "
+                     "instead (inf or NaN on any other rank turns the result into NaN, -0.0 becomes +0.0)")
+_BITWISE_SOURCE = ("XLA recognises and/or as all-reduce reductions only for PRED (collective_ops_utils "
+                   "MatchReductionComputation): torch_xla builds an integer and/or all-reduce, but running it "
+                   "fails with 'Unsupported reduction computation' (measured on the CPU PJRT runtime, "
+                   "torch_xla 2.9), and the failed op stays chained to every later collective by the token")
+_UNSIGNED_SOURCE = ("XLA all-reduce / reduce-scatter reduce u16/u32/u64 natively (sum, mul, min, max measured "
+                    "on the CPU PJRT runtime, torch_xla 2.9); reducing them as the signed dtype would need a "
+                    "dtype view, which torch_xla 2.9 runs as a CPU fallback (aten::view_copy.dtype) with a "
+                    "device-to-host sync")
+_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+_NON_BOOL_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64) + _UNSIGNED
 
 
 def capabilities(profile_name: Optional[str] = None) -> Capabilities:
     """What the XLA transport does natively: the ``xla`` profile (torch_xla 2.9's lazy collectives) plus
-    ``broadcast``, which this transport builds as one masked integer all-reduce with the same HLO on every
-    rank. ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile."""
+    ``broadcast``, which this transport builds as one masked all-reduce with the same HLO on every rank, plus
+    unsigned reductions (native in XLA), minus integer BAND/BOR (XLA only runs and/or all-reduces on bool).
+    ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile."""
     base = profile("xla")
     caps = replace(base, primitives=base.primitives | {"broadcast"},
-                   sources={**base.sources, "xla.broadcast": _BROADCAST_SOURCE})
+                   reduce_dtypes=base.reduce_dtypes | frozenset(_UNSIGNED),
+                   refused_pairs=base.refused_pairs | frozenset((op, dt) for op in (R.BAND, R.BOR)
+                                                               for dt in _NON_BOOL_INTS),
+                   sources={**base.sources, "xla.broadcast": _BROADCAST_SOURCE,
+                            "xla.bitwise": _BITWISE_SOURCE, "xla.unsigned": _UNSIGNED_SOURCE})
     name = profile_name if profile_name is not None else active_profile_name()
     if name and name != "xla":
         caps = caps.restrict(profile(name))
@@ -243,15 +260,39 @@ class XlaTransport(Transport):
     def _reduce_all(self, t: torch.Tensor, op: str, groups) -> torch.Tensor:
         return _X._xla_all_reduce(op, t, 1.0, groups, self.pin_layout)
 
+    def _identity(self, dtype: torch.dtype):
+        """(fill, op): the value that, reduced with any x by op, gives x back bit for bit, and the op.
+        -0.0 for floats (x + -0.0 == x for every x, +0.0 and -0.0 included; +0.0 would turn -0.0 into +0.0)."""
+        if dtype == torch.bool:
+            return False, "or"
+        if dtype.is_floating_point:
+            return -0.0, "sum"
+        return 0, "sum"
+
+    def _rank_mask(self, like: torch.Tensor) -> torch.Tensor:
+        """A bool vector of the group's size, True at this rank only, as device data (see :meth:`_mask`)."""
+        m = torch.tensor([r == self.rank for r in range(self.size)]).to(like.device)
+        if torch._is_functional_tensor(like) and not torch._is_functional_tensor(m):
+            m = torch._to_functional_tensor(m)
+        return m
+
+    def _rank_index(self, like: torch.Tensor) -> torch.Tensor:
+        """``[rank]`` as device data, to pick this rank's rows without a rank-dependent constant in the HLO."""
+        i = torch.tensor([self.rank]).to(like.device)
+        if torch._is_functional_tensor(like) and not torch._is_functional_tensor(i):
+            i = torch._to_functional_tensor(i)
+        return i
+
     def _gather_via_all_reduce(self, inp: torch.Tensor, groups) -> torch.Tensor:
-        """All-gather as an integer all-reduce of the zero-padded raw bits: for replica groups of mixed sizes,
-        which XLA's all-gather does not accept. Exact; moves ``size`` times the data."""
-        flat = inp.reshape(-1)
-        bits = flat.view(_INT_OF_WIDTH[flat.element_size()]) if flat.dtype != torch.bool else \
-            flat.view(torch.int8)
-        k = bits.numel()
-        padded = torch.nn.functional.pad(bits, (self.rank * k, (self.size - 1 - self.rank) * k))
-        return self._reduce_all(padded, "sum", groups).view(flat.dtype)
+        """All-gather as one all-reduce of ``size`` copies of the input, masked by the additive identity on
+        every row but this rank's: for replica groups of mixed sizes, which XLA's all-gather does not accept.
+        Exact, in the tensor's own dtype (no dtype view: torch_xla 2.9 runs those on the CPU); moves ``size``
+        times the data. The HLO is the same on every rank (the mask is device data)."""
+        flat = inp.reshape(1, -1)
+        fill, op = self._identity(flat.dtype)
+        rows = flat.expand(self.size, flat.shape[1])
+        masked = torch.where(self._rank_mask(flat).unsqueeze(1), rows, fill)
+        return self._reduce_all(masked.reshape(-1), op, groups)
 
     # -- the primitives ------------------------------------------------------------------------------
     def _all_reduce(self, t, red: Reduction):
@@ -283,7 +324,7 @@ class XlaTransport(Transport):
         if groups is None:
             full = self._reduce_all(inp, op, self.replica_groups())
             rows = inp.shape[0] // self.size
-            res = full[self.rank * rows:(self.rank + 1) * rows]
+            res = full.view((self.size, rows) + tuple(inp.shape[1:])).index_select(0, self._rank_index(full))
         else:
             res, token = _X._xla_reduce_scatter(op, inp, self._token(), 1.0, 0, self.size, groups,
                                                 self.pin_layout, None, None)
@@ -299,7 +340,7 @@ class XlaTransport(Transport):
         if groups is None:
             rows = inp.shape[0] // n
             g = self._gather_via_all_reduce(inp, self.replica_groups()).view((n, n, rows) + tuple(inp.shape[1:]))
-            res = g[:, self.rank].reshape(out.shape)
+            res = g.index_select(1, self._rank_index(g)).reshape(out.shape)
         else:
             res, token = _X._xla_all_to_all(inp, self._token(), 0, 0, n, groups, self.pin_layout)
             self._set_token(token)
@@ -335,10 +376,12 @@ class XlaTransport(Transport):
         return DONE
 
     def _broadcast(self, t, src):
-        flat = t.reshape(-1)
-        bits = flat.view(torch.int8) if flat.dtype == torch.bool else flat.view(_INT_OF_WIDTH[flat.element_size()])
-        masked = torch.where(self._mask(src, bits), bits, torch.zeros((), dtype=bits.dtype, device=bits.device))
-        bits.copy_(self._reduce_all(masked, "sum", self.replica_groups()))
+        # One all-reduce in t's own dtype, every rank but src contributing the identity (see _identity): exact
+        # for every value (NaN stays NaN; only hardware that flushes subnormals in adds could touch those),
+        # and no dtype view, which torch_xla 2.9 runs on the CPU with a graph sync.
+        fill, op = self._identity(t.dtype)
+        masked = torch.where(self._mask(src, t), t, fill)
+        t.copy_(self._reduce_all(masked, op, self.replica_groups()))
         return DONE
 
     def _permute(self, t: torch.Tensor, pairs: List[List[int]]) -> torch.Tensor:
