@@ -303,7 +303,40 @@ def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
                                options=opts)
 
 
+def _funcoll_traceable_broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    """What torch.compile traces for ``dist.broadcast`` (Dynamo's rewrite of the eager call, as upstream does
+    for all_reduce, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single): on a funcoll group,
+    the functional broadcast (group-local source) copied into ``tensor``; on any other group, upstream's own
+    ``dist.broadcast``, traced as before."""
+    import torch.distributed._functional_collectives as fc
+
+    group = group or dist.group.WORLD
+    if not isinstance(group, ProcessGroupFuncoll):
+        return _eager_broadcast(tensor, src, group, async_op, group_src)
+    if group_src is None:
+        group_src = groups.to_group(group.group_name, src)
+    return tensor.copy_(fc.broadcast(tensor, group_src, group))
+
+
+# the undecorated dist.broadcast: calling dist.broadcast itself from the rewrite would be rewritten again
+_eager_broadcast = getattr(dist.broadcast, "__wrapped__", dist.broadcast)
+
+
+def _register_traceable_broadcast() -> None:
+    """torch 2.9's Dynamo rewrites eager all_reduce/all_gather/reduce_scatter/all_to_all calls into functional
+    collectives but not ``dist.broadcast``, which then cannot be traced (fullgraph fails). Adds the rewrite,
+    for funcoll groups only. Dynamo looks the replacement up by its __name__ in ``_functional_collectives``."""
+    import torch.distributed._functional_collectives as fc
+
+    remaps = getattr(fc, "traceable_collective_remaps", None)
+    if remaps is None or dist.broadcast in remaps:  # a torch that traces broadcast itself
+        return
+    fc._funcoll_traceable_broadcast = _funcoll_traceable_broadcast
+    remaps[dist.broadcast] = _funcoll_traceable_broadcast
+
+
 def register_backend() -> None:
     if "FUNCOLL" in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])
+    _register_traceable_broadcast()
