@@ -1,16 +1,33 @@
 """Helpers for users' snapshot tests of compiled collectives (public; see docs/testing-compiled.md).
 
-Everything here returns plain, normalised text, stable across runs and machines, meant for expecttest's
-``assertExpectedInline``.
+Everything here returns plain, normalised text or plain values, stable across runs, processes, ranks and
+machines, meant for expecttest's ``assertExpectedInline``:
+
+* :func:`capture_graphs` compiles a function or module with ``torch.compile`` and keeps the graphs Dynamo and
+  AOTAutograd produced (forward and, for training, backward), each rendered by :func:`render_graph`;
+* :func:`trace_fake` traces a function with fake tensors (e.g. fake XPU tensors on a machine without XPU);
+* :func:`render_graph` prints an FX graph one node per line, with each value's dtype, shape and device, group
+  names replaced by the group's ranks (``<world>``, ``<group 0,1>``) and nothing machine-specific;
+* :func:`collectives` lists the collectives of a graph (op, reduce op, group ranks, input/output shapes);
+* :func:`count_compiles` / :func:`compile_counts` count graphs, graph breaks and recompilations over a
+  series of calls / in a block;
+* :func:`xla_collectives` / :func:`xla_compiled_collectives` print the collectives of the HLO of lazy XLA
+  tensors / of a compiled function run on XLA tensors (nothing is executed).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence, Union
+import contextlib
+import operator
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-__all__ = ["xla_collectives"]
+__all__ = ["xla_collectives", "xla_compiled_collectives", "group_label", "normalize_text", "render_graph",
+           "Collective", "collectives", "CapturedGraph", "Captured", "capture_graphs", "trace_fake",
+           "CompileCounts", "compile_counts", "count_compiles"]
 
 
 def xla_collectives(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -24,3 +41,446 @@ def xla_collectives(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
 
     lines = X.collective_hlo_lines(tensors, X.COLLECTIVE_OPCODES if keep is None else keep)
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# normalisation
+# ---------------------------------------------------------------------------------------------------
+def _group_ranks(name: str) -> Optional[Tuple[bool, Tuple[int, ...]]]:
+    """(is the default group, global ranks) of the group called ``name``, or None when nobody knows it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed import distributed_c10d as c10d
+
+        try:
+            pg = c10d._resolve_process_group(name)
+        except Exception:  # noqa: BLE001 - not a c10d group; funcoll's registry may know it
+            pg = None
+        if pg is not None:
+            return pg is dist.group.WORLD, tuple(c10d.get_process_group_ranks(pg))
+    from . import groups
+
+    try:
+        info = groups.lookup(name)
+    except ValueError:
+        return None
+    return False, info.ranks
+
+
+def group_label(name: str, names: Optional[Mapping[str, str]] = None) -> str:
+    """A stable label for the process group called ``name``: ``<world>`` for the default group, else
+    ``<group r0,r1,...>`` (its global ranks, in group-rank order). Group names themselves ("0", "1", hashes)
+    depend on how many groups were created before; ranks do not. ``names`` overrides labels by name. A name
+    no one knows is returned unchanged."""
+    if names and name in names:
+        return names[name]
+    found = _group_ranks(name)
+    if found is None:
+        return name
+    is_world, ranks = found
+    return "<world>" if is_world else "<group " + ",".join(map(str, ranks)) + ">"
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_PATH = re.compile(r"[\w.@+~:-]*(?:[\\/][\w.@+~-]+)*[\\/]([\w.@+~-]+\.(?:py|pyc|so|cpp|h|hpp))\b")
+_COMPILE_ID = re.compile(r"^\[?\d+/\d+\]?:\s*")
+
+
+def normalize_text(text: str) -> str:
+    """Removes what differs between runs and machines from free text (graph-break and recompile reasons,
+    generated code): memory addresses become ``0x?``, file paths their base name."""
+    text = _ADDRESS.sub("0x?", text)
+    return _PATH.sub(r"\1", text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# rendering FX graphs
+# ---------------------------------------------------------------------------------------------------
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def _value_of(node: torch.fx.Node):
+    meta = node.meta
+    for key in ("val", "example_value"):
+        if key in meta:
+            return meta[key]
+    return None
+
+
+def _dtype(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+def _show_value(v) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"{_dtype(v.dtype)}{list(v.shape)}@{v.device.type}"
+    if isinstance(v, (list, tuple)):
+        return "(" + ", ".join(_show_value(x) for x in v) + ")"
+    return normalize_text(repr(v))
+
+
+def _namespace(target) -> Optional[str]:
+    if isinstance(target, torch._ops.OpOverload):
+        return target.namespace
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target.default.namespace
+    return None
+
+
+def _schema(target):
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target.default._schema
+    return None
+
+
+def _target_name(target) -> str:
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        s = str(target).replace("_c10d_functional_autograd.", "c10d_autograd.").replace(
+            "_c10d_functional.", "c10d.")
+        return s[:-len(".default")] if s.endswith(".default") else s
+    if isinstance(target, str):
+        return target
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    if name.startswith("_VariableFunctionsClass."):  # torch.arange and the other torch.* builtins
+        module, name = "torch", name.split(".", 1)[1]
+    if module in ("_operator", "operator", "builtins") or getattr(operator, name, None) is target:
+        return name
+    return normalize_text(f"{module}.{name}" if module else name)
+
+
+def _named_args(node: torch.fx.Node) -> Dict[str, Any]:
+    """The node's arguments by schema name (ops only), positional and keyword."""
+    schema = _schema(node.target)
+    if schema is None:
+        return {}
+    out = {a.name: v for a, v in zip(schema.arguments, node.args)}
+    out.update(node.kwargs)
+    return out
+
+
+def render_graph(gm: Union[torch.fx.GraphModule, torch.fx.Graph], names: Optional[Mapping[str, str]] = None) -> str:
+    """An FX graph as text, one node per line: ``name = target(args) -> dtype[shape]@device``; placeholders
+    as ``name: dtype[shape]@device``, then ``return ...``. ``c10d.`` stands for ``_c10d_functional.``,
+    ``.default`` overloads are omitted, the ``group_name`` of every collective is shown as
+    :func:`group_label` (``names`` overrides labels), addresses and paths are removed. Works on Dynamo graphs
+    (values from ``example_value``), AOTAutograd/make_fx graphs (``val``) and graphs without metadata."""
+    graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
+
+    def arg(a, group=False):
+        if isinstance(a, torch.fx.Node):
+            return a.name
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(arg(x) for x in a) + "]"
+        if isinstance(a, str) and group:
+            return group_label(a, names)
+        if isinstance(a, torch.device):
+            return a.type
+        if isinstance(a, torch.dtype):
+            return _dtype(a)
+        return normalize_text(repr(a))
+
+    lines = []
+    for n in graph.nodes:
+        v = _value_of(n)
+        shown = f" -> {_show_value(v)}" if v is not None else ""
+        if n.op == "placeholder":
+            lines.append(f"{n.name}: {_show_value(v)}" if v is not None else n.name)
+            continue
+        if n.op == "output":
+            lines.append(f"return {arg(n.args[0])}")
+            continue
+        if n.op == "get_attr":
+            lines.append(f"{n.name} = get_attr {n.target}{shown}")
+            continue
+        groups = set()
+        schema = _schema(n.target) if n.op == "call_function" else None
+        if schema is not None:
+            groups = {i for i, a in enumerate(schema.arguments) if a.name == "group_name"}
+        args = [arg(a, i in groups) for i, a in enumerate(n.args)]
+        args += [f"{k}={arg(v, k == 'group_name')}" for k, v in n.kwargs.items() if k != "pin_memory"]
+        if n.op == "call_method":
+            target = f"{args[0]}.{n.target}" if args else str(n.target)
+            args = args[1:]
+        else:
+            target = _target_name(n.target)
+        lines.append(f"{n.name} = {target}({', '.join(args)}){shown}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# listing collectives
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a graph. ``op`` is the ``_c10d_functional`` op name (``all_reduce``,
+    ``all_gather_into_tensor_out``, ...); ``autograd`` marks ``_c10d_functional_autograd`` ops; ``group`` the
+    global ranks of its group (the group name when no one knows it); ``inputs``/``outputs`` are
+    ``(dtype, shape)`` of each tensor; ``args`` the other arguments (group size, split sizes, source)."""
+
+    op: str
+    reduce_op: Optional[str]
+    group: Union[Tuple[int, ...], str]
+    inputs: Tuple[Tuple[torch.dtype, Tuple[int, ...]], ...]
+    outputs: Tuple[Tuple[torch.dtype, Tuple[int, ...]], ...]
+    args: Tuple[Tuple[str, Any], ...] = ()
+    autograd: bool = False
+
+    def __str__(self) -> str:
+        def ts(specs):
+            return ", ".join(f"{_dtype(d)}{list(s)}" for d, s in specs)
+
+        group = "[" + ",".join(map(str, self.group)) + "]" if isinstance(self.group, tuple) else self.group
+        head = ("autograd." if self.autograd else "") + self.op
+        extra = "".join(f" {k}={v}" for k, v in self.args)
+        red = f" {self.reduce_op}" if self.reduce_op is not None else ""
+        return f"{head}{red} group={group}{extra}: {ts(self.inputs)} -> {ts(self.outputs)}"
+
+
+def _specs(v) -> Tuple[Tuple[torch.dtype, Tuple[int, ...]], ...]:
+    if isinstance(v, torch.Tensor):
+        return ((v.dtype, tuple(int(s) if not isinstance(s, torch.SymInt) else s for s in v.shape)),)
+    if isinstance(v, (list, tuple)):
+        return tuple(s for x in v for s in _specs(x))
+    return ()
+
+
+def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collective]:
+    """The collectives of an FX graph, in graph order (``wait_tensor`` is not one). Shapes come from the
+    nodes' metadata (``val`` or ``example_value``)."""
+    graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
+    out = []
+    for n in graph.nodes:
+        if n.op != "call_function" or _namespace(n.target) not in _COLLECTIVE_NAMESPACES:
+            continue
+        name = _target_name(n.target).split(".", 1)[1].split(".")[0]
+        if name == "wait_tensor":
+            continue
+        named = _named_args(n)
+        inputs, rest = [], []
+        for k, v in named.items():
+            if k == "out":
+                continue
+            if isinstance(v, torch.fx.Node) or (isinstance(v, (list, tuple)) and v
+                                                and all(isinstance(x, torch.fx.Node) for x in v)):
+                nodes = v if isinstance(v, (list, tuple)) else [v]
+                inputs += [s for x in nodes for s in _specs(_value_of(x))]
+            elif k not in ("reduce_op", "group_name", "tag"):
+                rest.append((k, list(v) if isinstance(v, tuple) else v))
+        name_of_group = named.get("group_name")
+        found = _group_ranks(name_of_group) if isinstance(name_of_group, str) else None
+        out.append(Collective(
+            op=name, reduce_op=named.get("reduce_op"),
+            group=found[1] if found is not None else name_of_group,
+            inputs=tuple(inputs), outputs=_specs(_value_of(n)), args=tuple(rest),
+            autograd=_namespace(n.target) == "_c10d_functional_autograd"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# capturing compiled graphs
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class CapturedGraph:
+    """One graph: ``gm`` as the compiler received it, ``text`` (:func:`render_graph`) and ``collectives``
+    taken at that moment (inductor rewrites its graphs in place afterwards)."""
+
+    gm: torch.fx.GraphModule
+    text: str
+    collectives: List[Collective]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _snapshot(gm) -> CapturedGraph:
+    return CapturedGraph(gm, render_graph(gm), collectives(gm))
+
+
+@dataclass
+class Captured:
+    """What :func:`capture_graphs` saw: the call's ``result``; ``dynamo`` (one graph per Dynamo frame
+    compiled, torch-level ops); ``forward`` and ``backward`` (the AOTAutograd graphs the backend compiled,
+    aten-level, one per Dynamo graph; ``backward`` once a backward ran)."""
+
+    result: Any = None
+    dynamo: List[CapturedGraph] = field(default_factory=list)
+    forward: List[CapturedGraph] = field(default_factory=list)
+    backward: List[CapturedGraph] = field(default_factory=list)
+
+    def text(self, which: str = "forward") -> str:
+        """The rendered graphs of one kind (``"dynamo"``, ``"forward"``, ``"backward"``), blank-line separated."""
+        return "\n\n".join(g.text for g in getattr(self, which))
+
+    def collectives(self, which: str = "forward") -> List[Collective]:
+        return [c for g in getattr(self, which) for c in g.collectives]
+
+
+def _capturing_backend(backend: str, cap: Captured):
+    from functorch.compile import make_boxed_func
+
+    def dynamo_backend(gm, example_inputs):
+        cap.dynamo.append(_snapshot(gm))
+        if backend == "aot_eager":
+            from torch._dynamo.backends.debugging import aot_eager
+
+            def fw(g, ex):
+                cap.forward.append(_snapshot(g))
+                return make_boxed_func(g)
+
+            def bw(g, ex):
+                cap.backward.append(_snapshot(g))
+                return make_boxed_func(g)
+
+            return aot_eager(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
+        if backend == "inductor":
+            from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+            def inner(g, ex, **kwargs):
+                (cap.backward if kwargs.get("is_backward") else cap.forward).append(_snapshot(g))
+                return compile_fx_inner(g, ex, **kwargs)
+
+            return compile_fx(gm, example_inputs, inner_compile=inner)
+        if backend == "eager":
+            return gm
+        raise ValueError(f"funcoll.testing: backend must be 'aot_eager', 'inductor' or 'eager', got {backend!r}")
+
+    return dynamo_backend
+
+
+def _tensors(x) -> List[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    return []
+
+
+def capture_graphs(fn: Callable, *args, backend: str = "aot_eager", backward: bool = False,
+                   fullgraph: bool = True, dynamic: Optional[bool] = False, reset: bool = True,
+                   **kwargs) -> Captured:
+    """Calls ``torch.compile(fn, backend=..., fullgraph=..., dynamic=...)(*args, **kwargs)`` once and returns
+    the graphs it produced. ``backend``: ``"aot_eager"`` (the graphs aot_eager runs), ``"inductor"`` (the
+    graphs AOTAutograd hands to inductor, before inductor's own passes) or ``"eager"`` (Dynamo graphs only).
+    ``backward=True`` then runs a backward from the result (gradient of ones for every output that requires
+    grad) so that ``backward`` holds the backward graphs. ``fn`` may be an ``nn.Module``. ``reset`` clears
+    Dynamo's caches first (``torch._dynamo.reset()``) so that the graphs are this call's."""
+    import torch._dynamo
+
+    if reset:
+        torch._dynamo.reset()
+    cap = Captured()
+    compiled = torch.compile(fn, backend=_capturing_backend(backend, cap), fullgraph=fullgraph, dynamic=dynamic)
+    with torch._functorch.config.patch(enable_autograd_cache=False):  # a cache hit would compile nothing
+        cap.result = compiled(*args, **kwargs)
+        if backward:
+            outs = [t for t in _tensors(cap.result) if t.requires_grad]
+            if not outs:
+                raise ValueError("funcoll.testing.capture_graphs: backward=True but no output requires grad")
+            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+    return cap
+
+
+def trace_fake(fn: Callable, *args, functional: bool = False) -> torch.fx.GraphModule:
+    """The graph of ``fn`` traced with fake tensors (``make_fx``, nothing runs, no device runtime is touched):
+    create the arguments under ``torch._subclasses.fake_tensor.FakeTensorMode()`` to trace for a device this
+    machine does not have (``torch.empty(8, device="xpu")``). ``functional=True`` functionalizes first
+    (in-place collectives become functional ones plus copies, as AOTAutograd sees them)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    f = torch.func.functionalize(fn, remove="mutations_and_views") if functional else fn
+    return make_fx(f, tracing_mode="fake")(*args)
+
+
+# ---------------------------------------------------------------------------------------------------
+# graph breaks and recompilations
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class CompileCounts:
+    """What torch.compile did: ``graphs`` compiled, ``graph_breaks`` met while tracing (a break is counted
+    each time its frame is traced), ``break_reasons`` (first line of each distinct reason, in order),
+    ``recompiles`` (frames compiled again because a guard failed) and ``recompile_reasons`` (the failed guards,
+    one per line). Filled when the :func:`compile_counts` block exits."""
+
+    graphs: int = 0
+    graph_breaks: int = 0
+    break_reasons: List[str] = field(default_factory=list)
+    recompiles: int = 0
+    recompile_reasons: List[str] = field(default_factory=list)
+
+
+def _reason(text: str) -> str:
+    """One reason on one line: normalised, without the compile id ("0/1: ") and the alignment spaces."""
+    return " ".join(_COMPILE_ID.sub("", normalize_text(text.strip())).split())
+
+
+@contextlib.contextmanager
+def compile_counts() -> Iterator[CompileCounts]:
+    """``with compile_counts() as c: ...`` counts what torch.compile does inside the block (every compiled
+    function, any backend); ``c`` is filled on exit. Read from Dynamo's counters and compilation metrics."""
+    from torch._dynamo.utils import counters, get_compilation_metrics
+
+    breaks_before = dict(counters["graph_break"])
+    graphs_before = counters["stats"]["unique_graphs"]
+    seen = {id(m) for m in get_compilation_metrics()}
+    c = CompileCounts()
+    try:
+        yield c
+    finally:
+        c.graphs = counters["stats"]["unique_graphs"] - graphs_before
+        for msg, count in counters["graph_break"].items():
+            new = count - breaks_before.get(msg, 0)
+            if new > 0:
+                c.graph_breaks += new
+                c.break_reasons.append(_reason(msg.strip().splitlines()[0]))
+        recompiled = [m for m in get_compilation_metrics() if id(m) not in seen and m.recompile_reason]
+        c.recompiles = len(recompiled)
+        c.recompile_reasons = [_reason(r) for m in recompiled for r in m.recompile_reason.splitlines() if r.strip()]
+
+
+def count_compiles(fn: Callable, *calls, backend: Union[str, Callable] = "eager",
+                   dynamic: Optional[bool] = None, reset: bool = True) -> CompileCounts:
+    """Compiles ``fn`` (not fullgraph: breaks are counted, not raised) and calls it once per element of
+    ``calls``: a tuple of positional arguments, or any other value as the single argument. The backend does
+    not change the counts; "eager" is the cheapest. ``reset`` clears Dynamo's caches first
+    (``torch._dynamo.reset()``) so that earlier compilations of ``fn`` do not count."""
+    import torch._dynamo
+
+    if reset:
+        torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    with compile_counts() as c:
+        for call in calls:
+            compiled(*call) if isinstance(call, tuple) else compiled(call)
+    return c
+
+
+# ---------------------------------------------------------------------------------------------------
+# XLA
+# ---------------------------------------------------------------------------------------------------
+def xla_compiled_collectives(fn: Callable, *args, keep: Optional[Iterable[str]] = None,
+                             backward: bool = False, **kwargs) -> str:
+    """:func:`xla_collectives` of a compiled function: ``fn`` is compiled (aot_eager, fullgraph) and called on
+    ``args`` (lazy XLA tensors), and the collectives of the HLO computing its outputs and its mutated inputs
+    (and, with ``backward=True``, the gradients) are returned, one normalised line each. The graph is built,
+    never executed, so a virtual world larger than this machine works; a fresh ordering token is started
+    first so that earlier collectives do not appear. Needs torch_xla and ``funcoll.install(["xla"])``."""
+    from .lowering import xla as X
+
+    xla_args = [t for t in _tensors(list(args) + list(kwargs.values())) if t.device.type == "xla"]
+    if not xla_args:
+        raise ValueError("funcoll.testing.xla_compiled_collectives: no XLA tensor among the arguments")
+    X.reset_token(xla_args[0].device)
+    cap = capture_graphs(fn, *args, backward=backward, **kwargs)
+    tensors = _tensors(cap.result) + xla_args
+    if backward:
+        tensors += [t.grad for t in xla_args if t.grad is not None]
+    if isinstance(fn, torch.nn.Module):
+        tensors += [p for p in fn.parameters() if p.device.type == "xla"]
+        tensors += [p.grad for p in fn.parameters() if p.grad is not None and p.device.type == "xla"]
+    return xla_collectives([t for t in tensors if t.device.type == "xla"], keep)
