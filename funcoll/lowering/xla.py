@@ -214,6 +214,11 @@ class XlaTransport(Transport):
         # pin_layout=True, as torch_xla's own _c10d_functional kernels do (cross_replica_reduces.cpp): ranks
         # may compile slightly different programs around a collective, and a pinned layout keeps them agreeing.
         self.pin_layout = pin_layout
+        # A virtual world (more funcoll ranks than the XLA runtime has replicas, built in one process to read the
+        # HLO a larger job would compile) can build collectives but never run one.
+        import torch_xla.runtime as xr
+
+        self.virtual = self.world_size > xr.world_size()
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
@@ -351,9 +356,12 @@ class XlaTransport(Transport):
         from .. import algorithms as A
 
         bound = _current_bound()
-        if bound is None:  # pragma: no cover - caps only claim uneven all_to_all inside the context
-            raise RuntimeError("funcoll internal error: uneven all_to_all reached the XLA transport without "
-                               "a static split bound")
+        if bound is None:  # only in a virtual world: elsewhere the caps claim uneven all_to_all inside the context
+            raise ValueError(
+                f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({self.world_size} ranks in a "
+                f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
+                f"funcoll.lowering.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
+                f"split with a collective that must run, and a virtual world cannot run collectives")
         local = list(out_splits) + list(in_splits)
         if max(local) > bound:
             raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
@@ -418,7 +426,7 @@ class XlaTransport(Transport):
     @property
     def caps(self) -> Capabilities:
         caps = self._caps
-        if _current_bound() is not None and caps.has("all_to_all"):
+        if (_current_bound() is not None or self.virtual) and caps.has("all_to_all"):
             return replace(caps, uneven_all_to_all=True)
         return caps
 
@@ -625,8 +633,11 @@ def _parse_instruction(line: str):
     return name, shape, opcode, operands, attrs
 
 
+_INDEX_COMMENT = re.compile(r"/\*index=\d+\*/")
+
+
 def _norm_shape(shape: str) -> str:
-    return _LAYOUT.sub(r"\1", shape).replace(" ", "")
+    return _INDEX_COMMENT.sub("", _LAYOUT.sub(r"\1", shape)).replace(" ", "")
 
 
 def _computation_roots(hlo: str) -> Dict[str, str]:
