@@ -1,7 +1,8 @@
 """FX graphs traced with fake XPU tensors, on a fake process group (no XPU, no real collective).
 
 One function uses every ``_c10d_functional`` op (through the public functional API where it exists, the raw ops
-for the in-place/out variants). Its graph is snapshotted (expecttest, group names normalised), shown identical to
+for the in-place/out variants). Its graph, traced and rendered with funcoll.testing's public helpers
+(``trace_fake``, ``render_graph``: group names shown by their ranks), is snapshotted (expecttest), shown identical to
 the graph traced with fake CUDA tensors (the graph a CUDA user gets), identical with and without funcoll's XPU
 kernels installed (funcoll changes the kernel behind each node, never the graph), and tracing never touches the
 XPU runtime.
@@ -13,9 +14,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
 
 import funcoll
+from funcoll.testing import render_graph as render, trace_fake
 
 C = torch.ops._c10d_functional
 WORLD_SIZE = 4
@@ -81,48 +82,7 @@ def trace(device_type, functional=False):
         args = (torch.empty(8, 4, device=device_type), torch.empty(4, device=device_type, dtype=torch.bfloat16),
                 torch.empty(8, device=device_type, dtype=torch.int32), torch.empty(4, 3, device=device_type),
                 torch.empty(2, 4, device=device_type, dtype=torch.float8_e4m3fn))
-    fn = torch.func.functionalize(step_functional, remove="mutations_and_views") if functional else step
-    return make_fx(fn, tracing_mode="fake")(*args)
-
-
-def render(gm):
-    """The graph, one node per line, with each value's dtype, shape and device; group names normalised."""
-    names = {dist.group.WORLD.group_name: "<world>", SUB[0].group_name: "<sub 0,1>"}
-
-    def val(v):
-        if isinstance(v, torch.Tensor):
-            return f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}@{v.device.type}"
-        if isinstance(v, (list, tuple)):
-            return "(" + ", ".join(val(x) for x in v) + ")"
-        return repr(v)
-
-    def arg(a):
-        if isinstance(a, torch.fx.Node):
-            return a.name
-        if isinstance(a, (list, tuple)):
-            return "[" + ", ".join(arg(x) for x in a) + "]"
-        if isinstance(a, str) and a in names:
-            return names[a]
-        if isinstance(a, torch.device):
-            return a.type
-        if isinstance(a, torch.dtype):
-            return str(a).replace("torch.", "")
-        return repr(a)
-
-    lines = []
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            lines.append(f"{n.name}: {val(n.meta['val'])}")
-        elif n.op == "call_function":
-            target = str(n.target).replace("_c10d_functional.", "c10d.").replace(".default", "")
-            if target == "<built-in function getitem>":
-                target = "getitem"
-            args = [arg(a) for a in n.args] + [f"{k}={arg(v)}" for k, v in n.kwargs.items()
-                                               if k not in ("pin_memory",)]
-            lines.append(f"{n.name} = {target}({', '.join(args)}) -> {val(n.meta.get('val'))}")
-        elif n.op == "output":
-            lines.append(f"return {arg(n.args[0])}")
-    return "\n".join(lines)
+    return trace_fake(step_functional if functional else step, *args, functional=functional)
 
 
 class TestXpuGraphs(expecttest.TestCase):
@@ -167,7 +127,7 @@ getitem_6 = getitem(reduce_scatter_tensor_coalesced, 0) -> float32[2, 4]@xpu
 getitem_7 = getitem(reduce_scatter_tensor_coalesced, 1) -> int32[2]@xpu
 wait_tensor_11 = c10d.wait_tensor(getitem_6) -> float32[2, 4]@xpu
 wait_tensor_12 = c10d.wait_tensor(getitem_7) -> int32[2]@xpu
-all_to_all_single = c10d.all_to_all_single(w_1, [3, 1], [2, 2], <sub 0,1>) -> float32[4, 3]@xpu
+all_to_all_single = c10d.all_to_all_single(w_1, [3, 1], [2, 2], <group 0,1>) -> float32[4, 3]@xpu
 wait_tensor_13 = c10d.wait_tensor(all_to_all_single) -> float32[4, 3]@xpu
 broadcast = c10d.broadcast(y_1, 1, <world>) -> bfloat16[4]@xpu
 wait_tensor_14 = c10d.wait_tensor(broadcast) -> bfloat16[4]@xpu
@@ -204,7 +164,7 @@ getitem_4 = getitem(reduce_scatter_tensor_coalesced, 0) -> float32[2, 4]@xpu
 getitem_5 = getitem(reduce_scatter_tensor_coalesced, 1) -> int32[2]@xpu
 wait_tensor_7 = c10d.wait_tensor(getitem_4) -> float32[2, 4]@xpu
 wait_tensor_8 = c10d.wait_tensor(getitem_5) -> int32[2]@xpu
-all_to_all_single = c10d.all_to_all_single(w_1, [3, 1], [2, 2], <sub 0,1>) -> float32[4, 3]@xpu
+all_to_all_single = c10d.all_to_all_single(w_1, [3, 1], [2, 2], <group 0,1>) -> float32[4, 3]@xpu
 wait_tensor_9 = c10d.wait_tensor(all_to_all_single) -> float32[4, 3]@xpu
 broadcast = c10d.broadcast(y_1, 1, <world>) -> bfloat16[4]@xpu
 wait_tensor_10 = c10d.wait_tensor(broadcast) -> bfloat16[4]@xpu
