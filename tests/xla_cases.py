@@ -48,7 +48,9 @@ def _first_line(e: BaseException) -> str:
     import re
 
     line = re.sub(r" at 0x[0-9a-f]+", "", (str(e).strip().splitlines() or [""])[0])
-    return line.split(". ")[0] + " ..." if len(line) > 200 else line  # the first sentence of a long message
+    if len(line) > 200 and not line.startswith("funcoll"):  # the first sentence of another library's long message
+        return line.split(". ")[0] + " ..."
+    return line
 
 
 def _step_tensors():
