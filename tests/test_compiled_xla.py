@@ -1,0 +1,78 @@
+"""HLO of compiled functions on XLA, with the same funcoll.testing helpers as on CPU: a virtual 4-rank funcoll
+world built in this process (nothing is executed, the collectives are read from the HLO torch.compile's graph
+produces with funcoll's XLA kernels installed)."""
+
+import expecttest
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+
+torch_xla = pytest.importorskip("torch_xla")
+
+import funcoll  # noqa: E402
+from funcoll import testing as T  # noqa: E402
+
+pytestmark = pytest.mark.xla
+
+
+@pytest.fixture(scope="module")
+def world():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("funcoll", store=dist.HashStore(), rank=0, world_size=4)
+    had = "xla" in funcoll.installed()
+    funcoll.install(["xla"])
+    try:
+        pairs = funcoll.groups.new_subgroups(2)  # [0,1] and [2,3]: one partition
+        yield pairs[0] if isinstance(pairs, tuple) else pairs
+    finally:
+        if not had:
+            funcoll.uninstall(["xla"])
+        dist.destroy_process_group()
+
+
+def step(x, y, pair):
+    a = fc.all_reduce(x, "avg", dist.group.WORLD)
+    dist.all_reduce(y, group=pair)  # eager-style, rewritten by Dynamo
+    g = fc.all_gather_tensor(x, 0, pair)
+    r = fc.reduce_scatter_tensor(g, "max", 0, dist.group.WORLD)
+    return a, g, r
+
+
+def tp(x, w, pair):
+    return fc.reduce_scatter_tensor_autograd(fc.all_gather_tensor_autograd(x, 0, pair) @ w, "sum", 0, pair)
+
+
+class TestCompiledHlo(expecttest.TestCase):
+    @pytest.fixture(autouse=True)
+    def _world(self, world):
+        self.pair = world
+        self.dev = torch_xla.device()
+
+    def test_collectives_of_a_compiled_step(self):
+        x, y = torch.ones(4, 2, device=self.dev), torch.ones(3, device=self.dev)
+        self.assertExpectedInline(T.xla_compiled_collectives(lambda x, y: step(x, y, self.pair), x, y), """\
+all-reduce(f32[4,2], f32[]) -> (f32[4,2],f32[])  replica_groups={{0,1,2,3}} to_apply=add
+all-reduce(f32[3], f32[]) -> (f32[3],f32[])  replica_groups={{0,1},{2,3}} to_apply=add
+all-gather(f32[4,2]) -> f32[8,2]  replica_groups={{0,1},{2,3}} dimensions={0}
+reduce-scatter(f32[8,2]) -> f32[2,2]  replica_groups={{0,1,2,3}} dimensions={0} to_apply=maximum""")
+
+    def test_the_fx_graph_is_the_one_cpu_gets(self):
+        x, y = torch.ones(4, 2, device=self.dev), torch.ones(3, device=self.dev)
+        cap = T.capture_graphs(lambda x, y: step(x, y, self.pair), x, y)
+        self.assertExpectedInline("\n".join(map(str, cap.collectives())), """\
+all_reduce avg group=[0,1,2,3]: float32[4, 2] -> float32[4, 2]
+all_reduce sum group=[0,1]: float32[3] -> float32[3]
+all_gather_into_tensor group=[0,1] group_size=2: float32[4, 2] -> float32[8, 2]
+reduce_scatter_tensor max group=[0,1,2,3] group_size=4: float32[8, 2] -> float32[2, 2]""")
+
+    def test_training_forward_and_backward_hlo(self):
+        x = torch.ones(2, 3, device=self.dev, requires_grad=True)
+        w = torch.ones(3, 3, device=self.dev, requires_grad=True)
+        self.assertExpectedInline(T.xla_compiled_collectives(lambda x, w: tp(x, w, self.pair), x, w,
+                                                             backward=True), """\
+all-gather(f32[2,3]) -> f32[4,3]  replica_groups={{0,1},{2,3}} dimensions={0}
+reduce-scatter(f32[4,3]) -> f32[2,3]  replica_groups={{0,1},{2,3}} dimensions={0} to_apply=add
+all-gather(f32[2,3]) -> f32[4,3]  replica_groups={{0,1},{2,3}} dimensions={0}
+reduce-scatter(f32[4,3]) -> f32[2,3]  replica_groups={{0,1},{2,3}} dimensions={0} to_apply=add""")
