@@ -155,3 +155,25 @@ return [wait_tensor_2]""")
 all_gather_into_tensor group=[0,1,2,3] group_size=4: float32[2, 3] -> float32[8, 3]
 reduce_scatter_tensor avg group=[2,3] group_size=2: float32[8, 5] -> float32[4, 5]
 all_to_all_single group=[2,3] output_split_sizes=[3, 1] input_split_sizes=[2, 2]: float32[4, 5] -> float32[4, 5]""")
+
+
+def test_the_docs_example_runs_and_its_snapshots_hold(tmp_path):
+    """docs/testing-compiled.md's example, copied as a user would, passes as written (no EXPECTTEST_ACCEPT)."""
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "testing-compiled.md").read_text()
+    assert "docs/testing-compiled.md" in (root / "README.md").read_text()
+    code = re.search(r"## A complete example.*?```python\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "test_my_graphs.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(root))
+    env.pop("EXPECTTEST_ACCEPT", None)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_graphs.py"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "3 passed" in p.stdout
+    assert (tmp_path / "test_my_graphs.py").read_text() == code  # nothing was accepted into the file
