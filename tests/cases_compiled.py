@@ -315,6 +315,26 @@ def train(rank, n, backend):
             "strategies": sorted({f"{op}: {note}" for op, notes in log for note in notes})}
 
 
+def train_reference(n):
+    """The same model trained in one process, float64, on the whole batch, with plain torch (no collective):
+    what the ranks compute together. Computed on a rank, not in the pytest process: a CPU backward there
+    before torch_xla's device is initialised breaks every later XLA backward in that process (torch 2.9)."""
+    torch.manual_seed(0)
+    net = Net().double()
+    xs, y = train_data(n)
+    x, y = torch.cat(xs).double(), y.double()
+    params = []
+    for _ in range(STEPS):
+        net.zero_grad()
+        loss = torch.nn.functional.mse_loss(net.l2(torch.relu(net.l1(x))), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in net.parameters():
+                p -= LR * p.grad
+        params.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
+    return params
+
+
 def training(rank, n):
     """Eager, aot_eager and inductor training steps; then the compiled ops with inductor: zero graph breaks,
     no recompilation over three steps, results bit-identical to eager (collectives move bits; the arithmetic
@@ -362,5 +382,6 @@ def training(rank, n):
             _check_all(c, f"inductor autograd step {i} vs reference", [y, x.grad, w.grad], want, n)
     counts["autograd"] = _counts(cc)
     out["counts inductor"] = counts
+    out["reference"] = train_reference(n)
     out["failures"], out["count"] = c.failures, c.count
     return out

@@ -18,7 +18,7 @@ strategy). Expected, and checked here:
 import pytest
 import torch
 
-from .cases_compiled import LR, STEPS, Net, train_data
+from .cases_compiled import STEPS
 from .world import run_world
 
 MODES = ("eager", "aot_eager", "inductor")
@@ -28,24 +28,6 @@ INDUCTOR_TOL = dict(rtol=1e-5, atol=1e-6)
 @pytest.fixture(scope="module")
 def worlds():
     return {p: run_world("tests.cases_compiled:training", 2, p, timeout=420) for p in (None, "xccl")}
-
-
-def reference():
-    """The same model trained in one process, float64, on the whole batch: what the 2 ranks compute."""
-    torch.manual_seed(0)
-    net = Net().double()
-    xs, y = train_data(2)
-    x, y = torch.cat(xs).double(), y.double()
-    params = []
-    for _ in range(STEPS):
-        net.zero_grad()
-        loss = torch.nn.functional.mse_loss(net.l2(torch.relu(net.l1(x))), y)
-        loss.backward()
-        with torch.no_grad():
-            for p in net.parameters():
-                p -= LR * p.grad
-        params.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
-    return params
 
 
 def runs(worlds):
@@ -85,7 +67,7 @@ def test_native_and_xccl_profile_are_bit_identical(worlds):
 
 
 def test_ranks_agree_and_match_the_single_process_reference(worlds):
-    want = reference()
+    want = worlds[None][0]["reference"]  # computed on a rank: no autograd in this process (see train_reference)
     for profile, rank, t in runs(worlds):
         for mode in MODES:
             for step in range(STEPS):
