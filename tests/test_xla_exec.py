@@ -118,14 +118,19 @@ REDUCE_CASES = [(op, dt) for op in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND
 class Steps:
     """Counts graph executions and CPU fallbacks (``aten::`` counters) while a call builds its collective."""
 
+    @staticmethod
+    def _executed():  # executions finish (and are counted) asynchronously: wait for them first
+        torch_xla._XLAC._xla_wait_device_ops([])
+        return (met.metric_data("ExecuteTime") or (0,))[0]
+
     def __enter__(self):
         torch_xla.sync()
         met.clear_counters()
-        self.before = (met.metric_data("ExecuteTime") or (0,))[0]
+        self.before = self._executed()
         return self
 
     def __exit__(self, *exc):
-        self.executions = (met.metric_data("ExecuteTime") or (0,))[0] - self.before
+        self.executions = self._executed() - self.before
         self.fallbacks = sorted(c for c in met.counter_names() if c.startswith("aten::"))
 
 

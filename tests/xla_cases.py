@@ -296,14 +296,20 @@ def process_group_xla() -> dict:
     pg_xla = dist.group.WORLD
     pg_funcoll = dist.new_group([0], backend="funcoll")
 
+    import torch_xla.core.xla_model as xm
+
+    def count():  # executions finish (and are counted) asynchronously: wait for them first
+        xm.wait_device_ops()
+        return (met.metric_data("ExecuteTime") or (0,))[0]
+
     def executions(fn):
         torch_xla.sync()
-        before = (met.metric_data("ExecuteTime") or (0,))[0]
+        before = count()
         try:
             fn()
         except Exception as e:  # noqa: BLE001
             return f"raises {type(e).__name__}: {_first_line(e)}"
-        return f"{(met.metric_data('ExecuteTime') or (0,))[0] - before} graph execution(s) before any result is read"
+        return f"{count() - before} graph execution(s) before any result is read"
 
     calls = {
         "all_reduce AVG": lambda g: dist.all_reduce(vec(), op=R.AVG, group=g),
