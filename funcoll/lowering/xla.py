@@ -162,6 +162,9 @@ def static_split_bound(bound: int):
     checks its own splits and raises ValueError if one does, but it cannot check the others' (a rank whose
     split exceeds the bound raises while its peers enter the collective). The all-to-all then moves
     ``group_size * bound`` rows per rank.
+
+    On a virtual world (more funcoll ranks than XLA replicas, built to read HLO) split sizes need this bound:
+    the agreement would have to run a collective, which a virtual world cannot.
     """
     if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
         raise ValueError(f"funcoll.xla.static_split_bound: bound must be a positive int, got {bound!r}")
