@@ -128,6 +128,8 @@ def _entry(op: str):
 # ---------------------------------------------------------------------------------------------------
 _BOOL_AS_UINT8 = {R.SUM: R.MAX, R.MAX: R.MAX, R.BOR: R.MAX, R.PRODUCT: R.MIN, R.MIN: R.MIN,
                   R.BAND: R.MIN, R.BXOR: R.BXOR}
+# bool reductions as logical ops (no dtype view: on XLA a view is a CPU fallback with a graph sync)
+_BOOL_LOGICAL = {R.SUM: R.BOR, R.MAX: R.BOR, R.BOR: R.BOR, R.PRODUCT: R.BAND, R.MIN: R.BAND, R.BAND: R.BAND}
 _SIGNED_OF = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 _SIGN_BIT = {torch.int16: -(1 << 15), torch.int32: -(1 << 31), torch.int64: -(1 << 63)}
 _WIDER = {torch.int8: (torch.int32, torch.int64), torch.uint8: (torch.int32, torch.int64),
@@ -191,13 +193,22 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return functools.reduce(fn, g.unbind(0))
 
 
-def _canon_reduce(t: torch.Tensor, red: Reduction):
-    """complex -> real view, bool -> uint8 view with the matching op. Views share storage with t."""
+def _canon_reduce(t: torch.Tensor, red: Reduction, caps=None, primitive: str = "all_reduce"):
+    """complex -> real view; bool -> the logical op (or/and) where the backend has it for bool, else a uint8 view
+    with the matching op. Views share storage with t."""
     if t.dtype.is_complex:
         _note("complex reduced as its real view")
         return torch.view_as_real(_flat(t)), red
     if t.dtype == torch.bool:
+        logical = _BOOL_LOGICAL.get(red.op)
+        if logical is not None and caps is not None and caps.reduces(primitive, logical, torch.bool):
+            if logical is not red.op:
+                _note(f"bool {red.op} as {logical}")
+            return t, Reduction(logical)
         op = _BOOL_AS_UINT8[red.op]
+        if caps is not None and not caps.reduces(primitive, op, torch.uint8):
+            # neither is native (e.g. bxor on XLA): stay bool, the caller gathers and reduces locally
+            return t, Reduction(logical or red.op)
         _note(f"bool reduced as uint8 {op}")
         return t.view(torch.uint8), Reduction(op)
     return t, red
@@ -208,6 +219,22 @@ def _factor(red: Reduction, like: torch.Tensor):
     if isinstance(f, torch.Tensor):
         return f.to(device=like.device, dtype=like.dtype).reshape(())
     return f
+
+
+def _trunc_div(w: torch.Tensor, n: int) -> torch.Tensor:
+    """``w / n`` rounded toward zero, exactly, for an int64 tensor and a positive int, with integer ops only
+    (torch_xla 2.9 divides integers in float32: wrong above 2**24). The remainder (fmod, exact) makes ``w - r`` a
+    multiple of n; dividing a multiple exactly is a shift by n's power of two and a multiplication by the inverse
+    of its odd part modulo 2**64 (int64 arithmetic wraps)."""
+    q = w - torch.fmod(w, n)
+    k = (n & -n).bit_length() - 1
+    if k:
+        q = q >> k
+    m = n >> k
+    if m > 1:
+        inv = pow(m, -1, 1 << 64)
+        q = q * (inv - (1 << 64) if inv >= 1 << 63 else inv)
+    return q
 
 
 def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
@@ -225,7 +252,7 @@ def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
 # ---------------------------------------------------------------------------------------------------
 def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
     """In-place all_reduce of contiguous ``t`` (already validated)."""
-    t, red = _canon_reduce(t, red)
+    t, red = _canon_reduce(t, red, tp.caps, "all_reduce")
     caps, dt, op, n = tp.caps, t.dtype, red.op, tp.size
     if caps.reduces("all_reduce", op, dt):
         return Pending([tp.all_reduce(t, red)])
@@ -240,7 +267,7 @@ def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
         _note("avg=int64 sum+truncating divide")
         w = t.to(torch.int64)
         return _ar(tp, w, Reduction(R.SUM)).and_then(
-            lambda: t.copy_(torch.div(w, n, rounding_mode="trunc")))
+            lambda: t.copy_(_trunc_div(w, n)))
     if op is R.PREMUL_SUM:
         _note("premul_sum=scale+sum")
         t.mul_(_factor(red, t))
@@ -375,8 +402,8 @@ def all_gather_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequ
 # ---------------------------------------------------------------------------------------------------
 def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Pending:
     """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated)."""
-    out, _ = _canon_reduce(out, red)
-    inp, red = _canon_reduce(inp, red)
+    out, _ = _canon_reduce(out, red, tp.caps, "reduce_scatter")
+    inp, red = _canon_reduce(inp, red, tp.caps, "reduce_scatter")
     caps, dt, op, n = tp.caps, inp.dtype, red.op, tp.size
     if caps.reduces("reduce_scatter", op, dt):
         return Pending([tp.reduce_scatter(out, inp, red)])
@@ -391,7 +418,7 @@ def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> 
         _note("avg=int64 sum+truncating divide")
         wo = out.to(torch.int64)
         return _rs(tp, wo, inp.to(torch.int64), Reduction(R.SUM)).and_then(
-            lambda: out.copy_(torch.div(wo, n, rounding_mode="trunc")))
+            lambda: out.copy_(_trunc_div(wo, n)))
     if op is R.PREMUL_SUM:
         _note("premul_sum=scale+sum")
         return _rs(tp, out, inp * _factor(red, inp), Reduction(R.SUM))
@@ -579,7 +606,10 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     _note("reduce=all_reduce")
     if tp.rank == dst:
         return _with_contig_out(tensor, lambda t: _ar(tp, t, red))
-    return _ar(tp, tensor.clone(memory_format=torch.contiguous_format), red)
+    work = tensor.clone(memory_format=torch.contiguous_format)
+    p = _ar(tp, work, red)
+    tp.retain(work)  # nobody reads it here, but the collective must run on this rank too
+    return p
 
 
 @_entry("gather")
@@ -604,7 +634,10 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
             for o, row in zip(outs, g.view((tp.size,) + tuple(flat.shape)).unbind(0)):
                 o.copy_(row.view(o.shape))
 
-    return _ag(tp, g, flat).and_then(place)
+    p = _ag(tp, g, flat)
+    if tp.rank != dst:
+        tp.retain(g)  # nobody reads it here, but the collective must run on this rank too
+    return p.and_then(place)
 
 
 @_entry("scatter")
@@ -653,7 +686,9 @@ def barrier(tp: Transport) -> Pending:
     _note("barrier=all_reduce of one element")
     dev = getattr(tp, "control_device", None) or "cpu"
     one = torch.zeros(1, dtype=torch.int32, device=dev)
-    return _ar(tp, one, Reduction(R.SUM))
+    p = _ar(tp, one, Reduction(R.SUM))
+    tp.retain(one)
+    return p
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -139,11 +139,19 @@ PROFILES: dict = {
                           torch.uint16, torch.uint32, torch.uint64}),
         reduce_dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
                                  torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                                 torch.bool}),
-        refused_pairs=_pairs([R.BAND, R.BOR], _FLOATS),
+                                 torch.uint16, torch.uint32, torch.uint64, torch.bool}),
+        refused_pairs=_pairs([R.BAND, R.BOR], _FLOATS | _INTS),
         uneven_all_to_all=False,
         is_async=False,
         sources={
+            "xla.bitwise": "XLA recognises and/or as all-reduce reductions only for PRED (collective_ops_utils "
+                           "MatchReductionComputation): torch_xla builds an integer and/or all-reduce, but running "
+                           "it fails with 'Unsupported reduction computation' (measured on the CPU PJRT runtime, "
+                           "torch_xla 2.9), and the failed op stays chained to every later collective by the token",
+            "xla.unsigned": "XLA all-reduce / reduce-scatter reduce u16/u32/u64 natively (sum, mul, min, max "
+                            "measured on the CPU PJRT runtime, torch_xla 2.9); reducing them as the signed dtype "
+                            "would need a dtype view, which torch_xla 2.9 runs as a CPU fallback "
+                            "(aten::view_copy.dtype) with a device-to-host sync",
             "xla.reduce_ops": "cross_replica_reduces.cpp accepts sum/mul/and/or/min/max only (torch_xla 2.9)",
             "xla.a2a": "all_to_all_single split sizes must be equal (torch_xla 2.9, seed 003)",
             "xla.broadcast": "no broadcast lowering for _c10d_functional (torch_xla 2.9)",
@@ -268,6 +276,11 @@ class Transport:
     def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> Handle:
         self._native("send_recv", t.dtype)
         return self._recv(t, src, tag)
+
+    def retain(self, t: torch.Tensor) -> None:
+        """Keeps a result nobody reads (a non-root rank's share of reduce/gather) alive until the collective has
+        run. Eager transports run it anyway; a lazy one (XLA) must keep it, or this rank never runs the
+        collective its peers wait for."""
 
     def barrier(self) -> Handle:
         if not self.caps.has("barrier"):

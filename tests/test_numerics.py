@@ -51,7 +51,7 @@ def test_xccl_profile_never_calls_what_xccl_lacks(matrix, world):
         for needed in ("avg=sum+scale", "avg=sum+scale in float32", "premul_sum=scale+sum", "gather+local bxor",
                        "gather+local max", "widen torch.int16->torch.int32",
                        "torch.uint64 reduced as torch.int64", "torch.uint32 max as torch.int32 with the sign bit flipped",
-                       "all_to_all+local band", "bool reduced as uint8 max"):
+                       "all_to_all+local band", "gather+local bor"):
             assert needed in s, (needed, s)
         assert any(x.startswith("uneven all_to_all=pad to") for x in s), s
         assert "torch.float8_e4m3fn moved as torch.uint8" in s

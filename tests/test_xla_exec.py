@@ -134,28 +134,16 @@ class Steps:
         self.fallbacks = sorted(c for c in met.counter_names() if c.startswith("aten::"))
 
 
-def _bool_is_viewed_as_uint8(op, dtype):
-    """Known gap: funcoll.algorithms reduces bool as a uint8 *view*, which torch_xla 2.9 runs as a CPU fallback."""
-    return dtype == torch.bool
-
-
 # ---------------------------------------------------------------------------------------------------
 # eager dist.* on a funcoll group
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("op,dtype", REDUCE_CASES, ids=[f"{o}-{str(d)[6:]}" for o, d in REDUCE_CASES])
-def test_eager_all_reduce(group, op, dtype, request):
+def test_eager_all_reduce(group, op, dtype):
     rop = dist._make_nccl_premul_sum(0.5) if op == "PREMUL_SUM" else getattr(R, op)
     x = cpu_input(dtype).to(dev())
     with Steps() as s:
         dist.all_reduce(x, op=rop)
-    if op == "AVG" and dtype == torch.uint32:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="torch_xla 2.9 divides integers in float32 "
-                                              "(torch.div(rounding_mode='trunc'), //): funcoll's integer AVG "
-                                              "(int64 sum, truncating divide) is off for values above 2**24"))
     assert same(x, ref_reduce([cpu_input(dtype)], getattr(R, op), factor=0.5))
-    if _bool_is_viewed_as_uint8(op, dtype):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="funcoll.algorithms views bool as uint8: a CPU "
-                                              "fallback on torch_xla 2.9 (aten::view_copy.dtype) and a graph sync"))
     assert (s.executions, s.fallbacks) == (0, [])
 
 

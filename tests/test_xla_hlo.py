@@ -270,9 +270,6 @@ def test_without_the_registered_partition_ranks_would_disagree():
                      2: "{{0},{1},{2,3}} to_apply=add", 3: "{{0},{1},{2,3}} to_apply=add"}
 
 
-@pytest.mark.xfail(strict=True, reason="known gap in funcoll.algorithms: on a rank that is not dst, reduce and "
-                   "gather drop the lazy collective's result, so on XLA the collective never runs there (only dst "
-                   "runs it: a real job would hang); needs a keep-until-step hook from algorithms")
 def test_reduce_and_gather_keep_the_collective_on_ranks_that_are_not_dst():
     cases = world(4)
     assert cases["world reduce dst=other rank"] == cases["world reduce dst=this rank"]

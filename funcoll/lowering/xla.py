@@ -62,30 +62,13 @@ _BROADCAST_SOURCE = ("funcoll XLA transport: one all-reduce of the tensor masked
                      "with OR for bool), the mask being device data so every rank compiles the same HLO; the "
                      "same cost as torch_xla's xm.collective_broadcast (xla_model.py), which multiplies by 0/1 "
                      "instead (inf or NaN on any other rank turns the result into NaN, -0.0 becomes +0.0)")
-_BITWISE_SOURCE = ("XLA recognises and/or as all-reduce reductions only for PRED (collective_ops_utils "
-                   "MatchReductionComputation): torch_xla builds an integer and/or all-reduce, but running it "
-                   "fails with 'Unsupported reduction computation' (measured on the CPU PJRT runtime, "
-                   "torch_xla 2.9), and the failed op stays chained to every later collective by the token")
-_UNSIGNED_SOURCE = ("XLA all-reduce / reduce-scatter reduce u16/u32/u64 natively (sum, mul, min, max measured "
-                    "on the CPU PJRT runtime, torch_xla 2.9); reducing them as the signed dtype would need a "
-                    "dtype view, which torch_xla 2.9 runs as a CPU fallback (aten::view_copy.dtype) with a "
-                    "device-to-host sync")
-_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
-_NON_BOOL_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64) + _UNSIGNED
-
-
 def capabilities(profile_name: Optional[str] = None) -> Capabilities:
     """What the XLA transport does natively: the ``xla`` profile (torch_xla 2.9's lazy collectives) plus
-    ``broadcast``, which this transport builds as one masked all-reduce with the same HLO on every rank, plus
-    unsigned reductions (native in XLA), minus integer BAND/BOR (XLA only runs and/or all-reduces on bool).
+    ``broadcast``, which this transport builds as one masked all-reduce with the same HLO on every rank.
     ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile."""
     base = profile("xla")
     caps = replace(base, primitives=base.primitives | {"broadcast"},
-                   reduce_dtypes=base.reduce_dtypes | frozenset(_UNSIGNED),
-                   refused_pairs=base.refused_pairs | frozenset((op, dt) for op in (R.BAND, R.BOR)
-                                                               for dt in _NON_BOOL_INTS),
-                   sources={**base.sources, "xla.broadcast": _BROADCAST_SOURCE,
-                            "xla.bitwise": _BITWISE_SOURCE, "xla.unsigned": _UNSIGNED_SOURCE})
+                   sources={**base.sources, "xla.broadcast": _BROADCAST_SOURCE})
     name = profile_name if profile_name is not None else active_profile_name()
     if name and name != "xla":
         caps = caps.restrict(profile(name))
@@ -399,6 +382,9 @@ class XlaTransport(Transport):
         res, token = _X._xla_collective_permute(t, self._token(), pairs)
         self._set_token(token)
         return res
+
+    def retain(self, t: torch.Tensor) -> None:
+        _keep_until_step(t)
 
     def _send(self, t, dst, tag):
         # The receiver runs the same collective-permute (same pair). The result (zeros here) is kept alive until
