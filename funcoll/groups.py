@@ -3,7 +3,9 @@
 Group-local and global ranks are translated here and nowhere else. A partition is the set of disjoint
 blocks a group was created with (every block of a DeviceMesh dim, of ``new_subgroups``, of
 ``split_group``); XLA needs it to emit the same ``replica_groups`` on every rank. A group whose partition
-is unknown is treated as a lone sub-group: the others ranks of the world are singleton blocks.
+was not registered is taken as a block of the regular partition its ranks imply (an aligned range or an aligned
+stride: what DeviceMesh dims and ``new_subgroups`` create), else as a lone sub-group: the other ranks of the
+world are singleton blocks.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
-           "partition_of", "replica_groups", "to_global", "to_group", "new_subgroups", "split_group",
+           "partition_of", "regular_partition", "replica_groups", "to_global", "to_group", "new_subgroups", "split_group",
            "clear"]
 
 
@@ -114,11 +116,29 @@ def partition_of(name: str) -> Optional[Tuple[Tuple[int, ...], ...]]:
     return _partitions.get(frozenset(info.ranks))
 
 
+def regular_partition(ranks: Sequence[int], world_size: int) -> Optional[Tuple[Tuple[int, ...], ...]]:
+    """The partition a "regular" block belongs to, as every rank of it can infer alone: ranks ``a, a+k, ...,
+    a+(s-1)k`` (stride k >= 1, s >= 2 ranks) with ``s*k`` dividing the world and ``a mod s*k < k``, are one block of
+    the partition of every chunk of ``s*k`` ranks into k strided blocks. That is exactly what the dims of a
+    DeviceMesh (row-major, any rank count) and ``new_subgroups(group_size)`` create. None otherwise."""
+    r = sorted(int(x) for x in ranks)
+    s = len(r)
+    if s < 2:
+        return None
+    k = r[1] - r[0]
+    span = s * k
+    if k < 1 or any(r[i + 1] - r[i] != k for i in range(s - 1)) or world_size % span or r[0] % span >= k:
+        return None
+    return tuple(tuple(base + off + j * k for j in range(s))
+                 for base in range(0, world_size, span) for off in range(k))
+
+
 def replica_groups(name: str) -> List[List[int]]:
-    """The replica groups every rank of the world must emit for a collective over group ``name``:
-    the group's partition when known, else the group padded with singleton blocks."""
+    """The replica groups every rank of the world must emit for a collective over group ``name``: the group's
+    registered partition when known, else the regular partition it is a block of (:func:`regular_partition`),
+    else the group padded with singleton blocks."""
     info = lookup(name)
-    part = _partitions.get(frozenset(info.ranks))
+    part = _partitions.get(frozenset(info.ranks)) or regular_partition(info.ranks, info.world_size)
     if part is not None:
         blocks = [list(b) for b in part]
         covered = {r for b in part for r in b}

@@ -469,7 +469,8 @@ def xla_compiled_collectives(fn: Callable, *args, keep: Optional[Iterable[str]] 
     ``args`` (lazy XLA tensors), and the collectives of the HLO computing its outputs and its mutated inputs
     (and, with ``backward=True``, the gradients) are returned, one normalised line each. The graph is built,
     never executed, so a virtual world larger than this machine works; a fresh ordering token is started
-    first so that earlier collectives do not appear. Needs torch_xla and ``funcoll.install(["xla"])``."""
+    first so that earlier collectives do not appear, and again after reading, so that later ones are not chained to
+these. Needs torch_xla and ``funcoll.install(["xla"])``."""
     from .lowering import xla as X
 
     xla_args = [t for t in _tensors(list(args) + list(kwargs.values())) if t.device.type == "xla"]
@@ -483,4 +484,8 @@ def xla_compiled_collectives(fn: Callable, *args, keep: Optional[Iterable[str]] 
     if isinstance(fn, torch.nn.Module):
         tensors += [p for p in fn.parameters() if p.device.type == "xla"]
         tensors += [p.grad for p in fn.parameters() if p.grad is not None and p.device.type == "xla"]
-    return xla_collectives([t for t in tensors if t.device.type == "xla"], keep)
+    text = xla_collectives([t for t in tensors if t.device.type == "xla"], keep)
+    # the ordering token now holds these collectives: the next collective (of a real world, in the same process)
+    # would chain to them and run them at its sync; start afresh
+    X.reset_token(xla_args[0].device)
+    return text

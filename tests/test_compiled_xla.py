@@ -30,6 +30,15 @@ def world():
         if not had:
             funcoll.uninstall(["xla"])
         dist.destroy_process_group()
+        # nothing of this virtual world may reach a later sync in this process (it cannot run on one replica):
+        # Dynamo's caches keep the compiled steps' tensors alive, and the ordering token chains collectives
+        import gc
+
+        from funcoll.lowering import xla as X
+
+        torch._dynamo.reset()
+        gc.collect()
+        X.reset_token()
 
 
 def step(x, y, pair):

@@ -98,15 +98,16 @@ all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,4},{1,5},{2,6},{
 -- world 8: mesh (2, 4) tp all_reduce
 all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3},{4,5,6,7}} to_apply=add""")
 
-    def test_a_mesh_dim_whose_partition_is_not_registered_is_a_lone_group(self):
-        # without funcoll.groups.register_mesh(mesh) each rank only knows its own block: see the every-rank test
+    def test_a_mesh_dim_needs_no_registration(self):
+        # without funcoll.groups.register_mesh(mesh) each rank knows only its own block, and infers the regular
+        # partition it belongs to (funcoll.groups.regular_partition): the same groups as registered
         self.assertExpectedInline(show(
             (4, "mesh (2, 2) dp all_reduce, partition not registered"),
             (4, "mesh (2, 2) tp all_reduce, partition not registered")), """\
 -- world 4: mesh (2, 2) dp all_reduce, partition not registered
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0},{1,3},{2}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,2},{1,3}} to_apply=add
 -- world 4: mesh (2, 2) tp all_reduce, partition not registered
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2},{3}} to_apply=add""")
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2,3}} to_apply=add""")
 
     def test_all_gather_on_lone_groups(self):
         # uniform blocks when the other ranks can be cut into blocks of the group's size, else one masked
@@ -262,12 +263,14 @@ def test_every_rank_emits_the_same_collectives():
         assert "replica_groups=" in texts[1][name], name
 
 
-def test_without_the_registered_partition_ranks_would_disagree():
-    # why funcoll.groups.register_mesh / new_subgroups / split_group matter: each rank pads only its own block
+def test_without_the_registered_partition_ranks_still_agree_on_mesh_dims():
+    # each rank knows only its own block of the mesh dim; the regular partition it infers is the same everywhere
     lines = {r: world(4, r)["mesh (2, 2) tp all_reduce, partition not registered"].split("replica_groups=")[1]
              for r in range(4)}
-    assert lines == {0: "{{0,1},{2},{3}} to_apply=add", 1: "{{0,1},{2},{3}} to_apply=add",
-                     2: "{{0},{1},{2,3}} to_apply=add", 3: "{{0},{1},{2,3}} to_apply=add"}
+    assert lines == {r: "{{0,1},{2,3}} to_apply=add" for r in range(4)}
+    lines = {r: world(4, r)["mesh (2, 2) dp all_reduce, partition not registered"].split("replica_groups=")[1]
+             for r in range(4)}
+    assert lines == {r: "{{0,2},{1,3}} to_apply=add" for r in range(4)}
 
 
 def test_reduce_and_gather_keep_the_collective_on_ranks_that_are_not_dst():

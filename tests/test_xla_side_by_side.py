@@ -39,7 +39,7 @@ class TestSideBySide(expecttest.TestCase):
         self.assertExpectedInline(table(results()["functional"], ("torch_xla", "funcoll")), """\
 -- all_reduce sum on group [0, 1]
 [torch_xla] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
-[funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2},{3}} to_apply=add
+[funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2,3}} to_apply=add
 -- all_reduce avg
 [torch_xla] raises RuntimeError: Unknown AllReduce type: avg
 [funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3}} to_apply=add
@@ -55,7 +55,7 @@ divide(f32[4], f32[4]) -> f32[4]
 [funcoll] all-to-all(f32[3], f32[3], f32[3], f32[3]) -> (f32[3],f32[3],f32[3],f32[3])  replica_groups={{0,1,2,3}}
 -- broadcast src=1 on group [0, 1]
 [torch_xla] multiply(f32[4], f32[4]) -> f32[4]
-[funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2},{3}} to_apply=add
+[funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2,3}} to_apply=add
 -- all_reduce_ (in place)
 [torch_xla] raises RuntimeError: Found a custom (non-ATen) operator whose output has alias annotations: _c10d_functional::all_reduce_(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!) ...
 [funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3}} to_apply=add""")

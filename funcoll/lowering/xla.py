@@ -222,8 +222,11 @@ class XlaTransport(Transport):
             blocks = None
         mine = set(self.global_ranks)
         if blocks is None or not any(set(b) == mine for b in blocks):
-            # the registry does not know this group (a c10d group created elsewhere): a lone sub-group
-            blocks = [list(self.global_ranks)] + [[r] for r in range(self.world_size) if r not in mine]
+            # the registry does not know this group (a c10d group created elsewhere): the regular partition its
+            # ranks imply, else a lone sub-group
+            part = G.regular_partition(self.global_ranks, self.world_size)
+            blocks = [list(b) for b in part] if part is not None else \
+                [list(self.global_ranks)] + [[r] for r in range(self.world_size) if r not in mine]
         # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
         blocks = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
         return sorted(blocks, key=min)
