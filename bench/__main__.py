@@ -3,7 +3,9 @@
 A 2-rank CPU world. Per case it times the raw path (a plain gloo group, or funcoll's native path where the
 raw backend cannot do the request at all) and funcoll's path, interleaved, and prints the median of each and
 their ratio. Cases: eager latency for small messages, bandwidth for large ones, the cost of each gap-filling
-strategy against the native op (strategies forced with a group whose profile is xccl).
+strategy against the native op (strategies forced with a group whose profile is xccl). Then, where torch_xla is
+installed, bench/xla.py: compile time, step time and HLO op counts of the same compiled step through torch_xla's
+kernels and through funcoll's.
 """
 
 from __future__ import annotations
@@ -89,7 +91,15 @@ def main(argv=None) -> int:
     print(f"{'case':<{w}}  {'raw/native':>12} {'funcoll':>12} {'ratio':>7} {'funcoll GB/s':>13}")
     for name, tb, to, nbytes in rows:
         print(f"{name:<{w}}  {tb * 1e6:>10.0f}us {to * 1e6:>10.0f}us {to / tb:>7.2f} {nbytes / to / 1e9:>13.3f}")
-    return 0
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("torch_xla") is None:
+        print("\n(torch_xla is not installed: no XLA part)")
+        return 0
+    print()
+    sys.stdout.flush()  # the XLA part runs in a process of its own (it builds a funcoll world of one rank)
+    return subprocess.run([sys.executable, "-m", "bench.xla", str(min(reps, 20))], timeout=600).returncode
 
 
 if __name__ == "__main__":
