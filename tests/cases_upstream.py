@@ -15,6 +15,16 @@ def _data(rank):
     return torch.randn(3, 4, generator=g)
 
 
+def _reference_grads(n):
+    """Every rank's gradient on an unsharded, undistributed copy, averaged locally."""
+    refs = []
+    for r in range(n):
+        ref = _model()
+        ref(_data(r)).sum().backward()
+        refs.append([p.grad for p in ref.parameters()])
+    return [torch.stack(gs).mean(0) for gs in zip(*refs)]
+
+
 def fsdp2_and_dtensor(rank, n):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -31,13 +41,7 @@ def fsdp2_and_dtensor(rank, n):
     with funcoll.record() as log:
         m(_data(rank)).sum().backward()
     grads = [p.grad.full_tensor() for p in m.parameters()]
-    # the reference: every rank's gradient on an unsharded copy, averaged locally
-    refs = []
-    for r in range(n):
-        ref = _model()
-        ref(_data(r)).sum().backward()
-        refs.append([p.grad for p in ref.parameters()])
-    want = [torch.stack(gs).mean(0) for gs in zip(*refs)]
+    want = _reference_grads(n)
     max_diff = max(float((g - w).abs().max()) for g, w in zip(grads, want))
     return {"gathered": gathered, "max_diff": max_diff, "ops": sorted({o for o, _ in log}),
             "strategies": sorted({s for _, ns in log for s in ns})}
@@ -53,12 +57,7 @@ def ddp(rank, n):
     with funcoll.record() as log:
         d = torch.nn.parallel.DistributedDataParallel(m)
         d(_data(rank)).sum().backward()
-    refs = []
-    for r in range(n):
-        ref = _model()
-        ref(_data(r)).sum().backward()
-        refs.append([p.grad for p in ref.parameters()])
-    want = [torch.stack(gs).mean(0) for gs in zip(*refs)]
+    want = _reference_grads(n)
     ref_params = [p.detach() for p in _model().parameters()]
     return {"params_equal_rank0": all(torch.equal(p.detach(), q) for p, q in zip(m.parameters(), ref_params)),
             "max_diff": max(float((p.grad - w).abs().max()) for p, w in zip(m.parameters(), want)),
