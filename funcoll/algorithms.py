@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
+from datetime import timedelta
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -60,10 +62,20 @@ class Pending(Handle):
         self._then.append(fn)
         return self
 
-    def wait(self) -> None:
-        handles, self._handles = self._handles, []
-        for h in handles:
-            h.wait()
+    def wait(self, timeout: Optional[timedelta] = None) -> None:
+        """Waits on the native handles (in all, at most ``timeout`` when given: a c10d Work raises past it), then
+        runs the finishing steps."""
+        deadline = time.monotonic() + timeout.total_seconds() if timeout else None
+        while self._handles:
+            h = self._handles[0]
+            if deadline is None:
+                h.wait()
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
+                h.wait(timedelta(seconds=left))
+            self._handles.pop(0)
         thens, self._then = self._then, []
         for fn in thens:
             fn()

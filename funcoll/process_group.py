@@ -51,9 +51,11 @@ class FuncollWork(Work):
         self._lock = threading.Lock()
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Waits for the collective and its finishing steps; a non-zero ``timeout`` bounds the wait (the backend
+        raises past it, as c10d's own Work does); zero means the group's timeout."""
         with self._lock:
             if not self._done:
-                self._pending.wait()
+                self._pending.wait(timeout if timeout and timeout > timedelta(0) else None)
                 self._done = True
         return True
 

@@ -182,7 +182,8 @@ def active_profile_name() -> Optional[str]:
 class Handle:
     """What a primitive returns: something to wait on."""
 
-    def wait(self) -> None:  # pragma: no cover - interface
+    def wait(self, timeout=None) -> None:  # pragma: no cover - interface
+        """Blocks until done; ``timeout`` (a timedelta), when given, bounds the wait."""
         raise NotImplementedError
 
     def is_completed(self) -> bool:
@@ -192,7 +193,7 @@ class Handle:
 class Done(Handle):
     """A primitive that has already completed (or is lazy, as on XLA)."""
 
-    def wait(self) -> None:
+    def wait(self, timeout=None) -> None:
         return None
 
 

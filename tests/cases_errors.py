@@ -107,3 +107,22 @@ def invalid_requests(rank, n):
     if not torch.equal(t, torch.full((3,), float(sum(range(1, n + 1))))):
         failures.append(f"[rank {rank}] ranks out of step after the errors: {t.tolist()}")
     return {"failures": failures, "count": len(cases) + 3}
+
+
+def wait_timeout(rank, n):
+    """``Work.wait(timeout)`` bounds the wait: rank 0 waits on an all_reduce that rank 1 joins only later."""
+    import time
+    from datetime import timedelta
+
+    t = torch.ones(4)
+    if rank == 0:
+        w = dist.all_reduce(t, op=R.AVG, async_op=True)
+        t0 = time.monotonic()
+        try:
+            w.wait(timeout=timedelta(seconds=1))
+            err = None
+        except (RuntimeError, TimeoutError) as e:  # gloo: "Operation timed out!"; funcoll: TimeoutError
+            err = type(e).__name__
+        return {"error": err, "waited": time.monotonic() - t0}
+    time.sleep(4)
+    return None
