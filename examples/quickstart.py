@@ -5,7 +5,7 @@ import torch.distributed as dist
 import funcoll  # registers the "funcoll" backend; overrides nothing
 
 dist.init_process_group("funcoll")  # or "cpu:funcoll,xla:funcoll", "cpu:gloo,xpu:funcoll"
-funcoll.install()  # funcoll kernels for _c10d_functional on the XLA/XPU keys present (none on a CPU machine)
+funcoll.install()  # kernels for _c10d_functional on XLA (if in use: PJRT_DEVICE, torch_xla imported) and XPU
 rank = dist.get_rank()
 
 t = torch.tensor([5, 12, 7], dtype=torch.int16) * (rank + 1)

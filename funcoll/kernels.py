@@ -9,6 +9,7 @@ Each kernel is a thin adapter: it resolves the group, allocates the functional o
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import threading
 import warnings
@@ -194,7 +195,13 @@ FUNCTIONALIZE = {
 
 def _present(device_type: str) -> bool:
     if device_type == "xla":
-        return "torch_xla" in sys.modules or importlib.util.find_spec("torch_xla") is not None
+        # in use: torch_xla imported, a PJRT device chosen, or a TPU runtime installed. torch_xla merely being
+        # installed (e.g. the CUDA/CPU wheels here) is not a reason to import it on a CPU-only run.
+        if "torch_xla" in sys.modules:
+            return True
+        if importlib.util.find_spec("torch_xla") is None:
+            return False
+        return bool(os.environ.get("PJRT_DEVICE")) or importlib.util.find_spec("libtpu") is not None
     if device_type == "xpu":
         return hasattr(torch, "xpu") and torch.xpu.is_available()
     return False
@@ -202,7 +209,8 @@ def _present(device_type: str) -> bool:
 
 def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
     """Registers funcoll's kernels on the dispatch keys of ``device_types`` ("xla", "xpu", "cpu").
-    None means every accelerator present ("cpu" only when asked). Idempotent. Returns the types installed."""
+    None means every accelerator present ("cpu" only when asked): XLA when torch_xla is imported, ``PJRT_DEVICE``
+    is set or libtpu is installed; XPU when ``torch.xpu.is_available()``. Idempotent. Returns the types installed."""
     if device_types is None:
         device_types = [d for d in ("xla", "xpu") if _present(d)]
     elif isinstance(device_types, str):
