@@ -52,19 +52,29 @@ R = ReduceOp
 class Pending(Handle):
     """Native handles to wait on, then local finishing steps to run once, in order."""
 
-    __slots__ = ("_handles", "_then")
+    __slots__ = ("_handles", "_then", "_future")
 
     def __init__(self, handles: Sequence[Handle] = (), then: Optional[Callable[[], object]] = None):
         self._handles = [h for h in handles if h is not None]
         self._then = [then] if then is not None else []
+        self._future = None
 
     def and_then(self, fn: Callable[[], object]) -> "Pending":
         self._then.append(fn)
         return self
 
+    def _run_thens(self) -> None:
+        thens, self._then = self._then, []
+        with torch.no_grad():  # finishing steps write into the caller's tensors, like the collective itself
+            for fn in thens:
+                fn()
+
     def wait(self, timeout: Optional[timedelta] = None) -> None:
         """Waits on the native handles (in all, at most ``timeout`` when given: a c10d Work raises past it), then
         runs the finishing steps."""
+        if self._future is not None:  # handed over to future(): its callback runs the finishing steps
+            self._future.wait()
+            return
         deadline = time.monotonic() + timeout.total_seconds() if timeout else None
         while self._handles:
             h = self._handles[0]
@@ -76,11 +86,37 @@ class Pending(Handle):
                     raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
                 h.wait(timedelta(seconds=left))
             self._handles.pop(0)
-        thens, self._then = self._then, []
-        for fn in thens:
-            fn()
+        self._run_thens()
+
+    def future(self) -> torch.futures.Future:
+        """A future completed (with None) once the native handles have completed and the finishing steps have run,
+        without blocking: the steps run in the callback of the backend's own futures. Handles without a future
+        (lazy or already complete) count as complete."""
+        if self._future is None:
+            handles, self._handles = self._handles, []
+            futs = []
+            for h in handles:
+                if isinstance(h, Pending):
+                    futs.append(h.future())
+                elif hasattr(h, "get_future"):
+                    futs.append(h.get_future())
+            if not futs:
+                self._run_thens()
+                done: torch.futures.Future = torch.futures.Future()
+                done.set_result(None)
+                self._future = done
+            else:
+                def finish(all_done):
+                    for f in all_done.value():
+                        f.value()  # re-raises a backend error
+                    self._run_thens()
+
+                self._future = torch.futures.collect_all(futs).then(finish)
+        return self._future
 
     def is_completed(self) -> bool:
+        if self._future is not None:
+            return self._future.done()
         return not self._then and all(h.is_completed() for h in self._handles)
 
 

@@ -76,11 +76,10 @@ class FuncollWork(Work):
         self.wait()
 
     def get_future(self) -> torch.futures.Future:
-        """A future completed with the outputs. It waits first: funcoll runs no progress thread."""
-        self.wait()
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
+        """A future completed with the outputs once the collective and its finishing steps are done, without
+        blocking where the transport is asynchronous (DDP comm hooks chain on it)."""
+        result = self._result
+        return self._pending.future().then(lambda _: result)
 
 
 def _local_stores() -> tuple:

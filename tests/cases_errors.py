@@ -126,3 +126,21 @@ def wait_timeout(rank, n):
         return {"error": err, "waited": time.monotonic() - t0}
     time.sleep(4)
     return None
+
+
+def future_does_not_block(rank, n):
+    """``Work.get_future()`` returns at once and completes after the finishing steps (AVG = SUM then scale under
+    FUNCOLL_PROFILE=xccl); DDP-style ``then`` callbacks chain on it. Rank 1 joins the collective 1 s late."""
+    import time
+
+    t = torch.full((4,), float(rank + 1))
+    if rank == 1:
+        time.sleep(1.0)
+    t0 = time.monotonic()
+    w = dist.all_reduce(t, op=R.AVG, async_op=True)
+    fut = w.get_future().then(lambda f: f.value()[0] * 10)
+    returned = time.monotonic() - t0
+    got = fut.wait()
+    w.wait()  # after the future: harmless, nothing runs twice
+    return {"returned_after": returned, "done_after": time.monotonic() - t0, "value": got.tolist(),
+            "tensor": t.tolist()}
