@@ -361,6 +361,14 @@ def _by_dtype(tensors: Sequence[torch.Tensor]):
     return groups.values()
 
 
+def _by_dtype_pairs(outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]):
+    """(outputs, inputs) of each dtype and device, in order, leaving out empty inputs."""
+    for idx in _by_dtype(inps):
+        keep = [i for i in idx if inps[i].numel()]
+        if keep:
+            yield [outs[i] for i in keep], [inps[i] for i in keep]
+
+
 @_entry("all_reduce_coalesced")
 def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum") -> Pending:
     """In-place all_reduce of several tensors: one tuple op where native, else one flat buffer per dtype."""
@@ -423,11 +431,7 @@ def all_gather_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequ
         S.check_all_gather("all_gather_into_tensor_coalesced", o, i, tp.size)
     n = tp.size
     pendings = []
-    for idx in _by_dtype(inps):
-        ins = [inps[i] for i in idx if inps[i].numel()]
-        os_ = [outs[i] for i in idx if inps[i].numel()]
-        if not ins:
-            continue
+    for os_, ins in _by_dtype_pairs(outs, inps):
         if len(ins) == 1:
             pendings.append(_with_contig_out(os_[0], lambda o, i=_flat(_contig_in(ins[0])): _ag(tp, o, i)))
             continue
@@ -518,11 +522,7 @@ def reduce_scatter_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: 
         S.check_reduce_scatter("reduce_scatter_tensor_coalesced", o, i, tp.size)
     n = tp.size
     pendings = []
-    for idx in _by_dtype(inps):
-        ins = [inps[i] for i in idx if inps[i].numel()]
-        os_ = [outs[i] for i in idx if inps[i].numel()]
-        if not ins:
-            continue
+    for os_, ins in _by_dtype_pairs(outs, inps):
         if len(ins) == 1:
             pendings.append(_with_contig_out(os_[0], lambda o, i=_contig_in(ins[0]): _rs(tp, o, i, red)))
             continue
