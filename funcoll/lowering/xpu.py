@@ -107,7 +107,7 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
     Fact("int_minmax",
          "ReduceOp.MIN / MAX on integer and bool dtypes",
          native_since=None, overridable=True,
-         strategy="all_gather, then min/max locally (reduce_scatter: all_to_all + local)",
+         strategy="all_gather, then min/max locally (bool: or/and; reduce_scatter: all_to_all + local)",
          source="int64 MAX over [-1, 0] returned a wrong result on Arc B60 (intel/torch-xpu-ops#3059); "
                 "verl routes its integer MAX through a CPU group (seed 002); no fixed version published"),
     Fact("dtypes_16_unsigned",
