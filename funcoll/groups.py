@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
-           "partition_of", "regular_partition", "replica_groups", "to_global", "to_group", "new_subgroups", "split_group",
+           "partition_of", "regular_partition", "blocks_for", "replica_groups", "to_global", "to_group", "new_subgroups", "split_group",
            "clear"]
 
 
@@ -133,22 +133,25 @@ def regular_partition(ranks: Sequence[int], world_size: int) -> Optional[Tuple[T
                  for base in range(0, world_size, span) for off in range(k))
 
 
-def replica_groups(name: str) -> List[List[int]]:
-    """The replica groups every rank of the world must emit for a collective over group ``name``: the group's
-    registered partition when known, else the regular partition it is a block of (:func:`regular_partition`),
-    else the group padded with singleton blocks."""
-    info = lookup(name)
-    part = _partitions.get(frozenset(info.ranks)) or regular_partition(info.ranks, info.world_size)
+def blocks_for(ranks: Sequence[int], world_size: int) -> List[List[int]]:
+    """The replica groups every rank of the world must emit for a collective over the group of global ``ranks``:
+    the registered partition the group is a block of, else the regular partition it is a block of
+    (:func:`regular_partition`), else the group padded with singleton blocks. Sorted by smallest rank."""
+    part = _partitions.get(frozenset(ranks)) or regular_partition(ranks, world_size)
     if part is not None:
         blocks = [list(b) for b in part]
         covered = {r for b in part for r in b}
     else:
-        blocks = [list(info.ranks)]
-        covered = set(info.ranks)
-    blocks += [[r] for r in range(info.world_size) if r not in covered]
-    if len(blocks) == 1 and blocks[0] == list(range(info.world_size)):
-        return blocks
-    return sorted(blocks, key=lambda b: min(b))
+        blocks = [list(ranks)]
+        covered = set(ranks)
+    blocks += [[r] for r in range(world_size) if r not in covered]
+    return sorted(blocks, key=min)
+
+
+def replica_groups(name: str) -> List[List[int]]:
+    """:func:`blocks_for` the group ``name``."""
+    info = lookup(name)
+    return blocks_for(info.ranks, info.world_size)
 
 
 def to_global(name: str, group_rank: int) -> int:

@@ -212,24 +212,13 @@ class XlaTransport(Transport):
 
     # -- replica groups ------------------------------------------------------------------------------
     def replica_groups(self) -> List[List[int]]:
-        """The replica groups for a collective over this group, as every rank of the world emits them. Read
-        from the registry at every call: a partition may be registered after the group was created."""
-        if self.size == self.world_size and self.global_ranks == tuple(range(self.world_size)):
-            return [list(self.global_ranks)]
-        try:
-            blocks = G.replica_groups(self.group_name)
-        except ValueError:
-            blocks = None
-        mine = set(self.global_ranks)
-        if blocks is None or not any(set(b) == mine for b in blocks):
-            # the registry does not know this group (a c10d group created elsewhere): the regular partition its
-            # ranks imply, else a lone sub-group
-            part = G.regular_partition(self.global_ranks, self.world_size)
-            blocks = [list(b) for b in part] if part is not None else \
-                [list(self.global_ranks)] + [[r] for r in range(self.world_size) if r not in mine]
+        """The replica groups for a collective over this group, as every rank of the world emits them
+        (:func:`funcoll.groups.blocks_for`; read at every call: a partition may be registered after the group was
+        created), with this group's block in group-rank order."""
+        blocks = G.blocks_for(self.global_ranks, self.world_size)
         # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
-        blocks = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
-        return sorted(blocks, key=min)
+        mine = set(self.global_ranks)
+        return [list(self.global_ranks) if set(b) == mine else b for b in blocks]
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
         return _uniform(self.replica_groups(), self.size, self.world_size)
