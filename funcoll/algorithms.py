@@ -415,11 +415,11 @@ def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
 
 @_entry("all_gather_into_tensor")
 def all_gather(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
-    S.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
+    shape = S.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
     if out.numel() == 0:
         return DONE
     inp = _flat(_contig_in(inp))
-    return _with_contig_out(out, lambda o: _ag(tp, o, inp))
+    return _with_contig_out(out, lambda o: _ag(tp, o.view(shape), inp))
 
 
 @_entry("all_gather_into_tensor_coalesced")
@@ -506,7 +506,7 @@ def reduce_scatter(tp: Transport, out: torch.Tensor, inp: torch.Tensor, op="sum"
     S.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
     if out.numel() == 0:
         return DONE
-    inp = _contig_in(inp)
+    inp = _contig_in(inp).reshape((-1,) + tuple(out.shape[1:]))  # the stacked input form as its concatenation
     return _with_contig_out(out, lambda o: _rs(tp, o, inp, red))
 
 

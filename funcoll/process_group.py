@@ -194,9 +194,11 @@ class ProcessGroupFuncoll(ProcessGroup):
             raise ValueError(f"funcoll.{opname}: expects exactly one tensor per call, got {len(tensors)}")
         return tensors[0]
 
-    @staticmethod
-    def _work(pending: A.Pending, result=()) -> FuncollWork:
-        return FuncollWork(pending, result)
+    def _work(self, pending: A.Pending, result=()) -> FuncollWork:
+        work = FuncollWork(pending, result)
+        if self._coalesced is not None:  # between _start_coalescing and _end_coalescing
+            self._coalesced.append(work)
+        return work
 
     # -- collectives ----------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -281,6 +283,42 @@ class ProcessGroupFuncoll(ProcessGroup):
         t = self._one("recv", tensors)
         return self._work(A.recv(self._tp(t), t, srcRank, tag), tensors)
 
+    # -- the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones) ------
+    # Each is the same algorithm as its older twin; the C++ defaults would look for a per-device backend, which a
+    # Python process group does not have ("No backend type associated with device type cpu").
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def gather_single(self, output, input, opts=None):
+        """``dist.gather_single``: every rank's ``input`` lands in the single ``output`` of the root (a flat
+        concatenation or a stack: only its element count matters, as upstream)."""
+        root = opts.rootRank if opts is not None else 0
+        outs = None
+        if self.rank() == root:
+            n = self.size()
+            if output.numel() != n * input.numel():
+                raise ValueError(f"funcoll.gather_single: output has {output.numel()} elements, expected "
+                                 f"{n} x {input.numel()} (one input per rank)")
+            if not output.is_contiguous():
+                raise ValueError("funcoll.gather_single: output must be contiguous")
+            outs = list(output.view((n,) + tuple(input.shape)).unbind(0))
+        return self._work(A.gather(self._tp(input), outs, input, root), [output])
+
+    def gather_into_tensor(self, output, input, opts=None):
+        return self.gather_single(output, input, opts)
+
     def recv_anysource(self, tensors, tag=0):
         raise NotImplementedError("funcoll.recv: receiving from any source is not supported; pass src")
 
@@ -293,6 +331,114 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         return self.barrier()
+
+
+    # -- lifecycle and the rest of c10d's ProcessGroup surface (torch 2.9 to the newest) -----------------------
+    # A Python process group has no per-device backends registered in C++; where c10d asks for one
+    # (``_get_backend``/``get_backend``: batch_isend_irecv, init_process_group(device_id=...), split_group), the
+    # group answers for itself, and it says it does not coalesce natively, so c10d takes its generic paths.
+    supports_coalescing = False
+    supports_splitting = True  # split_group() below; c10d asks the backend of the accelerator (torch >= 2.10)
+
+    def eager_connect_single_device(self, device=None) -> None:
+        """``init_process_group(device_id=...)``: the transport of that device is created now, not at first use."""
+        if device is not None:
+            self.transport(torch.device(device).type)
+
+    def _get_backend(self, device=None):
+        return self
+
+    def get_backend(self, device=None):
+        return self
+
+    @property
+    def _device_types(self):
+        return [torch.device(t) for t in dict.fromkeys(["cpu", *self._transports])]
+
+    def get_group_store(self):
+        return self._store
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """``dist.set_timeout``: the timeout of every later collective of this group, on every transport."""
+        self._timeout = timeout
+        for tp in list(self._transports.values()):
+            backend = getattr(tp, "backend", None)
+            setter = getattr(backend, "_set_default_timeout", None)
+            if setter is not None:
+                setter(timeout)
+
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        self.set_timeout(timeout)
+
+    def _add_ephemeral_timeout(self, timeout: timedelta) -> None:
+        for tp in list(self._transports.values()):
+            adder = getattr(getattr(tp, "backend", None), "_add_ephemeral_timeout", None)
+            if adder is not None:
+                adder(timeout)
+
+    def _start_coalescing(self, device=None) -> None:
+        """c10d's coalescing manager with a device: the collectives issued until :meth:`_end_coalescing` run as they
+        come (every rank issues them in the same order), and the Work of ``_end_coalescing`` waits for all of them."""
+        if self._coalesced is not None:
+            raise RuntimeError(f"funcoll: group {self._group_name!r} is already coalescing; end it first")
+        self._coalesced = []
+
+    def _end_coalescing(self, device=None) -> FuncollWork:
+        if self._coalesced is None:
+            raise RuntimeError(f"funcoll: _end_coalescing on group {self._group_name!r} without _start_coalescing")
+        works, self._coalesced = self._coalesced, None
+        return FuncollWork(A.Pending([w._pending for w in works]),
+                           [t for w in works for t in w._result])
+
+    def _wait_for_pending_works(self) -> None:
+        """Nothing to do: funcoll keeps no Work of its own alive after it is handed to the caller (the backends'
+        own Works are waited on by the callers' ``wait()``)."""
+
+    def shutdown(self) -> None:
+        """``destroy_process_group``: the transports' own backends are shut down and dropped."""
+        with self._lock:
+            transports, self._transports = dict(self._transports), {}
+        for tp in transports.values():
+            stop = getattr(getattr(tp, "backend", None), "shutdown", None)
+            if stop is not None:
+                try:
+                    stop()
+                except RuntimeError:  # already shut down or aborted
+                    pass
+        if self._group_name:
+            groups.unregister(self._group_name)
+
+    def abort(self) -> None:
+        with self._lock:
+            transports, self._transports = dict(self._transports), {}
+        for tp in transports.values():
+            stop = getattr(getattr(tp, "backend", None), "abort", None)
+            if stop is not None:
+                try:
+                    stop()
+                except RuntimeError:
+                    pass
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None, device_types=None):
+        """``dist.split_group`` (torch >= 2.10 calls it on the parent group): a funcoll group over ``ranks`` (ranks of
+        this group), created by its members from this group's store; None on the other ranks."""
+        ranks = [int(r) for r in ranks]
+        if self.rank() not in ranks:
+            return None
+        name = group_name or f"{self._group_name}:split:{','.join(map(str, ranks))}"
+        child = ProcessGroupFuncoll(dist.PrefixStore(f"split/{name}/", self._store), ranks.index(self.rank()),
+                                    len(ranks), timeout or self._timeout, group_name=name,
+                                    global_ranks=[self._global_ranks[r] for r in ranks],
+                                    world_size=self._world_size,
+                                    options=opts if isinstance(opts, Options) else self._options)
+        child._set_group_name(name)
+        if group_desc:
+            child._set_group_desc(group_desc)
+        return child
 
 
 def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:

@@ -20,6 +20,7 @@ __all__ = [
     "OPS",
     "parse_reduction",
     "check_reduction",
+    "all_gather_shape",
     "check_all_gather",
     "check_reduce_scatter",
     "check_all_to_all",
@@ -195,9 +196,18 @@ def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor,
         )
 
 
-def check_all_gather(opname: str, out: torch.Tensor, inp: torch.Tensor, group_size: int) -> None:
-    shape = (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
-    check_same_tensor(opname, "output", out, inp, shape)
+def all_gather_shape(inp: torch.Tensor, group_size: int) -> tuple:
+    """The output of an all-gather: the inputs concatenated along dim 0 (a 0-dim input counts as one row)."""
+    return (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
+
+
+def check_all_gather(opname: str, out: torch.Tensor, inp: torch.Tensor, group_size: int) -> tuple:
+    """The output is the concatenation along dim 0 or, as upstream accepts too, the stack ``[group_size, *shape]``
+    (the same memory when contiguous). Returns the concatenated shape."""
+    shape = all_gather_shape(inp, group_size)
+    stacked = (group_size,) + tuple(inp.shape)
+    check_same_tensor(opname, "output", out, inp, stacked if tuple(out.shape) == stacked else shape)
+    return shape
 
 
 def check_reduce_scatter(opname: str, out: Optional[torch.Tensor], inp: torch.Tensor,
@@ -209,6 +219,8 @@ def check_reduce_scatter(opname: str, out: Optional[torch.Tensor], inp: torch.Te
         )
     shape = (inp.shape[0] // group_size,) + tuple(inp.shape[1:])
     if out is not None:
+        if out.dim() and tuple(inp.shape) == (group_size,) + tuple(out.shape):
+            shape = tuple(out.shape)  # the input as a stack [group_size, *output.shape], as upstream accepts too
         check_same_tensor(opname, "output", out, inp, shape)
     return shape
 

@@ -20,7 +20,7 @@ def native_reductions(caps):
 
 def test_unknown_oneccl_is_the_conservative_table():
     caps = xpu.derive("2.9.0+xpu", None)
-    assert caps.name == "xccl[torch 2.9, oneCCL unknown]"
+    assert caps.name == "xccl[torch 2.9, oneCCL unknown, scale-out]"
     assert caps.reduce_ops == {R.SUM, R.PRODUCT, R.MIN, R.MAX}
     assert caps.dtypes == caps.reduce_dtypes == {torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
                                                  torch.float32, torch.float64, torch.bfloat16, torch.bool}
@@ -38,7 +38,9 @@ def test_unknown_oneccl_is_the_conservative_table():
         assert not any(caps.reduces(p, op, d) for p in REDUCING for d in ALL_DTYPES)
     for d in [torch.int16, torch.uint16, torch.uint32, torch.uint64, *FLOAT8]:
         assert not caps.moves(d)
-    assert caps.versions == {"torch": "2.9", "oneccl": "unknown"}
+    assert caps.versions == {"torch": "2.9", "oneccl": "unknown", "topology": "scale-out"}
+    # the same row on scale-up: nothing topology-dependent is native before oneCCL 2022
+    assert native_reductions(xpu.derive("2.9.0+xpu", None, topology="scale-up")) == native_reductions(caps)
 
 
 @pytest.mark.parametrize("oneccl", [None, "2021.14.0", "2021.15.1", "2021.16.1", "2021.17.1", "2021.99"])
@@ -49,19 +51,66 @@ def test_avg_stays_a_strategy_before_oneccl_2022(oneccl):
     assert native_reductions(caps) == native_reductions(xpu.derive("2.10.0", None))
 
 
-@pytest.mark.parametrize("torch_version", ["2.8.0+xpu", "2.9.0", "2.12.0.dev20260301+xpu"])
+@pytest.mark.parametrize("torch_version", ["2.8.0+xpu", "2.9.0", "2.12.0.dev20260301+xpu", "2.14.1+xpu"])
 @pytest.mark.parametrize("oneccl", ["2022.0", "2022.1.2", (2023, 1)])
-def test_avg_native_from_oneccl_2022_on_all_reduce_and_reduce_scatter_only(torch_version, oneccl):
-    caps = xpu.derive(torch_version, oneccl)
-    assert R.AVG in caps.reduce_ops
-    for d in FLOATS:
-        assert caps.reduces("all_reduce", R.AVG, d) and caps.reduces("reduce_scatter", R.AVG, d)
-        assert not caps.reduces("reduce", R.AVG, d)  # oneCCL#195: no AVG in Reduce
-    for d in INTS:
-        assert not caps.reduces("all_reduce", R.AVG, d)
-    added = native_reductions(caps) - native_reductions(xpu.derive(torch_version, None))
-    assert added == {(p, R.AVG, d) for p in ("all_reduce", "reduce_scatter") for d in FLOATS}
-    assert native_reductions(xpu.derive(torch_version, None)) <= native_reductions(caps)
+def test_avg_native_from_oneccl_2022_per_topology(torch_version, oneccl):
+    """scale-up: AVG on all_reduce and reduce_scatter; scale-out (also an unknown topology): AVG on all_reduce only
+    (oneCCL#195 adds it to scale-out AllReduce); reduce never."""
+    for topology, prims in (("scale-up", ("all_reduce", "reduce_scatter")), ("scale-out", ("all_reduce",)),
+                            (None, ("all_reduce",))):
+        caps = xpu.derive(torch_version, oneccl, topology=topology)
+        assert R.AVG in caps.reduce_ops
+        for d in FLOATS:
+            assert not caps.reduces("reduce", R.AVG, d)  # oneCCL#195: no AVG in Reduce
+        for d in INTS:
+            assert not caps.reduces("all_reduce", R.AVG, d)
+        added = native_reductions(caps) - native_reductions(xpu.derive(torch_version, None))
+        assert added == {(p, R.AVG, d) for p in prims for d in FLOATS}, topology
+        assert native_reductions(xpu.derive(torch_version, None)) <= native_reductions(caps)
+
+
+def test_premul_sum_native_only_on_scale_up_when_asked_and_never_on_reduce():
+    """#1948/#3173: PREMUL_SUM on allreduce/reduce_scatter, scale-up only; scale-out has none (oneCCL#196, #2903)."""
+    for topology in ("scale-up", "scale-out", None):  # default: funcoll scales itself
+        assert R.PREMUL_SUM not in xpu.derive("2.14.1", "2022.1.2", topology=topology).reduce_ops
+    up = xpu.derive("2.14.1", "2022.1.2", "premul_sum=native", topology="scale-up")
+    added = native_reductions(up) - native_reductions(xpu.derive("2.14.1", "2022.1.2", topology="scale-up"))
+    assert added == {(p, R.PREMUL_SUM, d) for p in ("all_reduce", "reduce_scatter")
+                     for d in (torch.float16, torch.bfloat16, torch.float32)}
+    with pytest.raises(ValueError) as e:
+        xpu.derive("2.14.1", "2022.1.2", "premul_sum=native", topology="scale-out")
+    assert str(e.value) == ("funcoll.xpu: override 'premul_sum' cannot be overridden on the scale-out path (the "
+                            "library has it on scale-up only); overridable facts on scale-out: avg, int_minmax, "
+                            "uneven_all_to_all")
+    with pytest.raises(ValueError, match=r"^funcoll.xpu: unknown topology 'two nodes'; use scale-up \(one node\) or "
+                                         r"scale-out \(several nodes\)$"):
+        xpu.derive("2.14.1", "2022.1.2", topology="two nodes")
+
+
+def test_topology_from_the_environment_and_the_store(monkeypatch):
+    monkeypatch.delenv("FUNCOLL_PROFILE", raising=False)
+    monkeypatch.delenv(xpu.ENV_OVERRIDE, raising=False)
+    monkeypatch.setenv(xpu.ENV_ONECCL_VERSION, "2022.0")
+    monkeypatch.delenv(xpu.ENV_TOPOLOGY, raising=False)
+    caps = funcoll.capabilities("xpu")
+    assert caps.versions["topology"] == "scale-out" and not caps.reduces("reduce_scatter", R.AVG, torch.float32)
+    assert caps.sources["xccl.topology"] == "scale-out (unknown: scale-out assumed (every path has it))"
+    monkeypatch.setenv(xpu.ENV_TOPOLOGY, "scale-up")
+    caps = funcoll.capabilities("xpu")
+    assert caps.versions["topology"] == "scale-up" and caps.reduces("reduce_scatter", R.AVG, torch.float32)
+    assert caps.sources["xccl.topology"] == "scale-up (FUNCOLL_XPU_TOPOLOGY)"
+    # measured through a store: one host is scale-up; another rank's host name makes it scale-out
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    store.set("funcoll-topology/1", socket.gethostname())
+    assert xpu.measure_topology(store, 0, 2, timedelta(seconds=5)) == "scale-up"
+    store = dist.HashStore()
+    store.set("funcoll-topology/1", "another-node")
+    assert xpu.measure_topology(store, 0, 2, timedelta(seconds=5)) == "scale-out"
 
 
 def test_the_table_is_a_pure_function():
@@ -88,8 +137,8 @@ def test_overrides_flip_single_facts():
 
 @pytest.mark.parametrize("override,message", [
     ("bitwise=native", "funcoll.xpu: override 'bitwise' cannot be overridden (the library has no native path); "
-                       "overridable facts: avg, int_minmax, uneven_all_to_all"),
-    ("avx=native", "funcoll.xpu: override 'avx' is not a fact; overridable facts: avg, int_minmax, "
+                       "overridable facts on scale-out: avg, int_minmax, uneven_all_to_all"),
+    ("avx=native", "funcoll.xpu: override 'avx' is not a fact; overridable facts on scale-out: avg, int_minmax, "
                    "uneven_all_to_all"),
     ("avg", "funcoll.xpu: override entry 'avg' must be <fact>=native or <fact>=strategy"),
     ("avg=maybe", "funcoll.xpu: override avg='maybe': use avg=native or avg=strategy"),
@@ -120,15 +169,16 @@ def test_profile_restricts_the_derived_table():
     assert isinstance(caps, xpu.XcclCapabilities)
     assert R.AVG not in caps.reduce_ops  # the conservative static profile wins
     assert not caps.reduces("reduce", R.AVG, torch.float32)
-    assert caps.name == "xccl[torch 2.9, oneCCL 2022.0][xccl]"
-    assert xpu.capabilities("gloo", torch_version="2.9.0", oneccl_version="2022.0", override="").name == \
-        "xccl[torch 2.9, oneCCL 2022.0][gloo]"
+    assert caps.name == "xccl[torch 2.9, oneCCL 2022.0, scale-out][xccl]"
+    assert xpu.capabilities("gloo", torch_version="2.9.0", oneccl_version="2022.0", override="",
+                            topology="scale-up").name == "xccl[torch 2.9, oneCCL 2022.0, scale-up][gloo]"
 
 
 def test_running_stack_sources(monkeypatch):
     monkeypatch.delenv("FUNCOLL_PROFILE", raising=False)
     monkeypatch.delenv(xpu.ENV_OVERRIDE, raising=False)
     monkeypatch.delenv(xpu.ENV_ONECCL_VERSION, raising=False)
+    monkeypatch.delenv(xpu.ENV_TOPOLOGY, raising=False)
     monkeypatch.setattr(xpu, "_oneccl_from_metadata", lambda: None)
     monkeypatch.setattr(xpu, "_oneccl_from_flight_recorder", lambda: "2022.1.0")
     assert xpu.stack_versions() == (torch.__version__, None,
@@ -152,9 +202,10 @@ def test_funcoll_capabilities_reads_the_xpu_table(monkeypatch):
     monkeypatch.delenv("FUNCOLL_PROFILE", raising=False)
     monkeypatch.delenv(xpu.ENV_OVERRIDE, raising=False)
     monkeypatch.setenv(xpu.ENV_ONECCL_VERSION, "2021.16.1")
+    monkeypatch.delenv(xpu.ENV_TOPOLOGY, raising=False)
     caps = funcoll.capabilities("xpu")
     assert caps == xpu.derive(torch.__version__, "2021.16.1")
-    assert set(caps.sources) == {f"xccl.{k}" for k in xpu.XCCL_FACTS} | {"xccl.version"}
+    assert set(caps.sources) == {f"xccl.{k}" for k in xpu.XCCL_FACTS} | {"xccl.version", "xccl.topology"}
     for key, fact in xpu.XCCL_FACTS.items():
         assert fact.source and fact.strategy and fact.what
         assert caps.sources[f"xccl.{key}"].endswith(fact.source)
@@ -171,9 +222,10 @@ def test_docs_table_is_the_derived_table():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             rows[cells[0].strip("`")] = cells
     assert set(rows) == set(xpu.XCCL_FACTS)
-    columns = {2: None, 3: "2021.17.1", 4: "2022.0"}
+    columns = {2: (None, None), 3: ("2021.17.1", None), 4: ("2022.0", "scale-up"), 5: ("2022.0", "scale-out")}
     for key, fact in xpu.XCCL_FACTS.items():
         cells = rows[key]
-        for col, oneccl in columns.items():
-            assert cells[col] == xpu.derive("2.10.0", oneccl).sources[f"xccl.{key}"].split(":")[0], (key, col)
-        assert cells[5] == ("yes" if fact.overridable else "no"), key
+        for col, (oneccl, topology) in columns.items():
+            got = xpu.derive("2.10.0", oneccl, topology=topology).sources[f"xccl.{key}"].split(":")[0]
+            assert cells[col] == got, (key, col)
+        assert cells[6] == (", ".join(fact.overridable) if fact.overridable else "no"), key

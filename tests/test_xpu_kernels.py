@@ -100,7 +100,7 @@ print(caps.name, torch.xpu.is_initialized())
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     v = ".".join(torch.__version__.split(".")[:2])
-    assert r.stdout.strip() == f"xccl[torch {v}, oneCCL 2021.16.1] False"
+    assert r.stdout.strip() == f"xccl[torch {v}, oneCCL 2021.16.1, scale-out] False"
 
 
 def test_a_group_without_an_xpu_backend_gets_a_clear_error():

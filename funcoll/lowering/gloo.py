@@ -23,6 +23,8 @@ _C10D_OP = {
 
 
 def c10d_op(red: Reduction):
+    if red.op is ReduceOp.PREMUL_SUM:  # native only where a profile lists it (XCCL scale-up, when enabled)
+        return dist._make_nccl_premul_sum(red.factor)
     return _C10D_OP[red.op]
 
 

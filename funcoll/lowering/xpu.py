@@ -29,7 +29,8 @@ from . import GroupContext, register_device
 from .gloo import C10dTransport
 
 __all__ = ["XCCL_FACTS", "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
-           "stack_versions", "parse_override", "ENV_OVERRIDE", "ENV_ONECCL_VERSION"]
+           "stack_versions", "parse_override", "parse_topology", "measure_topology", "ENV_OVERRIDE",
+           "ENV_ONECCL_VERSION", "ENV_TOPOLOGY", "SCALE_UP", "SCALE_OUT", "TOPOLOGIES"]
 
 R = ReduceOp
 ENV_OVERRIDE = "FUNCOLL_XPU_OVERRIDE"
@@ -48,21 +49,36 @@ _XCCL_INTS = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
+SCALE_UP, SCALE_OUT = "scale-up", "scale-out"
+TOPOLOGIES = (SCALE_UP, SCALE_OUT)
+ENV_TOPOLOGY = "FUNCOLL_XPU_TOPOLOGY"
+
+
 @dataclass(frozen=True)
 class Fact:
     """One fact about ProcessGroupXCCL / oneCCL.
 
-    ``native_since``: the oneCCL version from which funcoll uses the native path by default (None: never by
-    default). ``overridable``: whether ``FUNCOLL_XPU_OVERRIDE`` may flip it (facts where the library raises
-    are not: there is nothing native to switch to).
+    ``native_since``: the oneCCL version from which funcoll uses the native path by default on the scale-up path
+    (one node, XeLink), None: never by default. ``scale_out_since``: the same on the scale-out path (several nodes,
+    OFI); oneCCL's two paths have different reduce ops, so a multi-node job is never handed what only the scale-up
+    path has. ``overridable``: the topologies on which ``FUNCOLL_XPU_OVERRIDE`` may flip it (none where the library
+    raises: there is nothing native to switch to).
     """
 
     key: str
     what: str
     native_since: Optional[Version]
-    overridable: bool
+    scale_out_since: Optional[Version]
+    overridable: Tuple[str, ...]
     strategy: str  # what funcoll does when the fact is not native
     source: str
+
+    def since(self, topology: str) -> Optional[Version]:
+        return self.native_since if topology == SCALE_UP else self.scale_out_since
+
+
+_BOTH = TOPOLOGIES
+_NEVER: Tuple[str, ...] = ()
 
 
 # ======================================================================================================
@@ -71,61 +87,70 @@ class Fact:
 # ======================================================================================================
 XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
     Fact("avg",
-         "ReduceOp.AVG on floating dtypes (all_reduce, reduce_scatter)",
-         native_since=(2022, 0), overridable=True,
+         "ReduceOp.AVG on floating dtypes (all_reduce)",
+         native_since=(2022, 0), scale_out_since=(2022, 0), overridable=_BOTH,
          strategy="SUM, then divide on the device (fp16/bf16 summed in float32)",
          source="ProcessGroupXCCL.cpp: oneCCL < 2021.15 has no ccl avg (XCCL_HAS_AVG unset) and the backend "
                 "itself does SUM + div_; >= 2021.15 calls ccl avg, which raises on the scheduler path "
                 "(intel/torch-xpu-ops#2361) and divided twice for small messages on Arc B60 "
                 "(intel/torch-xpu-ops#3020, fixed in the oneAPI 2026.0 bundle); AVG in scale-out (OFI) "
                 "AllReduce lands in oneCCL 2022.0 (uxlfoundation/oneCCL#195)"),
+    Fact("avg_reduce_scatter",
+         "ReduceOp.AVG on floating dtypes (reduce_scatter)",
+         native_since=(2022, 0), scale_out_since=None, overridable=(SCALE_UP,),
+         strategy="SUM, then divide on the device (fp16/bf16 summed in float32)",
+         source="scale-up: as avg (ccl avg from oneCCL 2021.15, trusted from 2022.0); scale-out: oneCCL 2022.0 adds "
+                "AVG to scale-out AllReduce only (uxlfoundation/oneCCL#195), nothing says ReduceScatter"),
     Fact("avg_reduce",
          "ReduceOp.AVG on reduce (to one rank)",
-         native_since=None, overridable=False,
+         native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="all_reduce path (AVG as above), result kept on dst",
          source="AVG in Reduce is missing for scale-up and scale-out (uxlfoundation/oneCCL#195, MLSL-4062)"),
     Fact("avg_int",
          "ReduceOp.AVG on integer dtypes",
-         native_since=None, overridable=False,
+         native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="int64 SUM, then truncating divide (NCCL semantics)",
          source="ProcessGroupXCCL.cpp: without ccl avg the backend's in-place div_ fails on integer tensors; "
                 "the integer semantics of ccl avg are undocumented"),
     Fact("premul_sum",
-         "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum)",
-         native_since=None, overridable=False,
-         strategy="multiply by the factor on the device, then SUM",
+         "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum) on all_reduce / reduce_scatter",
+         native_since=None, scale_out_since=None, overridable=(SCALE_UP,),
+         strategy="multiply by the factor on the device, then SUM (the same bytes on the wire)",
          source="'Cannot use ReduceOp.PREMUL_SUM with XCCL' (intel/torch-xpu-ops#1571) up to torch 2.10; "
-                "support (oneCCL >= 2021.17, scale-up only, allreduce/reduce_scatter) landed in #1948, was "
-                "reverted in #2913 and relanded in #3173 (2026); scale-out needs the same scale+SUM "
-                "workaround (#2903, uxlfoundation/oneCCL#196)"),
+                "support for allreduce/reduce_scatter on the scale-up (XeLink) path only, with oneCCL >= 2021.17, "
+                "landed in #1948 (2025-08), was reverted in #2913 (2026-02) and relanded in #3173 (2026-03); on "
+                "scale-out oneCCL has no PreMulSum (uxlfoundation/oneCCL#196) and ProcessGroupXCCL itself falls back to "
+                "scale+SUM (#2903); reduce has no PREMUL_SUM on either path (#3173 review, oneCCL#196). funcoll scales "
+                "itself by default (one multiply, the same bytes on the wire); premul_sum=native may be set on a "
+                "scale-up group only, and never reaches reduce"),
     Fact("bitwise",
          "ReduceOp.BAND / BOR / BXOR",
-         native_since=None, overridable=False,
+         native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="all_gather, then reduce locally in rank order (reduce_scatter: all_to_all + local)",
          source="ProcessGroupXCCL.cpp xcclOps maps only MIN/MAX/SUM/PRODUCT(/AVG): "
                 "'Cannot use ReduceOp.BAND with XCCL'"),
     Fact("int_minmax",
          "ReduceOp.MIN / MAX on integer and bool dtypes",
-         native_since=None, overridable=True,
+         native_since=None, scale_out_since=None, overridable=_BOTH,
          strategy="all_gather, then min/max locally (bool: or/and; reduce_scatter: all_to_all + local)",
          source="int64 MAX over [-1, 0] returned a wrong result on Arc B60 (intel/torch-xpu-ops#3059); "
                 "verl routes its integer MAX through a CPU group (seed 002); no fixed version published"),
     Fact("dtypes_16_unsigned",
          "int16, uint16, uint32, uint64",
-         native_since=None, overridable=False,
+         native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="moved as raw bits of a same-width dtype; reduced as the signed dtype (sign bit flipped "
                   "for MIN/MAX) or widened int16 -> int32",
          source="ProcessGroupXCCL.cpp xcclDatatypes has no kShort/kUInt16/kUInt32/kUInt64: "
                 "'Input tensor data type is not supported for XCCL process group'"),
     Fact("float8",
          "float8 dtypes",
-         native_since=None, overridable=False,
+         native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="moved as a uint8 view (no copy); reductions are a TypeError in funcoll's semantics",
          source="ProcessGroupXCCL.cpp maps float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz to ccl uint8 for "
                 "non-reducing ops, raises for reductions, and has no float8_e8m0fnu"),
     Fact("uneven_all_to_all",
          "all_to_all_single with split sizes",
-         native_since=None, overridable=True,
+         native_since=None, scale_out_since=None, overridable=_BOTH,
          strategy="agree on the largest split (one all_gather of 2 int64 per rank), pad, even all_to_all, "
                   "unpad",
          source="uneven all_to_all_single has returned wrong results on some GPUs (DESIGN.md section 1); "
@@ -133,7 +158,7 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
                 "send/recv until onecclAllToAllV (oneCCL 2022.2, intel/torch-xpu-ops#5057)"),
     Fact("all_reduce_coalesced",
          "one tuple all_reduce of several tensors",
-         native_since=None, overridable=False,
+         native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="one flat buffer per dtype, one all_reduce each",
          source="ProcessGroupXCCL::allreduce_coalesced requires identical dtypes ('Tensors must have "
                 "identical type'); funcoll's tuple path does not group by dtype"),
@@ -177,9 +202,21 @@ def parse_version(v) -> Optional[Version]:
     return tuple(int(x) for x in m.group(1).split("."))
 
 
-def parse_override(override) -> Dict[str, bool]:
-    """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}. Unknown or
-    non-overridable facts are a ValueError naming the valid ones."""
+def parse_topology(topology) -> str:
+    """"scale-up" (one node, XeLink) or "scale-out" (several nodes, OFI); None or "" means unknown, taken as
+    scale-out (a multi-node job must never be handed what only the scale-up path has)."""
+    if topology is None or (isinstance(topology, str) and not topology.strip()):
+        return SCALE_OUT
+    t = str(topology).strip().lower().replace("_", "-")
+    if t not in TOPOLOGIES:
+        raise ValueError(f"funcoll.xpu: unknown topology {topology!r}; use scale-up (one node) or scale-out "
+                         f"(several nodes)")
+    return t
+
+
+def parse_override(override, topology: str = SCALE_OUT) -> Dict[str, bool]:
+    """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}. Unknown facts, and facts that
+    cannot be flipped on ``topology``, are a ValueError naming the valid ones."""
     if not override:
         return {}
     if isinstance(override, Mapping):
@@ -196,12 +233,18 @@ def parse_override(override) -> Dict[str, bool]:
                                  f"<fact>=strategy")
             items.append((key.strip(), val.strip()))
     out = {}
-    allowed = sorted(k for k, f in XCCL_FACTS.items() if f.overridable)
+    allowed = sorted(k for k, f in XCCL_FACTS.items() if topology in f.overridable)
     for key, val in items:
         fact = XCCL_FACTS.get(key)
-        if fact is None or not fact.overridable:
-            why = "is not a fact" if fact is None else "cannot be overridden (the library has no native path)"
-            raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts: {', '.join(allowed)}")
+        if fact is None or topology not in fact.overridable:
+            if fact is None:
+                why = "is not a fact"
+            elif fact.overridable:
+                why = f"cannot be overridden on the {topology} path (the library has it on {', '.join(fact.overridable)} only)"
+            else:
+                why = "cannot be overridden (the library has no native path)"
+            raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts on {topology}: "
+                             f"{', '.join(allowed)}")
         if isinstance(val, bool):
             out[key] = val
         elif str(val).lower() in ("native", "on", "1", "true"):
@@ -213,24 +256,35 @@ def parse_override(override) -> Dict[str, bool]:
     return out
 
 
-def derive(torch_version, oneccl_version, override=None) -> XcclCapabilities:
-    """The XCCL capabilities of a stack: a pure function of (torch version, oneCCL version, override).
+def derive(torch_version, oneccl_version, override=None, topology=None) -> XcclCapabilities:
+    """The XCCL capabilities of a stack: a pure function of (torch version, oneCCL version, override, topology).
 
     ``oneccl_version`` None means unknown: every version-gated fact takes its conservative (strategy) side.
+    ``topology`` None means unknown: the scale-out row (what every path has).
     """
     tv, ov = parse_version(torch_version), parse_version(oneccl_version)
-    flips = parse_override(override)
+    topo = parse_topology(topology)
+    flips = parse_override(override, topo)
 
     def native(key: str) -> bool:
         if key in flips:
             return flips[key]
-        since = XCCL_FACTS[key].native_since
+        since = XCCL_FACTS[key].since(topo)
         return since is not None and ov is not None and ov >= since
 
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
     refused = {(op, d) for op in (R.AVG,) for d in _XCCL_INTS | {torch.bool}}  # avg_int
-    if native("avg"):
+    refused_on = {("reduce", R.AVG)}  # avg_reduce
+    if native("avg") or native("avg_reduce_scatter"):
         reduce_ops.add(R.AVG)
+        if not native("avg"):
+            refused_on.add(("all_reduce", R.AVG))
+        if not native("avg_reduce_scatter"):
+            refused_on.add(("reduce_scatter", R.AVG))
+    if native("premul_sum"):  # scale-up only; fp16/bf16/fp32 (unpackPreMulSumV2 in #3173); never on reduce
+        reduce_ops.add(R.PREMUL_SUM)
+        refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - {torch.float16, torch.bfloat16, torch.float32}}
+        refused_on.add(("reduce", R.PREMUL_SUM))
     if not native("int_minmax"):
         refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_INTS | {torch.bool}}
     primitives = set(PRIMITIVES) - {"all_reduce_coalesced"}
@@ -238,7 +292,7 @@ def derive(torch_version, oneccl_version, override=None) -> XcclCapabilities:
     tstr = ".".join(map(str, tv[:2])) if tv else "?"
     ostr = ".".join(map(str, ov)) if ov else "unknown"
     return XcclCapabilities(
-        name=f"xccl[torch {tstr}, oneCCL {ostr}]",
+        name=f"xccl[torch {tstr}, oneCCL {ostr}, {topo}]",
         primitives=frozenset(primitives),
         reduce_ops=frozenset(reduce_ops),
         dtypes=_XCCL_DTYPES,
@@ -246,9 +300,9 @@ def derive(torch_version, oneccl_version, override=None) -> XcclCapabilities:
         refused_pairs=frozenset(refused),
         uneven_all_to_all=native("uneven_all_to_all"),
         is_async=True,
-        refused_on=frozenset({("reduce", R.AVG)}),  # avg_reduce
+        refused_on=frozenset(refused_on),
         sources={f"xccl.{k}": f"{used[k]}: {f.source}" for k, f in XCCL_FACTS.items()},
-        versions={"torch": tstr, "oneccl": ostr},
+        versions={"torch": tstr, "oneccl": ostr, "topology": topo},
     )
 
 
@@ -297,12 +351,13 @@ def stack_versions(backend_created: bool = False) -> Tuple[str, Optional[str], s
 
 
 def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_version=None, override=None,
-                 _backend_created: bool = False) -> XcclCapabilities:
+                 topology=None, _backend_created: bool = False) -> XcclCapabilities:
     """What funcoll's XPU transport does natively on this stack (the rest funcoll fills).
 
-    Versions default to the running stack; ``override`` defaults to ``FUNCOLL_XPU_OVERRIDE``; ``profile`` (default
-    ``FUNCOLL_PROFILE``) names a capability profile to intersect with, e.g. ``"xccl"`` for the most conservative
-    XCCL table.
+    Versions default to the running stack; ``override`` defaults to ``FUNCOLL_XPU_OVERRIDE``; ``topology`` to
+    ``FUNCOLL_XPU_TOPOLOGY`` (a funcoll group measures it: all ranks on one host is scale-up), unknown meaning
+    scale-out; ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with, e.g. ``"xccl"``
+    for the most conservative XCCL table.
     """
     src = "given"
     if torch_version is None or oneccl_version is None:
@@ -314,11 +369,33 @@ def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_ve
             src = "given"
     if override is None:
         override = os.environ.get(ENV_OVERRIDE, "")
-    caps = derive(torch_version, oneccl_version, override)
+    topo_src = "given"
+    if topology is None:
+        topology = os.environ.get(ENV_TOPOLOGY, "").strip() or None
+        topo_src = ENV_TOPOLOGY if topology else "unknown: scale-out assumed (every path has it)"
+    caps = derive(torch_version, oneccl_version, override, topology)
     name = profile if profile is not None else active_profile_name()
     if name:
         caps = caps.restrict(_named_profile(name))
-    return replace(caps, sources={**caps.sources, "xccl.version": f"oneCCL {caps.versions['oneccl']} ({src})"})
+    return replace(caps, sources={**caps.sources,
+                                  "xccl.version": f"oneCCL {caps.versions['oneccl']} ({src})",
+                                  "xccl.topology": f"{caps.versions['topology']} ({topo_src})"})
+
+
+def measure_topology(store, rank: int, size: int, timeout=None) -> str:
+    """scale-up when every rank of the group runs on this host, else scale-out: each rank publishes its host name in
+    the group's store and reads the others' (a collective over the store, bounded by the store's timeout)."""
+    import socket
+
+    host = socket.gethostname()
+    store.set(f"funcoll-topology/{rank}", host)
+    keys = [f"funcoll-topology/{r}" for r in range(size)]
+    if timeout is not None:
+        store.wait(keys, timeout)
+    else:
+        store.wait(keys)
+    hosts = {store.get(k).decode() for k in keys}
+    return SCALE_UP if hosts == {host} else SCALE_OUT
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -384,9 +461,11 @@ def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
     """A ProcessGroupXCCL of its own for one funcoll group (every rank of the group creates it)."""
     from torch.distributed import PrefixStore
 
+    topology = os.environ.get(ENV_TOPOLOGY, "").strip() or measure_topology(
+        PrefixStore("funcoll-xccl-topology/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
     backend = _new_xccl_backend(PrefixStore("funcoll-xccl/", ctx.store), ctx.rank, ctx.size, ctx.timeout,
                                 f"funcoll-{ctx.name}", ctx.global_ranks)
-    return XcclTransport(backend, capabilities(_backend_created=True), None)
+    return XcclTransport(backend, capabilities(topology=topology, _backend_created=True), None)
 
 
 def _c10d_xpu(pg, device) -> XcclTransport:
