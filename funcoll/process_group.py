@@ -476,8 +476,8 @@ def _register_traceable_broadcast() -> None:
     import torch.distributed._functional_collectives as fc
 
     remaps = getattr(fc, "traceable_collective_remaps", None)
-    if remaps is None or dist.broadcast in remaps:  # a torch that traces broadcast itself
-        return
+    if remaps is None or (dist.broadcast in remaps and remaps[dist.broadcast] is not _funcoll_traceable_broadcast):
+        return  # a torch whose Dynamo traces broadcast itself
     fc._funcoll_traceable_broadcast = _funcoll_traceable_broadcast
     remaps[dist.broadcast] = _funcoll_traceable_broadcast
 

@@ -419,6 +419,18 @@ def _reason(text: str) -> str:
     return " ".join(_COMPILE_ID.sub("", normalize_text(text.strip())).split())
 
 
+def _guard_lines(reason: str) -> List[str]:
+    """The failed guards of one recompile reason, one per line; the "User stack trace:" block that newer Dynamo
+    (torch >= 2.10) appends after them is left out, so the reasons read the same on every torch."""
+    lines = []
+    for line in reason.splitlines():
+        if line.strip().startswith("User stack trace:"):
+            break
+        if line.strip():
+            lines.append(line)
+    return lines
+
+
 @contextlib.contextmanager
 def compile_counts() -> Iterator[CompileCounts]:
     """``with compile_counts() as c: ...`` counts what torch.compile does inside the block (every compiled
@@ -440,7 +452,7 @@ def compile_counts() -> Iterator[CompileCounts]:
                 c.break_reasons.append(_reason(msg.strip().splitlines()[0]))
         recompiled = [m for m in get_compilation_metrics() if id(m) not in seen and m.recompile_reason]
         c.recompiles = len(recompiled)
-        c.recompile_reasons = [_reason(r) for m in recompiled for r in m.recompile_reason.splitlines() if r.strip()]
+        c.recompile_reasons = [_reason(r) for m in recompiled for r in _guard_lines(m.recompile_reason)]
 
 
 def count_compiles(fn: Callable, *calls, backend: Union[str, Callable] = "eager",

@@ -225,8 +225,9 @@ def graphs(rank, n):
     # upstream's CPU kernel of all_gather_into_tensor_out calls ProcessGroup::_allgather_base, which torch's
     # Python ProcessGroup trampoline does not forward to a Python subclass: it needs funcoll's CPU kernels
     try:
-        inplace_ops(x, y, z)
+        got_inplace = inplace_ops(x, y, z)
         out["inplace without install"] = "ran"
+        _check_all(c, "inplace without install vs reference", got_inplace, want_inplace, n)
     except RuntimeError as e:
         out["inplace without install"] = str(e).splitlines()[0]
 
@@ -242,6 +243,14 @@ def graphs(rank, n):
         _same(c, "installed eager_style vs eager", list(cap.result) + list(args_c[:2]),
               list(eager_out) + list(eager_mutated))
         _check_all(c, "installed inplace vs reference", inplace_ops(x, y, z), want_inplace, n)
+        # the graphs that belong to upstream (funcoll's kernels sit below them): equal before and after install
+        cap = T.capture_graphs(autograd_ops, *ag_inputs(), backward=True)
+        out["installed autograd same graphs"] = [
+            cap.text("forward") == out["autograd forward"], cap.text("backward") == out["autograd backward"],
+            [str(x) for x in cap.collectives("dynamo")] == out["autograd dynamo collectives"]]
+        with torch._subclasses.fake_tensor.FakeTensorMode():
+            fargs = (torch.empty(4, 3), torch.empty(3, dtype=torch.bfloat16), torch.empty(4, dtype=torch.int32))
+        out["installed inplace same graph"] = T.render_graph(T.trace_fake(inplace_ops, *fargs)) == out["inplace"]
         # upstream's CPU kernel refuses a non-contiguous reduce_scatter input (the backward of a gather whose
         # gradient is an expand); funcoll's kernel takes it
         w = make(torch.float32, (2, 3), rank, "nc").requires_grad_()

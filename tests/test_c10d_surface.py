@@ -211,3 +211,21 @@ def test_every_public_call_on_two_ranks():
     expected |= {"split_group", "split_group of 2"}
     assert expected <= set(res[0]["checked"]), expected - set(res[0]["checked"])
     assert {"gather", "send/recv"} <= set(res[1]["checked"])
+
+
+def test_broadcast_rewrite_only_where_dynamo_lacks_one(monkeypatch):
+    """The Dynamo rewrite of dist.broadcast is added only when the running torch's remap table has no entry for it:
+    a torch whose Dynamo traces broadcast itself keeps its own."""
+    import torch.distributed._functional_collectives as fc
+
+    from funcoll import process_group as P
+
+    remaps = fc.traceable_collective_remaps
+    assert remaps.get(dist.broadcast) is P._funcoll_traceable_broadcast  # 2.9 .. 2.14: Dynamo has none of its own
+    upstream = object()
+    monkeypatch.setitem(remaps, dist.broadcast, upstream)
+    P._register_traceable_broadcast()
+    assert remaps[dist.broadcast] is upstream
+    # every other eager collective the running Dynamo rewrites is left to it
+    others = {f.__name__ for f in remaps if f is not dist.broadcast}
+    assert {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"} <= others

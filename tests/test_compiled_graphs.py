@@ -29,7 +29,8 @@ def swap_splits(text):
 def test_numbers_compiled_equal_eager_and_references(world):
     for r in world:
         assert r["failures"] == [], "\n".join(r["failures"])
-        assert r["count"] == 60
+        # 5 more where upstream's kernel of the out variant runs without funcoll's (torch >= 2.10)
+        assert r["count"] == (60 if r["inplace without install"] != "ran" else 65)
 
 
 def test_graphs_are_the_same_text_on_every_rank_and_every_capture(world):
@@ -69,179 +70,39 @@ def test_every_op_collectives_listed(world):
         assert r["every_op collectives"] == [str(c) for c in want]
 
 
-def test_inplace_out_variant_needs_funcoll_kernels_on_cpu(world):
-    # upstream's CPU kernel for all_gather_into_tensor_out calls ProcessGroup::_allgather_base, which torch's
-    # Python ProcessGroup trampoline does not forward; with funcoll.install(["cpu"]) it runs (numbers checked)
+def test_inplace_out_variant_without_funcoll_kernels_on_cpu(world):
+    """Upstream's CPU kernel of all_gather_into_tensor_out calls ProcessGroup::_allgather_base in C++, which torch
+    2.9's Python ProcessGroup trampoline does not forward to a Python subclass; newer c10d (measured on 2.14.1)
+    reaches the group's Python methods, and the numbers are checked on the ranks. funcoll.install(["cpu"]) serves it
+    on every torch."""
     for r in world:
-        assert r["inplace without install"] == "No backend type associated with device type cpu"
+        if torch.torch_version.TorchVersion(torch.__version__) < (2, 10):
+            assert r["inplace without install"] == "No backend type associated with device type cpu"
+        else:
+            assert r["inplace without install"] == "ran"
 
 
-def test_funcoll_cpu_kernels_change_no_graph(world):
+def test_upstream_graphs_are_the_same_with_funcoll_cpu_kernels(world):
+    """The AOT/Dynamo graphs are upstream's (they change with every torch release, so they are not pinned here):
+    funcoll's kernels on the CPU key sit below them and leave every graph as it was."""
     for r in world:
         assert r["installed every_op same graph"] and r["installed eager_style same graph"]
+        assert r["installed autograd same graphs"] == [True, True, True]
+        assert r["installed inplace same graph"]
 
 
 class TestSnapshots(expecttest.TestCase):
+    """What funcoll itself puts into a graph: the Dynamo rewrite of ``dist.broadcast`` on a funcoll group (where
+    Dynamo lacks one: torch 2.9 through 2.14), as the functional broadcast copied back into the tensor."""
+
     @pytest.fixture(autouse=True)
     def _world(self, world):
         self.r = world[0]
 
-    def test_every_functional_op(self):
-        self.assertExpectedInline(self.r["every_op"], """\
-arg0_1: float32[4, 3]@cpu
-arg1_1: bfloat16[3]@cpu
-arg2_1: int32[4]@cpu
-arg3_1: float32[4, 2]@cpu
-all_reduce = c10d.all_reduce(arg0_1, 'avg', <world>) -> float32[4, 3]@cpu
-wait_tensor = c10d.wait_tensor(all_reduce) -> float32[4, 3]@cpu
-all_reduce_coalesced = c10d.all_reduce_coalesced([arg0_1, arg1_1], 'max', <world>) -> (float32[4, 3]@cpu, bfloat16[3]@cpu)
-getitem = getitem(all_reduce_coalesced, 0) -> float32[4, 3]@cpu
-getitem_1 = getitem(all_reduce_coalesced, 1) -> bfloat16[3]@cpu
-wait_tensor_1 = c10d.wait_tensor(getitem) -> float32[4, 3]@cpu
-wait_tensor_2 = c10d.wait_tensor(getitem_1) -> bfloat16[3]@cpu
-all_gather_into_tensor = c10d.all_gather_into_tensor(arg2_1, 2, <group 0,1>) -> int32[8]@cpu
-wait_tensor_3 = c10d.wait_tensor(all_gather_into_tensor) -> int32[8]@cpu
-all_gather_into_tensor_coalesced = c10d.all_gather_into_tensor_coalesced([arg0_1, arg2_1], 2, <world>) -> (float32[8, 3]@cpu, int32[8]@cpu)
-getitem_2 = getitem(all_gather_into_tensor_coalesced, 0) -> float32[8, 3]@cpu
-getitem_3 = getitem(all_gather_into_tensor_coalesced, 1) -> int32[8]@cpu
-wait_tensor_4 = c10d.wait_tensor(getitem_2) -> float32[8, 3]@cpu
-wait_tensor_5 = c10d.wait_tensor(getitem_3) -> int32[8]@cpu
-reduce_scatter_tensor = c10d.reduce_scatter_tensor(arg0_1, 'sum', 2, <world>) -> float32[2, 3]@cpu
-wait_tensor_6 = c10d.wait_tensor(reduce_scatter_tensor) -> float32[2, 3]@cpu
-reduce_scatter_tensor_coalesced = c10d.reduce_scatter_tensor_coalesced([arg0_1, arg2_1], 'max', 2, <world>) -> (float32[2, 3]@cpu, int32[2]@cpu)
-getitem_4 = getitem(reduce_scatter_tensor_coalesced, 0) -> float32[2, 3]@cpu
-getitem_5 = getitem(reduce_scatter_tensor_coalesced, 1) -> int32[2]@cpu
-wait_tensor_7 = c10d.wait_tensor(getitem_4) -> float32[2, 3]@cpu
-wait_tensor_8 = c10d.wait_tensor(getitem_5) -> int32[2]@cpu
-all_to_all_single = c10d.all_to_all_single(arg3_1, [2, 2], [2, 2], <group 0,1>) -> float32[4, 2]@cpu
-wait_tensor_9 = c10d.wait_tensor(all_to_all_single) -> float32[4, 2]@cpu
-broadcast = c10d.broadcast(arg1_1, 1, <world>) -> bfloat16[3]@cpu
-wait_tensor_10 = c10d.wait_tensor(broadcast) -> bfloat16[3]@cpu
-mul = aten.mul.Tensor(wait_tensor, 2) -> float32[4, 3]@cpu
-return [mul, wait_tensor_1, wait_tensor_2, wait_tensor_3, wait_tensor_4, wait_tensor_5, wait_tensor_6, wait_tensor_7, wait_tensor_8, wait_tensor_9, wait_tensor_10]""")
-
-    def test_eager_style_calls_dynamo_graph(self):
-        self.assertExpectedInline(self.r["eager_style dynamo"], """\
-l_x_: float32[4, 3]@cpu
-l_y_: bfloat16[3]@cpu
-l_z_: int32[4]@cpu
-l_w_: float32[4, 2]@cpu
-tensor = c10d.all_reduce(l_x_, 'sum', <world>) -> float32[4, 3]@cpu
-wait_tensor = c10d.wait_tensor(tensor) -> float32[4, 3]@cpu
-copy_ = l_x_.copy_(wait_tensor) -> float32[4, 3]@cpu
-tensor_1 = c10d.all_reduce(l_y_, 'avg', <group 0,1>) -> bfloat16[3]@cpu
-wait_tensor_1 = c10d.wait_tensor(tensor_1) -> bfloat16[3]@cpu
-copy__1 = l_y_.copy_(wait_tensor_1) -> bfloat16[3]@cpu
-o = l_z_.new_empty([8]) -> int32[8]@cpu
-tensor_2 = c10d.all_gather_into_tensor(l_z_, 2, <world>) -> int32[8]@cpu
-res = c10d.wait_tensor(tensor_2) -> int32[8]@cpu
-copy__2 = o.copy_(res) -> int32[8]@cpu
-r = l_x_.new_empty([2, 3]) -> float32[2, 3]@cpu
-tensor_3 = c10d.reduce_scatter_tensor(l_x_, 'max', 2, <world>) -> float32[2, 3]@cpu
-res_1 = c10d.wait_tensor(tensor_3) -> float32[2, 3]@cpu
-copy__3 = r.copy_(res_1) -> float32[2, 3]@cpu
-a = l_w_.new_empty([4, 2]) -> float32[4, 2]@cpu
-tensor_4 = c10d.all_to_all_single(l_w_, [1, 3], [1, 3], <group 0,1>) -> float32[4, 2]@cpu
-wait_tensor_4 = c10d.wait_tensor(tensor_4) -> float32[4, 2]@cpu
-copy__4 = a.copy_(wait_tensor_4) -> float32[4, 2]@cpu
+    def test_broadcast_rewrite_in_the_dynamo_graph(self):
+        lines = self.r["eager_style dynamo"].splitlines()
+        i = next(k for k, line in enumerate(lines) if "c10d.broadcast(" in line)
+        self.assertExpectedInline("\n".join(lines[i:i + 3]), """\
 tensor_5 = c10d.broadcast(l_y_, 1, <group 0,1>) -> bfloat16[3]@cpu
 wait_tensor_5 = c10d.wait_tensor(tensor_5) -> bfloat16[3]@cpu
-copy__5 = l_y_.copy_(wait_tensor_5) -> bfloat16[3]@cpu
-return [o, r, a]""")
-
-    def test_eager_style_calls_forward_graph(self):
-        self.assertExpectedInline(self.r["eager_style forward"], """\
-arg0_1: float32[4, 3]@cpu
-arg1_1: bfloat16[3]@cpu
-arg2_1: int32[4]@cpu
-arg3_1: float32[4, 2]@cpu
-all_reduce = c10d.all_reduce(arg0_1, 'sum', <world>) -> float32[4, 3]@cpu
-wait_tensor = c10d.wait_tensor(all_reduce) -> float32[4, 3]@cpu
-copy = aten.copy(arg0_1, wait_tensor) -> float32[4, 3]@cpu
-all_reduce_1 = c10d.all_reduce(arg1_1, 'avg', <group 0,1>) -> bfloat16[3]@cpu
-wait_tensor_1 = c10d.wait_tensor(all_reduce_1) -> bfloat16[3]@cpu
-copy_1 = aten.copy(arg1_1, wait_tensor_1) -> bfloat16[3]@cpu
-new_empty = aten.new_empty(arg2_1, [8]) -> int32[8]@cpu
-all_gather_into_tensor = c10d.all_gather_into_tensor(arg2_1, 2, <world>) -> int32[8]@cpu
-wait_tensor_2 = c10d.wait_tensor(all_gather_into_tensor) -> int32[8]@cpu
-copy_2 = aten.copy(new_empty, wait_tensor_2) -> int32[8]@cpu
-new_empty_1 = aten.new_empty(copy, [2, 3]) -> float32[2, 3]@cpu
-reduce_scatter_tensor = c10d.reduce_scatter_tensor(copy, 'max', 2, <world>) -> float32[2, 3]@cpu
-wait_tensor_3 = c10d.wait_tensor(reduce_scatter_tensor) -> float32[2, 3]@cpu
-copy_3 = aten.copy(new_empty_1, wait_tensor_3) -> float32[2, 3]@cpu
-new_empty_2 = aten.new_empty(arg3_1, [4, 2]) -> float32[4, 2]@cpu
-all_to_all_single = c10d.all_to_all_single(arg3_1, [1, 3], [1, 3], <group 0,1>) -> float32[4, 2]@cpu
-wait_tensor_4 = c10d.wait_tensor(all_to_all_single) -> float32[4, 2]@cpu
-copy_4 = aten.copy(new_empty_2, wait_tensor_4) -> float32[4, 2]@cpu
-broadcast = c10d.broadcast(copy_1, 1, <group 0,1>) -> bfloat16[3]@cpu
-wait_tensor_5 = c10d.wait_tensor(broadcast) -> bfloat16[3]@cpu
-copy_5 = aten.copy(copy_1, wait_tensor_5) -> bfloat16[3]@cpu
-copy_ = aten.copy_(arg0_1, copy) -> float32[4, 3]@cpu
-copy__1 = aten.copy_(arg1_1, copy_5) -> bfloat16[3]@cpu
-return [copy_2, copy_3, copy_4]""")
-
-    def test_autograd_variants_forward_and_backward(self):
-        self.assertExpectedInline("\n".join(self.r["autograd dynamo collectives"]), """\
-autograd.all_gather_into_tensor group=[0,1] group_size=2: float32[2, 3] -> float32[4, 3]
-autograd.reduce_scatter_tensor sum group=[0,1] group_size=2: float32[4, 3] -> float32[2, 3]
-autograd.all_to_all_single group=[0,1] output_split_sizes=[1, 1] input_split_sizes=[1, 1]: float32[2, 3] -> float32[2, 3]""")
-        self.assertExpectedInline(self.r["autograd forward"], """\
-primals_1: float32[2, 3]@cpu
-primals_2: float32[3, 3]@cpu
-primals_3: float32[2, 3]@cpu
-all_gather_into_tensor = c10d.all_gather_into_tensor(primals_1, 2, <world>) -> float32[4, 3]@cpu
-wait_tensor = c10d.wait_tensor(all_gather_into_tensor) -> float32[4, 3]@cpu
-mm = aten.mm(wait_tensor, primals_2) -> float32[4, 3]@cpu
-reduce_scatter_tensor = c10d.reduce_scatter_tensor(mm, 'sum', 2, <world>) -> float32[2, 3]@cpu
-wait_tensor_1 = c10d.wait_tensor(reduce_scatter_tensor) -> float32[2, 3]@cpu
-all_to_all_single = c10d.all_to_all_single(wait_tensor_1, [1, 1], [1, 1], <world>) -> float32[2, 3]@cpu
-wait_tensor_2 = c10d.wait_tensor(all_to_all_single) -> float32[2, 3]@cpu
-mul = aten.mul.Tensor(wait_tensor_2, primals_3) -> float32[2, 3]@cpu
-t = aten.t(wait_tensor) -> float32[3, 4]@cpu
-t_1 = aten.t(primals_2) -> float32[3, 3]@cpu
-return [mul, primals_3, t, t_1]""")
-        self.assertExpectedInline(self.r["autograd backward"], """\
-primals_3: float32[2, 3]@cpu
-t: float32[3, 4]@cpu
-t_1: float32[3, 3]@cpu
-tangents_1: float32[2, 3]@cpu
-mul_1 = aten.mul.Tensor(tangents_1, primals_3) -> float32[2, 3]@cpu
-all_to_all_single_1 = c10d.all_to_all_single(mul_1, [1, 1], [1, 1], <world>) -> float32[2, 3]@cpu
-wait_tensor_3 = c10d.wait_tensor(all_to_all_single_1) -> float32[2, 3]@cpu
-all_gather_into_tensor_1 = c10d.all_gather_into_tensor(wait_tensor_3, 2, <world>) -> float32[4, 3]@cpu
-wait_tensor_4 = c10d.wait_tensor(all_gather_into_tensor_1) -> float32[4, 3]@cpu
-mm_1 = aten.mm(t, wait_tensor_4) -> float32[3, 3]@cpu
-mm_2 = aten.mm(wait_tensor_4, t_1) -> float32[4, 3]@cpu
-reduce_scatter_tensor_1 = c10d.reduce_scatter_tensor(mm_2, 'sum', 2, <world>) -> float32[2, 3]@cpu
-wait_tensor_5 = c10d.wait_tensor(reduce_scatter_tensor_1) -> float32[2, 3]@cpu
-return [wait_tensor_5, mm_1, None]""")
-        self.assertExpectedInline("\n".join(self.r["autograd collectives"]), """\
-all_gather_into_tensor group=[0,1] group_size=2: float32[2, 3] -> float32[4, 3]
-reduce_scatter_tensor sum group=[0,1] group_size=2: float32[4, 3] -> float32[2, 3]
-all_to_all_single group=[0,1] output_split_sizes=[1, 1] input_split_sizes=[1, 1]: float32[2, 3] -> float32[2, 3]
-all_to_all_single group=[0,1] output_split_sizes=[1, 1] input_split_sizes=[1, 1]: float32[2, 3] -> float32[2, 3]
-all_gather_into_tensor group=[0,1] group_size=2: float32[2, 3] -> float32[4, 3]
-reduce_scatter_tensor sum group=[0,1] group_size=2: float32[4, 3] -> float32[2, 3]""")
-
-    def test_inplace_and_out_variants(self):
-        self.assertExpectedInline(self.r["inplace"], """\
-x_1: float32[4, 3]@cpu
-y_1: bfloat16[3]@cpu
-z_1: int32[4]@cpu
-clone = aten.clone(x_1) -> float32[4, 3]@cpu
-all_reduce_ = c10d.all_reduce_(clone, 'sum', <world>) -> float32[4, 3]@cpu
-wait_tensor = c10d.wait_tensor(all_reduce_) -> float32[4, 3]@cpu
-clone_1 = aten.clone(x_1) -> float32[4, 3]@cpu
-clone_2 = aten.clone(y_1) -> bfloat16[3]@cpu
-all_reduce_coalesced_ = c10d.all_reduce_coalesced_([clone_1, clone_2], 'min', <world>) -> (float32[4, 3]@cpu, bfloat16[3]@cpu)
-getitem = getitem(all_reduce_coalesced_, 0) -> float32[4, 3]@cpu
-getitem_1 = getitem(all_reduce_coalesced_, 1) -> bfloat16[3]@cpu
-wait_tensor_1 = c10d.wait_tensor(getitem) -> float32[4, 3]@cpu
-wait_tensor_2 = c10d.wait_tensor(getitem_1) -> bfloat16[3]@cpu
-empty = aten.empty.memory_format([8], dtype=int32, device=cpu) -> int32[8]@cpu
-all_gather_into_tensor_out = c10d.all_gather_into_tensor_out(z_1, 2, <group 0,1>, out=empty) -> int32[8]@cpu
-wait_tensor_3 = c10d.wait_tensor(all_gather_into_tensor_out) -> int32[8]@cpu
-clone_3 = aten.clone(y_1) -> bfloat16[3]@cpu
-broadcast_ = c10d.broadcast_(clone_3, 1, <world>) -> bfloat16[3]@cpu
-wait_tensor_4 = c10d.wait_tensor(broadcast_) -> bfloat16[3]@cpu
-return [wait_tensor, getitem, getitem_1, wait_tensor_3, broadcast_]""")
+copy__5 = l_y_.copy_(wait_tensor_5) -> bfloat16[3]@cpu""")

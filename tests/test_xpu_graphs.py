@@ -2,10 +2,10 @@
 
 One function uses every ``_c10d_functional`` op (through the public functional API where it exists, the raw ops
 for the in-place/out variants). Its graph, traced and rendered with funcoll.testing's public helpers
-(``trace_fake``, ``render_graph``: group names shown by their ranks), is snapshotted (expecttest), shown identical to
-the graph traced with fake CUDA tensors (the graph a CUDA user gets), identical with and without funcoll's XPU
-kernels installed (funcoll changes the kernel behind each node, never the graph), and tracing never touches the
-XPU runtime.
+(``trace_fake``, ``render_graph``: group names shown by their ranks), is shown identical to the graph traced with
+fake CUDA tensors (the graph a CUDA user gets) and identical with and without funcoll's XPU kernels installed (funcoll
+changes the kernel behind each node, never the graph), and tracing never touches the XPU runtime. The graph text
+itself is upstream's (it changes with torch releases), so it is compared, not pinned.
 """
 
 import expecttest
@@ -86,91 +86,6 @@ def trace(device_type, functional=False):
 
 
 class TestXpuGraphs(expecttest.TestCase):
-    def test_every_functional_op_on_fake_xpu_tensors(self):
-        self.assertExpectedInline(render(trace("xpu")), """\
-x_1: float32[8, 4]@xpu
-y_1: bfloat16[4]@xpu
-z_1: int32[8]@xpu
-w_1: float32[4, 3]@xpu
-f8_1: float8_e4m3fn[2, 4]@xpu
-all_reduce = c10d.all_reduce(x_1, 'avg', <world>) -> float32[8, 4]@xpu
-wait_tensor = c10d.wait_tensor(all_reduce) -> float32[8, 4]@xpu
-clone = aten.clone(y_1) -> bfloat16[4]@xpu
-all_reduce_ = c10d.all_reduce_(clone, 'sum', <world>) -> bfloat16[4]@xpu
-wait_tensor_1 = c10d.wait_tensor(all_reduce_) -> bfloat16[4]@xpu
-all_reduce_coalesced = c10d.all_reduce_coalesced([x_1, y_1], 'max', <world>) -> (float32[8, 4]@xpu, bfloat16[4]@xpu)
-getitem = getitem(all_reduce_coalesced, 0) -> float32[8, 4]@xpu
-getitem_1 = getitem(all_reduce_coalesced, 1) -> bfloat16[4]@xpu
-wait_tensor_2 = c10d.wait_tensor(getitem) -> float32[8, 4]@xpu
-wait_tensor_3 = c10d.wait_tensor(getitem_1) -> bfloat16[4]@xpu
-clone_1 = aten.clone(x_1) -> float32[8, 4]@xpu
-clone_2 = aten.clone(y_1) -> bfloat16[4]@xpu
-all_reduce_coalesced_ = c10d.all_reduce_coalesced_([clone_1, clone_2], 'product', <world>) -> (float32[8, 4]@xpu, bfloat16[4]@xpu)
-getitem_2 = getitem(all_reduce_coalesced_, 0) -> float32[8, 4]@xpu
-getitem_3 = getitem(all_reduce_coalesced_, 1) -> bfloat16[4]@xpu
-wait_tensor_4 = c10d.wait_tensor(getitem_2) -> float32[8, 4]@xpu
-wait_tensor_5 = c10d.wait_tensor(getitem_3) -> bfloat16[4]@xpu
-all_gather_into_tensor = c10d.all_gather_into_tensor(f8_1, 4, <world>) -> float8_e4m3fn[8, 4]@xpu
-wait_tensor_6 = c10d.wait_tensor(all_gather_into_tensor) -> float8_e4m3fn[8, 4]@xpu
-empty = aten.empty.memory_format([32], dtype=int32, device=xpu) -> int32[32]@xpu
-all_gather_into_tensor_out = c10d.all_gather_into_tensor_out(z_1, 4, <world>, out=empty) -> int32[32]@xpu
-wait_tensor_7 = c10d.wait_tensor(all_gather_into_tensor_out) -> int32[32]@xpu
-all_gather_into_tensor_coalesced = c10d.all_gather_into_tensor_coalesced([x_1, z_1], 4, <world>) -> (float32[32, 4]@xpu, int32[32]@xpu)
-getitem_4 = getitem(all_gather_into_tensor_coalesced, 0) -> float32[32, 4]@xpu
-getitem_5 = getitem(all_gather_into_tensor_coalesced, 1) -> int32[32]@xpu
-wait_tensor_8 = c10d.wait_tensor(getitem_4) -> float32[32, 4]@xpu
-wait_tensor_9 = c10d.wait_tensor(getitem_5) -> int32[32]@xpu
-reduce_scatter_tensor = c10d.reduce_scatter_tensor(x_1, 'max', 4, <world>) -> float32[2, 4]@xpu
-wait_tensor_10 = c10d.wait_tensor(reduce_scatter_tensor) -> float32[2, 4]@xpu
-reduce_scatter_tensor_coalesced = c10d.reduce_scatter_tensor_coalesced([x_1, z_1], 'sum', 4, <world>) -> (float32[2, 4]@xpu, int32[2]@xpu)
-getitem_6 = getitem(reduce_scatter_tensor_coalesced, 0) -> float32[2, 4]@xpu
-getitem_7 = getitem(reduce_scatter_tensor_coalesced, 1) -> int32[2]@xpu
-wait_tensor_11 = c10d.wait_tensor(getitem_6) -> float32[2, 4]@xpu
-wait_tensor_12 = c10d.wait_tensor(getitem_7) -> int32[2]@xpu
-all_to_all_single = c10d.all_to_all_single(w_1, [3, 1], [2, 2], <group 0,1>) -> float32[4, 3]@xpu
-wait_tensor_13 = c10d.wait_tensor(all_to_all_single) -> float32[4, 3]@xpu
-broadcast = c10d.broadcast(y_1, 1, <world>) -> bfloat16[4]@xpu
-wait_tensor_14 = c10d.wait_tensor(broadcast) -> bfloat16[4]@xpu
-clone_3 = aten.clone(y_1) -> bfloat16[4]@xpu
-broadcast_ = c10d.broadcast_(clone_3, 0, <world>) -> bfloat16[4]@xpu
-wait_tensor_15 = c10d.wait_tensor(broadcast_) -> bfloat16[4]@xpu
-return [wait_tensor, wait_tensor_1, wait_tensor_2, wait_tensor_3, getitem_2, getitem_3, wait_tensor_6, wait_tensor_7, wait_tensor_8, wait_tensor_9, wait_tensor_10, wait_tensor_11, wait_tensor_12, wait_tensor_13, wait_tensor_14, broadcast_]""")
-
-    def test_functionalized_graph_as_aot_autograd_sees_it(self):
-        self.assertExpectedInline(render(trace("xpu", functional=True)), """\
-x_1: float32[8, 4]@xpu
-y_1: bfloat16[4]@xpu
-z_1: int32[8]@xpu
-w_1: float32[4, 3]@xpu
-f8_1: float8_e4m3fn[2, 4]@xpu
-all_reduce = c10d.all_reduce(x_1, 'avg', <world>) -> float32[8, 4]@xpu
-wait_tensor = c10d.wait_tensor(all_reduce) -> float32[8, 4]@xpu
-all_reduce_coalesced = c10d.all_reduce_coalesced([x_1, y_1], 'max', <world>) -> (float32[8, 4]@xpu, bfloat16[4]@xpu)
-getitem = getitem(all_reduce_coalesced, 0) -> float32[8, 4]@xpu
-getitem_1 = getitem(all_reduce_coalesced, 1) -> bfloat16[4]@xpu
-wait_tensor_1 = c10d.wait_tensor(getitem) -> float32[8, 4]@xpu
-wait_tensor_2 = c10d.wait_tensor(getitem_1) -> bfloat16[4]@xpu
-all_gather_into_tensor = c10d.all_gather_into_tensor(f8_1, 4, <world>) -> float8_e4m3fn[8, 4]@xpu
-wait_tensor_3 = c10d.wait_tensor(all_gather_into_tensor) -> float8_e4m3fn[8, 4]@xpu
-all_gather_into_tensor_coalesced = c10d.all_gather_into_tensor_coalesced([x_1, z_1], 4, <world>) -> (float32[32, 4]@xpu, int32[32]@xpu)
-getitem_2 = getitem(all_gather_into_tensor_coalesced, 0) -> float32[32, 4]@xpu
-getitem_3 = getitem(all_gather_into_tensor_coalesced, 1) -> int32[32]@xpu
-wait_tensor_4 = c10d.wait_tensor(getitem_2) -> float32[32, 4]@xpu
-wait_tensor_5 = c10d.wait_tensor(getitem_3) -> int32[32]@xpu
-reduce_scatter_tensor = c10d.reduce_scatter_tensor(x_1, 'max', 4, <world>) -> float32[2, 4]@xpu
-wait_tensor_6 = c10d.wait_tensor(reduce_scatter_tensor) -> float32[2, 4]@xpu
-reduce_scatter_tensor_coalesced = c10d.reduce_scatter_tensor_coalesced([x_1, z_1], 'sum', 4, <world>) -> (float32[2, 4]@xpu, int32[2]@xpu)
-getitem_4 = getitem(reduce_scatter_tensor_coalesced, 0) -> float32[2, 4]@xpu
-getitem_5 = getitem(reduce_scatter_tensor_coalesced, 1) -> int32[2]@xpu
-wait_tensor_7 = c10d.wait_tensor(getitem_4) -> float32[2, 4]@xpu
-wait_tensor_8 = c10d.wait_tensor(getitem_5) -> int32[2]@xpu
-all_to_all_single = c10d.all_to_all_single(w_1, [3, 1], [2, 2], <group 0,1>) -> float32[4, 3]@xpu
-wait_tensor_9 = c10d.wait_tensor(all_to_all_single) -> float32[4, 3]@xpu
-broadcast = c10d.broadcast(y_1, 1, <world>) -> bfloat16[4]@xpu
-wait_tensor_10 = c10d.wait_tensor(broadcast) -> bfloat16[4]@xpu
-mul = aten.mul.Tensor(wait_tensor, 2) -> float32[8, 4]@xpu
-return [mul, wait_tensor_1, wait_tensor_2, wait_tensor_3, wait_tensor_4, wait_tensor_5, wait_tensor_6, wait_tensor_7, wait_tensor_8, wait_tensor_9, wait_tensor_10]""")
-
     def test_the_graph_is_the_one_a_cuda_user_gets(self):
         for functional in (False, True):
             xpu, cuda = render(trace("xpu", functional)), render(trace("cuda", functional))
