@@ -33,6 +33,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from . import planner as P
 from . import semantics as S
 from .semantics import ReduceOp, Reduction
 from .transport import Handle, Transport
@@ -138,7 +139,15 @@ def record():
     try:
         yield log
     finally:
-        _recorders.remove(log)
+        _forget(log)
+
+
+def _forget(log: list) -> None:
+    """Removes ``log`` itself from the recorders (by identity: another recorder may hold equal contents)."""
+    for i, other in enumerate(_recorders):
+        if other is log:
+            del _recorders[i]
+            return
 
 
 def _note(strategy: str) -> None:
@@ -174,16 +183,6 @@ def _entry(op: str):
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
-_BOOL_AS_UINT8 = {R.SUM: R.MAX, R.MAX: R.MAX, R.BOR: R.MAX, R.PRODUCT: R.MIN, R.MIN: R.MIN,
-                  R.BAND: R.MIN, R.BXOR: R.BXOR}
-# bool reductions as logical ops (no dtype view: on XLA a view is a CPU fallback with a graph sync)
-_BOOL_LOGICAL = {R.SUM: R.BOR, R.MAX: R.BOR, R.BOR: R.BOR, R.PRODUCT: R.BAND, R.MIN: R.BAND, R.BAND: R.BAND}
-_SIGNED_OF = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
-_SIGN_BIT = {torch.int16: -(1 << 15), torch.int32: -(1 << 31), torch.int64: -(1 << 63)}
-_WIDER = {torch.int8: (torch.int32, torch.int64), torch.uint8: (torch.int32, torch.int64),
-          torch.int16: (torch.int32, torch.int64), torch.int32: (torch.int64,),
-          torch.float16: (torch.float32,), torch.bfloat16: (torch.float32,)}
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 # dtypes with the same element size, tried in order to move raw bits
 _SAME_WIDTH = {1: (torch.uint8, torch.int8), 2: (torch.int16, torch.float16, torch.bfloat16),
                4: (torch.int32, torch.float32), 8: (torch.int64, torch.float64)}
@@ -241,27 +240,6 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return functools.reduce(fn, g.unbind(0))
 
 
-def _canon_reduce(t: torch.Tensor, red: Reduction, caps=None, primitive: str = "all_reduce"):
-    """complex -> real view; bool -> the logical op (or/and) where the backend has it for bool, else a uint8 view
-    with the matching op. Views share storage with t."""
-    if t.dtype.is_complex:
-        _note("complex reduced as its real view")
-        return torch.view_as_real(_flat(t)), red
-    if t.dtype == torch.bool:
-        logical = _BOOL_LOGICAL.get(red.op)
-        if logical is not None and caps is not None and caps.reduces(primitive, logical, torch.bool):
-            if logical is not red.op:
-                _note(f"bool {red.op} as {logical}")
-            return t, Reduction(logical)
-        op = _BOOL_AS_UINT8[red.op]
-        if caps is not None and not caps.reduces(primitive, op, torch.uint8):
-            # neither is native (e.g. bxor on XLA): stay bool, the caller gathers and reduces locally
-            return t, Reduction(logical or red.op)
-        _note(f"bool reduced as uint8 {op}")
-        return t.view(torch.uint8), Reduction(op)
-    return t, red
-
-
 def _factor(red: Reduction, like: torch.Tensor):
     f = red.factor
     if isinstance(f, torch.Tensor):
@@ -285,63 +263,52 @@ def _trunc_div(w: torch.Tensor, n: int) -> torch.Tensor:
     return q
 
 
-def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
-    for cand in _WIDER.get(dtype, ()):
-        if caps.reduces(primitive, op, cand):
-            return cand
-    for cand in _WIDER.get(dtype, ()):
-        if cand in caps.reduce_dtypes:
-            return cand
-    return None
-
-
 # ---------------------------------------------------------------------------------------------------
 # all_reduce
 # ---------------------------------------------------------------------------------------------------
 def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
-    """In-place all_reduce of contiguous ``t`` (already validated)."""
-    t, red = _canon_reduce(t, red, tp.caps, "all_reduce")
-    caps, dt, op, n = tp.caps, t.dtype, red.op, tp.size
-    if caps.reduces("all_reduce", op, dt):
-        return Pending([tp.all_reduce(t, red)])
-    if op is R.AVG:
-        if dt.is_floating_point:
-            if dt in _LOW_PRECISION:
-                _note(f"avg=sum+scale in float32")
-                w = t.float()
-                return _ar(tp, w, Reduction(R.SUM)).and_then(lambda: t.copy_(w.div_(n)))
-            _note("avg=sum+scale")
-            return _ar(tp, t, Reduction(R.SUM)).and_then(lambda: t.div_(n))
-        _note("avg=int64 sum+truncating divide")
+    """In-place all_reduce of contiguous ``t`` (already validated): the planner's plan for the request, run."""
+    return _run_ar(tp, t, red, P.plan(tp.caps, "all_reduce", red.op, t.dtype).steps)
+
+
+def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
+    step, rest, n = steps[0], steps[1:], tp.size
+    if step.note:
+        _note(step.note)
+    kind = step.kind
+    if kind == P.NATIVE:
+        return Pending([tp.all_reduce(t, red if step.op is red.op else Reduction(step.op))])
+    if kind == P.REAL_VIEW:
+        return _run_ar(tp, torch.view_as_real(_flat(t)), red, rest)
+    if kind == P.BOOL_OP:
+        return _run_ar(tp, t, Reduction(step.op), rest)
+    if kind == P.BOOL_UINT8:
+        return _run_ar(tp, t.view(torch.uint8), Reduction(step.op), rest)
+    if kind == P.AVG_FLOAT32:
+        w = t.float()
+        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(w.div_(n)))
+    if kind == P.AVG_FLOAT:
+        return _run_ar(tp, t, Reduction(R.SUM), rest).and_then(lambda: t.div_(n))
+    if kind == P.AVG_INT:
         w = t.to(torch.int64)
-        return _ar(tp, w, Reduction(R.SUM)).and_then(
-            lambda: t.copy_(_trunc_div(w, n)))
-    if op is R.PREMUL_SUM:
-        _note("premul_sum=scale+sum")
+        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_trunc_div(w, n)))
+    if kind == P.PREMUL:
         t.mul_(_factor(red, t))
-        return _ar(tp, t, Reduction(R.SUM))
-    if dt not in caps.reduce_dtypes:
-        if dt in _SIGNED_OF:
-            sdt = _SIGNED_OF[dt]
-            w = t.view(sdt)
-            if op in (R.MIN, R.MAX):
-                _note(f"{dt} {op} as {sdt} with the sign bit flipped")
-                w.bitwise_xor_(_SIGN_BIT[sdt])
-                return _ar(tp, w, red).and_then(lambda: w.bitwise_xor_(_SIGN_BIT[sdt]))
-            _note(f"{dt} reduced as {sdt}")
-            return _ar(tp, w, red)
-        wide = _wider(dt, caps, "all_reduce", op)
-        if wide is not None:
-            _note(f"widen {dt}->{wide}")
-            w = t.to(wide)
-            return _ar(tp, w, red).and_then(lambda: t.copy_(w))
-        raise NotImplementedError(f"funcoll.all_reduce: the {caps.name} transport cannot reduce {dt}")
-    # the dtype is native but not this op: gather, reduce locally in rank order
-    _note(f"gather+local {op}")
-    flat = t.reshape(-1)
-    g = flat.new_empty((n * flat.numel(),))
-    p = _ag(tp, g, flat)
-    return p.and_then(lambda: flat.copy_(_local_reduce(g.view(n, -1), op)))
+        return _run_ar(tp, t, Reduction(R.SUM), rest)
+    if kind == P.SIGNED_FLIP:
+        w, bit = t.view(step.dtype), P.SIGN_BIT[step.dtype]
+        w.bitwise_xor_(bit)
+        return _run_ar(tp, w, red, rest).and_then(lambda: w.bitwise_xor_(bit))
+    if kind == P.SIGNED:
+        return _run_ar(tp, t.view(step.dtype), red, rest)
+    if kind == P.WIDEN:
+        w = t.to(step.dtype)
+        return _run_ar(tp, w, red, rest).and_then(lambda: t.copy_(w))
+    if kind == P.GATHER_LOCAL:
+        flat = t.reshape(-1)
+        g = flat.new_empty((n * flat.numel(),))
+        return _ag(tp, g, flat).and_then(lambda: flat.copy_(_local_reduce(g.view(n, -1), step.op)))
+    raise NotImplementedError(f"funcoll.all_reduce: the {tp.caps.name} transport cannot reduce {t.dtype}")
 
 
 @_entry("all_reduce")
@@ -453,50 +420,52 @@ def all_gather_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequ
 # reduce_scatter
 # ---------------------------------------------------------------------------------------------------
 def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Pending:
-    """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated)."""
-    out, _ = _canon_reduce(out, red, tp.caps, "reduce_scatter")
-    inp, red = _canon_reduce(inp, red, tp.caps, "reduce_scatter")
-    caps, dt, op, n = tp.caps, inp.dtype, red.op, tp.size
-    if caps.reduces("reduce_scatter", op, dt):
-        return Pending([tp.reduce_scatter(out, inp, red)])
-    if op is R.AVG:
-        if dt.is_floating_point:
-            if dt in _LOW_PRECISION:
-                _note("avg=sum+scale in float32")
-                wo = out.float()
-                return _rs(tp, wo, inp.float(), Reduction(R.SUM)).and_then(lambda: out.copy_(wo.div_(n)))
-            _note("avg=sum+scale")
-            return _rs(tp, out, inp, Reduction(R.SUM)).and_then(lambda: out.div_(n))
-        _note("avg=int64 sum+truncating divide")
+    """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated): the planner's plan, run."""
+    return _run_rs(tp, out, inp, red, P.plan(tp.caps, "reduce_scatter", red.op, inp.dtype).steps)
+
+
+def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
+    step, rest, n = steps[0], steps[1:], tp.size
+    if step.note:
+        _note(step.note)
+    kind = step.kind
+    if kind == P.NATIVE:
+        return Pending([tp.reduce_scatter(out, inp, red if step.op is red.op else Reduction(step.op))])
+    if kind == P.REAL_VIEW:
+        return _run_rs(tp, torch.view_as_real(_flat(out)), torch.view_as_real(_flat(inp)), red, rest)
+    if kind == P.BOOL_OP:
+        return _run_rs(tp, out, inp, Reduction(step.op), rest)
+    if kind == P.BOOL_UINT8:
+        return _run_rs(tp, out.view(torch.uint8), inp.view(torch.uint8), Reduction(step.op), rest)
+    if kind == P.AVG_FLOAT32:
+        wo = out.float()
+        return _run_rs(tp, wo, inp.float(), Reduction(R.SUM), rest).and_then(lambda: out.copy_(wo.div_(n)))
+    if kind == P.AVG_FLOAT:
+        return _run_rs(tp, out, inp, Reduction(R.SUM), rest).and_then(lambda: out.div_(n))
+    if kind == P.AVG_INT:
         wo = out.to(torch.int64)
-        return _rs(tp, wo, inp.to(torch.int64), Reduction(R.SUM)).and_then(
+        return _run_rs(tp, wo, inp.to(torch.int64), Reduction(R.SUM), rest).and_then(
             lambda: out.copy_(_trunc_div(wo, n)))
-    if op is R.PREMUL_SUM:
-        _note("premul_sum=scale+sum")
-        return _rs(tp, out, inp * _factor(red, inp), Reduction(R.SUM))
-    if dt not in caps.reduce_dtypes:
-        if dt in _SIGNED_OF:
-            sdt = _SIGNED_OF[dt]
-            wo, wi = out.view(sdt), inp.view(sdt)
-            if op in (R.MIN, R.MAX):
-                _note(f"{dt} {op} as {sdt} with the sign bit flipped")
-                return _rs(tp, wo, wi ^ _SIGN_BIT[sdt], red).and_then(lambda: wo.bitwise_xor_(_SIGN_BIT[sdt]))
-            _note(f"{dt} reduced as {sdt}")
-            return _rs(tp, wo, wi, red)
-        wide = _wider(dt, caps, "reduce_scatter", op)
-        if wide is not None:
-            _note(f"widen {dt}->{wide}")
-            wo = out.to(wide)
-            return _rs(tp, wo, inp.to(wide), red).and_then(lambda: out.copy_(wo))
-        raise NotImplementedError(f"funcoll.reduce_scatter_tensor: the {caps.name} transport cannot reduce {dt}")
-    if caps.has("all_to_all") and op in (R.BAND, R.BOR, R.BXOR, R.MIN, R.MAX, R.PRODUCT, R.SUM):
-        _note(f"all_to_all+local {op}")
+    if kind == P.PREMUL:
+        return _run_rs(tp, out, inp * _factor(red, inp), Reduction(R.SUM), rest)
+    if kind == P.SIGNED_FLIP:
+        wo, bit = out.view(step.dtype), P.SIGN_BIT[step.dtype]
+        return _run_rs(tp, wo, inp.view(step.dtype) ^ bit, red, rest).and_then(lambda: wo.bitwise_xor_(bit))
+    if kind == P.SIGNED:
+        return _run_rs(tp, out.view(step.dtype), inp.view(step.dtype), red, rest)
+    if kind == P.WIDEN:
+        wo = out.to(step.dtype)
+        return _run_rs(tp, wo, inp.to(step.dtype), red, rest).and_then(lambda: out.copy_(wo))
+    if kind == P.A2A_LOCAL:
         buf = torch.empty_like(inp)
-        p = _a2a_even(tp, buf, inp)
-        return p.and_then(lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), op)))
-    _note("all_reduce+slice")  # pragma: no cover - every profile has all_to_all
-    w = inp.clone()
-    return _ar(tp, w, red).and_then(lambda: out.copy_(w.view((n,) + tuple(out.shape))[tp.rank]))
+        return _a2a_even(tp, buf, inp).and_then(
+            lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
+    if kind == P.ALL_REDUCE_SLICE:  # pragma: no cover - every profile has all_to_all
+        w = inp.clone()
+        return _ar(tp, w, Reduction(step.op, red.factor)).and_then(
+            lambda: out.copy_(w.view((n,) + tuple(out.shape))[tp.rank]))
+    raise NotImplementedError(f"funcoll.reduce_scatter_tensor: the {tp.caps.name} transport cannot reduce "
+                              f"{inp.dtype}")
 
 
 @_entry("reduce_scatter_tensor")
@@ -643,19 +612,17 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     S.check_root("reduce", "dst", dst, tp.size)
     if tensor.numel() == 0:
         return DONE
-    caps = tp.caps
-    native = (caps.reduces("reduce", red.op, tensor.dtype) and not tensor.dtype.is_complex
-              and tensor.dtype != torch.bool)
-    if native:
+    steps = P.plan(tp.caps, "reduce", red.op, tensor.dtype).steps
+    if steps[0].kind == P.NATIVE:
         if tp.rank == dst:
             return _with_contig_out(tensor, lambda t: Pending([tp.reduce(t, dst, red)]))
         return Pending([tp.reduce(tensor.contiguous().clone() if not tensor.is_contiguous() else tensor.clone(),
                                   dst, red)])
-    _note("reduce=all_reduce")
+    _note(steps[0].note)  # reduce=all_reduce: the all_reduce plan, the result kept on dst
     if tp.rank == dst:
-        return _with_contig_out(tensor, lambda t: _ar(tp, t, red))
+        return _with_contig_out(tensor, lambda t: _run_ar(tp, t, red, steps[1:]))
     work = tensor.clone(memory_format=torch.contiguous_format)
-    p = _ar(tp, work, red)
+    p = _run_ar(tp, work, red, steps[1:])
     tp.retain(work)  # nobody reads it here, but the collective must run on this rank too
     return p
 

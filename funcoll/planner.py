@@ -1,0 +1,183 @@
+"""The reduction planner: what a reducing collective does on a transport, as a pure function.
+
+``plan(caps, primitive, op, dtype)`` -> :class:`Plan`, for ``primitive`` in all_reduce, reduce_scatter and reduce.
+A plan is the list of steps the algorithms run, in order: views and casts that bring the request to something the
+transport reduces natively (or to a local reduction when nothing native fits), each with the strategy name that
+``funcoll.record()`` reports. Every gap-filling rule for reductions is written here, once:
+
+* complex             -> its real view (sum/avg only)
+* bool                -> the logical op (or/and) where the transport has it for bool, else a uint8 view with the
+                         matching op, else stays bool for the local reduction
+* AVG                 -> SUM then divide (fp16/bf16 summed in float32; integers summed in int64, then divided with
+                         truncation, like NCCL)
+* PREMUL_SUM          -> scale then SUM
+* unsigned 16/32/64   -> the signed dtype of the same width (MIN/MAX with the sign bit flipped)
+* narrow dtypes       -> widen (int8/uint8/int16 -> int32 or int64, fp16/bf16 -> float32), reduce, narrow
+* other ops           -> all_reduce: gather, reduce locally in rank order; reduce_scatter: all_to_all, reduce
+                         locally (bitwise ops, integer MIN/MAX where the transport's are wrong)
+* reduce (to one rank)-> the all_reduce plan, where the transport has no native reduce for the request
+
+Plans depend only on (capabilities, primitive, op, dtype), so they are cached; the algorithms look one up per call.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from .semantics import ReduceOp
+
+__all__ = ["Step", "Plan", "plan", "REDUCING"]
+
+R = ReduceOp
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+
+# bool as uint8: sum/max/bor = max, product/min/band = min, bxor = bxor
+BOOL_AS_UINT8 = {R.SUM: R.MAX, R.MAX: R.MAX, R.BOR: R.MAX, R.PRODUCT: R.MIN, R.MIN: R.MIN, R.BAND: R.MIN,
+                 R.BXOR: R.BXOR}
+# bool as logical ops (no dtype view: on XLA a view is a CPU fallback with a graph sync)
+BOOL_LOGICAL = {R.SUM: R.BOR, R.MAX: R.BOR, R.BOR: R.BOR, R.PRODUCT: R.BAND, R.MIN: R.BAND, R.BAND: R.BAND}
+SIGNED_OF = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+SIGN_BIT = {torch.int16: -(1 << 15), torch.int32: -(1 << 31), torch.int64: -(1 << 63)}
+WIDER = {torch.int8: (torch.int32, torch.int64), torch.uint8: (torch.int32, torch.int64),
+         torch.int16: (torch.int32, torch.int64), torch.int32: (torch.int64,),
+         torch.float16: (torch.float32,), torch.bfloat16: (torch.float32,)}
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+LOCAL_OPS = (R.BAND, R.BOR, R.BXOR, R.MIN, R.MAX, R.PRODUCT, R.SUM)
+
+# Step kinds. Transforms (the request changes, the algorithm runs the rest of the plan on it):
+REAL_VIEW = "real_view"  # complex -> view_as_real
+BOOL_OP = "bool_op"  # bool stays bool, the op becomes its logical twin (or/and)
+BOOL_UINT8 = "bool_uint8"  # bool viewed as uint8, the op mapped
+AVG_FLOAT32 = "avg_float32"  # fp16/bf16 AVG: float32 SUM, then divide and narrow
+AVG_FLOAT = "avg_float"  # AVG: SUM, then divide
+AVG_INT = "avg_int"  # integer AVG: int64 SUM, then truncating divide and narrow
+PREMUL = "premul"  # PREMUL_SUM: multiply by the factor, then SUM
+SIGNED_FLIP = "signed_flip"  # unsigned MIN/MAX: the signed view with the sign bit flipped before and after
+SIGNED = "signed"  # unsigned: the signed view (sums, products and bitwise ops are the same bits)
+WIDEN = "widen"  # a wider dtype the transport reduces, then narrowed back
+VIA_ALL_REDUCE = "via_all_reduce"  # reduce (to one rank) as an all_reduce, the result kept on the root
+# Terminals (the last step):
+NATIVE = "native"  # the transport's own primitive
+GATHER_LOCAL = "gather_local"  # all_reduce: all_gather, reduce locally in rank order
+A2A_LOCAL = "a2a_local"  # reduce_scatter: all_to_all, reduce the received blocks locally
+ALL_REDUCE_SLICE = "all_reduce_slice"  # reduce_scatter: all_reduce the whole input, keep this rank's block
+UNREDUCIBLE = "unreducible"  # no dtype the transport reduces can carry the request (a funcoll bug)
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    op: ReduceOp  # the reduce op after this step
+    dtype: torch.dtype  # the dtype after this step
+    note: str = ""  # the strategy recorded by funcoll.record() ("" for none)
+
+
+@dataclass(frozen=True)
+class Plan:
+    primitive: str
+    steps: Tuple[Step, ...]
+
+    @property
+    def native(self) -> bool:
+        """The request goes to the transport as it is: one native call, nothing before or after."""
+        return len(self.steps) == 1 and self.steps[0].kind == NATIVE
+
+    @property
+    def notes(self) -> Tuple[str, ...]:
+        return tuple(s.note for s in self.steps if s.note)
+
+    def describe(self) -> str:
+        return "+".join(self.notes) or NATIVE
+
+
+def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
+    for cand in WIDER.get(dtype, ()):
+        if caps.reduces(primitive, op, cand):
+            return cand
+    for cand in WIDER.get(dtype, ()):
+        if cand in caps.reduce_dtypes:
+            return cand
+    return None
+
+
+def _real_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.empty((), dtype=dtype).real.dtype
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype) -> Plan:
+    """The plan for reducing ``dtype`` with ``op`` through ``primitive`` ("all_reduce", "reduce_scatter" or "reduce")
+    on a transport with capabilities ``caps``. The request has passed :func:`funcoll.semantics.check_reduction`."""
+    if primitive == "reduce":
+        if caps.reduces("reduce", op, dtype) and not dtype.is_complex and dtype != torch.bool:
+            return Plan("reduce", (Step(NATIVE, op, dtype),))
+        inner = plan(caps, "all_reduce", op, dtype)
+        return Plan("reduce", (Step(VIA_ALL_REDUCE, op, dtype, "reduce=all_reduce"),) + inner.steps)
+    if primitive not in ("all_reduce", "reduce_scatter"):
+        raise ValueError(f"funcoll.planner: {primitive!r} is not a reducing primitive; use one of {REDUCING}")
+    steps = []
+    # canonical forms: complex as its real view, bool as a logical op or a uint8 view
+    if dtype.is_complex:
+        dtype = _real_dtype(dtype)
+        steps.append(Step(REAL_VIEW, op, dtype, "complex reduced as its real view"))
+    elif dtype == torch.bool:
+        logical = BOOL_LOGICAL.get(op)
+        if logical is not None and caps.reduces(primitive, logical, torch.bool):
+            steps.append(Step(BOOL_OP, logical, dtype, f"bool {op} as {logical}" if logical is not op else ""))
+            op = logical
+        elif caps.reduces(primitive, BOOL_AS_UINT8[op], torch.uint8):
+            op, dtype = BOOL_AS_UINT8[op], torch.uint8
+            steps.append(Step(BOOL_UINT8, op, dtype, f"bool reduced as uint8 {op}"))
+        elif logical is not None and logical is not op:
+            # neither is native (e.g. bxor on XLA): stay bool, the local reduction does the logical op
+            op = logical
+            steps.append(Step(BOOL_OP, op, dtype))
+    while True:
+        if caps.reduces(primitive, op, dtype):
+            steps.append(Step(NATIVE, op, dtype))
+            break
+        if op is R.AVG:
+            if dtype.is_floating_point:
+                if dtype in LOW_PRECISION:
+                    op, dtype = R.SUM, torch.float32
+                    steps.append(Step(AVG_FLOAT32, op, dtype, "avg=sum+scale in float32"))
+                else:
+                    op = R.SUM
+                    steps.append(Step(AVG_FLOAT, op, dtype, "avg=sum+scale"))
+            else:
+                op, dtype = R.SUM, torch.int64
+                steps.append(Step(AVG_INT, op, dtype, "avg=int64 sum+truncating divide"))
+            continue
+        if op is R.PREMUL_SUM:
+            op = R.SUM
+            steps.append(Step(PREMUL, op, dtype, "premul_sum=scale+sum"))
+            continue
+        if dtype not in caps.reduce_dtypes:
+            if dtype in SIGNED_OF:
+                sdt = SIGNED_OF[dtype]
+                if op in (R.MIN, R.MAX):
+                    steps.append(Step(SIGNED_FLIP, op, sdt, f"{dtype} {op} as {sdt} with the sign bit flipped"))
+                else:
+                    steps.append(Step(SIGNED, op, sdt, f"{dtype} reduced as {sdt}"))
+                dtype = sdt
+                continue
+            wide = _wider(dtype, caps, primitive, op)
+            if wide is not None:
+                steps.append(Step(WIDEN, op, wide, f"widen {dtype}->{wide}"))
+                dtype = wide
+                continue
+            steps.append(Step(UNREDUCIBLE, op, dtype))
+            break
+        # the dtype is reduced natively, but not with this op
+        if primitive == "all_reduce":
+            steps.append(Step(GATHER_LOCAL, op, dtype, f"gather+local {op}"))
+        elif caps.has("all_to_all") and op in LOCAL_OPS:
+            steps.append(Step(A2A_LOCAL, op, dtype, f"all_to_all+local {op}"))
+        else:  # pragma: no cover - every profile has all_to_all
+            steps.append(Step(ALL_REDUCE_SLICE, op, dtype, "all_reduce+slice"))
+        break
+    return Plan(primitive, tuple(steps))

@@ -1,0 +1,89 @@
+"""The reduction planner, in process, table by table: (capabilities, primitive, op, dtype) -> plan."""
+
+import pytest
+import torch
+
+from funcoll import planner as P
+from funcoll import semantics as S
+from funcoll.lowering import gloo
+from funcoll.semantics import ReduceOp as R
+from funcoll.transport import ALL_DTYPES, PROFILES
+
+T = torch
+
+
+def caps_of(profile):
+    return gloo.capabilities(None if profile == "gloo" else profile)
+
+
+@pytest.mark.parametrize("profile,primitive,op,dtype,steps", [
+    ("gloo", "all_reduce", "sum", T.float32, "native sum float32"),
+    ("gloo", "all_reduce", "avg", T.int32, "avg_int sum int64; native sum int64"),
+    ("gloo", "all_reduce", "sum", T.int16, "widen sum int32; native sum int32"),
+    ("gloo", "all_reduce", "max", T.uint32, "signed_flip max int32; native max int32"),
+    ("gloo", "all_reduce", "max", T.bool, "bool_op bor bool; native bor bool"),
+    ("gloo", "all_reduce", "premul_sum", T.bfloat16, "premul sum bfloat16; native sum bfloat16"),
+    ("xccl", "all_reduce", "avg", T.bfloat16, "avg_float32 sum float32; native sum float32"),
+    ("xccl", "all_reduce", "bxor", T.int32, "gather_local bxor int32"),
+    ("xccl", "reduce_scatter", "bxor", T.int32, "a2a_local bxor int32"),
+    ("xccl", "all_reduce", "max", T.int64, "gather_local max int64"),
+    ("xccl", "reduce", "avg", T.float32, "via_all_reduce avg float32; avg_float sum float32; native sum float32"),
+    ("xccl", "all_reduce", "min", T.uint16, "signed_flip min int16; widen min int32; gather_local min int32"),
+    ("xccl", "all_reduce", "sum", T.complex64, "real_view sum float32; native sum float32"),
+    ("xla", "all_reduce", "bxor", T.bool, "gather_local bxor bool"),
+    ("xla", "all_reduce", "band", T.int32, "gather_local band int32"),
+    ("xla", "all_reduce", "max", T.bool, "bool_op bor bool; native bor bool"),
+    ("xla", "reduce", "sum", T.float32, "via_all_reduce sum float32; native sum float32"),
+])
+def test_plans(profile, primitive, op, dtype, steps):
+    plan = P.plan(caps_of(profile), primitive, R(op), dtype)
+    assert "; ".join(f"{s.kind} {s.op} {str(s.dtype)[6:]}" for s in plan.steps) == steps
+
+
+def test_notes_are_the_strategy_names_record_reports():
+    xccl = caps_of("xccl")
+    assert P.plan(xccl, "all_reduce", R.AVG, T.bfloat16).describe() == "avg=sum+scale in float32"
+    assert P.plan(xccl, "reduce", R.AVG, T.float32).notes == ("reduce=all_reduce", "avg=sum+scale")
+    assert P.plan(xccl, "all_reduce", R.MIN, T.uint16).notes == (
+        "torch.uint16 min as torch.int16 with the sign bit flipped", "widen torch.int16->torch.int32",
+        "gather+local min")
+    assert P.plan(caps_of("gloo"), "all_reduce", R.MAX, T.bool).notes == ("bool max as bor",)
+    assert P.plan(caps_of("gloo"), "all_reduce", R.SUM, T.float32).describe() == "native"
+
+
+@pytest.mark.parametrize("profile", ["gloo", "xccl", "xla"])
+@pytest.mark.parametrize("primitive", P.REDUCING)
+def test_every_valid_request_has_a_plan_that_ends_in_a_terminal(profile, primitive):
+    caps = caps_of(profile)
+    terminals = {P.NATIVE, P.GATHER_LOCAL, P.A2A_LOCAL}
+    for dtype in sorted(ALL_DTYPES | {T.complex64, T.complex128}, key=str):
+        for op in R:
+            red = S.Reduction(op, 2.0 if op is R.PREMUL_SUM else None)
+            try:
+                S.check_reduction("all_reduce", red, dtype)
+            except TypeError:
+                continue
+            plan = P.plan(caps, primitive, op, dtype)
+            last = plan.steps[-1]
+            assert last.kind in terminals, (primitive, op, dtype, plan)
+            assert all(s.kind not in terminals for s in plan.steps[:-1])
+            if last.kind == P.NATIVE:  # what the transport is handed, it has
+                assert caps.reduces(primitive if plan.steps[0].kind != P.VIA_ALL_REDUCE else "all_reduce",
+                                    last.op, last.dtype)
+            # native as it is exactly when the capabilities say so (bool/complex always take their views)
+            as_is = caps.reduces(primitive, op, dtype) and dtype != T.bool and not dtype.is_complex
+            assert plan.native == as_is or (dtype == T.bool and plan.steps[0].kind == P.NATIVE), (op, dtype)
+
+
+def test_plans_are_cached_and_follow_the_capabilities():
+    xccl, gloo_caps = caps_of("xccl"), caps_of("gloo")
+    assert P.plan(xccl, "all_reduce", R.AVG, T.float32) is P.plan(xccl, "all_reduce", R.AVG, T.float32)
+    assert P.plan(gloo_caps, "all_reduce", R.AVG, T.float32).native
+    assert not P.plan(xccl, "all_reduce", R.AVG, T.float32).native
+    assert PROFILES["xccl"].reduces("all_reduce", R.SUM, T.float32)
+
+
+def test_unknown_primitive_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^funcoll.planner: 'all_gather' is not a reducing primitive; use one of "
+                                         r"\('all_reduce', 'reduce_scatter', 'reduce'\)$"):
+        P.plan(caps_of("gloo"), "all_gather", R.SUM, T.float32)
