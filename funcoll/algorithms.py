@@ -372,12 +372,51 @@ def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum
 # ---------------------------------------------------------------------------------------------------
 # all_gather
 # ---------------------------------------------------------------------------------------------------
+def _summable(t: torch.Tensor, caps) -> torch.Tensor:
+    """A view of contiguous ``t`` whose exact sum with the additive identity gives ``t`` back bit for bit: complex as
+    its real view, float8 as uint8 (no sum of float8 exists), uint16/32/64 that the transport does not sum as the
+    signed dtype (the same bits; also where torch has no CPU kernels for them); everything else as it is (no dtype
+    view where none is needed: on XLA a view is a CPU fallback)."""
+    if t.dtype.is_complex:
+        return torch.view_as_real(_flat(t))
+    if t.dtype in S.FLOAT8:
+        return t.view(torch.uint8)
+    if t.dtype in P.SIGNED_OF and not caps.reduces("all_reduce", R.SUM, t.dtype):
+        return t.view(P.SIGNED_OF[t.dtype])
+    return t
+
+
+def _identity(dtype: torch.dtype):
+    """The value that, summed with any x (or-ed, for bool), gives x back bit for bit: -0.0 for floats (+0.0 would
+    turn -0.0 into +0.0), 0 for integers, False for bool."""
+    if dtype == torch.bool:
+        return False
+    return -0.0 if dtype.is_floating_point else 0
+
+
+def _masked_sum(tp: Transport, t: torch.Tensor, keep: torch.Tensor, then: Callable[[torch.Tensor], object],
+                flat: bool = False) -> Pending:
+    """``t`` where ``keep`` (device data, so every rank runs the same program), the identity elsewhere, summed over
+    the group in ``t``'s own dtype (or-ed for bool): exact, no dtype view; ``then(sum)`` runs on the result (flattened
+    first when ``flat``)."""
+    masked = torch.where(keep, t, _identity(t.dtype))
+    if flat:
+        masked = masked.reshape(-1)
+    return _ar(tp, masked, Reduction(R.SUM)).and_then(lambda: then(masked))
+
+
 def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
     """All-gather of contiguous ``inp`` into contiguous ``out`` (dim-0 concatenation)."""
     caps = tp.caps
-    if not caps.has("all_gather"):  # pragma: no cover - every profile gathers
-        raise NotImplementedError(f"funcoll.all_gather: the {caps.name} transport has no all_gather")
-    return Pending([tp.all_gather(_bits(out, caps), _bits(inp, caps))])
+    if caps.has("all_gather"):
+        return Pending([tp.all_gather(_bits(out, caps), _bits(inp, caps))])
+    # e.g. XLA for a group whose replica groups have mixed sizes (XLA's all-gather needs one size): every rank
+    # contributes its row, the identity in the others, to one all-reduce of n rows (n times the bytes)
+    _note("all_gather=masked all_reduce")
+    flat = _summable(_flat(inp), caps).reshape(1, -1)
+    dest = _summable(out, caps).reshape(-1)
+    rows = flat.expand(tp.size, flat.shape[1])
+    return _masked_sum(tp, rows, tp.rank_mask(flat).unsqueeze(1), dest.copy_, flat=True)
 
 
 @_entry("all_gather_into_tensor")
@@ -460,10 +499,10 @@ def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction,
         buf = torch.empty_like(inp)
         return _a2a_even(tp, buf, inp).and_then(
             lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
-    if kind == P.ALL_REDUCE_SLICE:  # pragma: no cover - every profile has all_to_all
+    if kind == P.ALL_REDUCE_SLICE:  # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
         w = inp.clone()
-        return _ar(tp, w, Reduction(step.op, red.factor)).and_then(
-            lambda: out.copy_(w.view((n,) + tuple(out.shape))[tp.rank]))
+        return _ar(tp, w, Reduction(step.op, red.factor)).and_then(lambda: out.copy_(
+            w.view((n,) + tuple(out.shape)).index_select(0, tp.rank_index(w)).view(out.shape)))
     raise NotImplementedError(f"funcoll.reduce_scatter_tensor: the {tp.caps.name} transport cannot reduce "
                               f"{inp.dtype}")
 
@@ -513,8 +552,15 @@ def reduce_scatter_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: 
 # all_to_all
 # ---------------------------------------------------------------------------------------------------
 def _a2a_even(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
-    caps = tp.caps
-    return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), None, None)])
+    caps, n = tp.caps, tp.size
+    if caps.has("all_to_all"):
+        return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), None, None)])
+    # no all_to_all for this group (XLA, replica groups of mixed sizes): gather everything, keep this rank's column
+    _note("all_to_all=all_gather+select")
+    rows = inp.shape[0] // n
+    g = inp.new_empty((n * inp.shape[0],) + tuple(inp.shape[1:]))
+    return _ag(tp, g, inp).and_then(lambda: out.copy_(
+        g.view((n, n, rows) + tuple(inp.shape[1:])).index_select(1, tp.rank_index(g)).reshape(out.shape)))
 
 
 def _agree(tp: Transport, values: Sequence[int]) -> torch.Tensor:
@@ -537,31 +583,54 @@ def _offsets(splits):
 
 
 def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, given: bool) -> Pending:
-    caps, n = tp.caps, tp.size
+    caps = tp.caps
     if not given:
         return _a2a_even(tp, out, inp)
     if caps.uneven_all_to_all:
         return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), out_splits, in_splits)])
-    # Split sizes were given and the backend has no uneven all_to_all: every rank takes this path
-    # (a rank cannot know locally that the others are even), agrees on the largest split, pads to it.
+    # Split sizes were given and the backend has no uneven all_to_all: every rank takes this path (a rank cannot
+    # know locally that the others are even) and pads every split to one size: a bound every rank promised, else
+    # the largest split, agreed on with a tiny all_gather.
     local = out_splits + in_splits
+    bound = tp.split_bound()
+    if bound is not None:
+        if max(local) > bound:
+            raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
+                             f"bound {bound} promised by funcoll.lowering.xla.static_split_bound; raise the bound")
+        _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
+        return _padded_a2a(tp, out, inp, out_splits, in_splits, bound)
+    if tp.virtual:
+        raise ValueError(
+            f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({tp.world_size} ranks in a "
+            f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
+            f"funcoll.lowering.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
+            f"split with a collective that must run, and a virtual world cannot run collectives")
     agreed = _agree(tp, [max(local), -min(local)])
     chunk, smallest = int(agreed[:, 0].max()), -int(agreed[:, 1].max())
     if chunk == smallest:
         _note("splits even on every rank: even all_to_all")
         return _a2a_even(tp, out, inp)
     _note(f"uneven all_to_all=pad to {chunk}+even all_to_all+unpad")
+    return _padded_a2a(tp, out, inp, out_splits, in_splits, chunk)
+
+
+def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> Pending:
+    """Every split padded to ``chunk`` rows, one even all_to_all, the padding cut off (pieces joined with cat: no
+    writes into slices, which a lazy transport would have to replay)."""
     rest = tuple(inp.shape[1:])
-    padded = inp.new_zeros((n * chunk,) + rest)
-    for i, (off, s) in enumerate(zip(_offsets(in_splits), in_splits)):
-        if s:
-            padded[i * chunk:i * chunk + s].copy_(inp[off:off + s])
-    recv = torch.empty_like(padded)
+    pieces = []
+    for off, s in zip(_offsets(in_splits), in_splits):
+        piece = inp[off:off + s]
+        if s < chunk:
+            piece = torch.cat([piece, piece.new_zeros((chunk - s,) + rest)])
+        pieces.append(piece)
+    padded = torch.cat(pieces)
+    recv = padded.new_empty(padded.shape)
 
     def unpad():
-        for j, (off, s) in enumerate(zip(_offsets(out_splits), out_splits)):
-            if s:
-                out[off:off + s].copy_(recv[j * chunk:j * chunk + s])
+        outs = [recv[j * chunk:j * chunk + s] for j, s in enumerate(out_splits) if s]
+        if outs:
+            out.copy_(torch.cat(outs) if len(outs) > 1 else outs[0])
 
     return _a2a_even(tp, recv, padded).and_then(unpad)
 
@@ -583,17 +652,11 @@ def _bc(tp: Transport, t: torch.Tensor, src: int) -> Pending:
     caps = tp.caps
     if caps.has("broadcast"):
         return Pending([tp.broadcast(_bits(t, caps), src)])
-    # No native broadcast: the raw bits, zeroed on every rank but src, summed as integers (exact).
-    b = _flat(t).reshape(-1).view(torch.uint8)
-    for cand in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        size = torch.empty((), dtype=cand).element_size()
-        if b.numel() % size == 0 and caps.reduces("all_reduce", R.SUM, cand):
-            b = b.view(cand)
-            break
-    _note(f"broadcast=masked {b.dtype} sum")
-    if tp.rank != src:
-        b.zero_()
-    return _ar(tp, b, Reduction(R.SUM))
+    # No native broadcast (XLA): one all-reduce of the tensor kept on src, the identity on every other rank; exact
+    # for every value, in the tensor's own dtype, and the same program on every rank (the mask is device data)
+    _note("broadcast=masked all_reduce")
+    b = _summable(t, caps)
+    return _masked_sum(tp, b, tp.rank_is(src, b), b.copy_)
 
 
 @_entry("broadcast")

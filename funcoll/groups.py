@@ -10,12 +10,13 @@ world are singleton blocks.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
-           "partition_of", "regular_partition", "blocks_for", "replica_groups", "to_global", "to_group", "new_subgroups", "split_group",
+           "partition_of", "regular_partition", "blocks_for", "partitions_version", "replica_groups", "to_global", "to_group", "new_subgroups", "split_group",
            "clear"]
 
 
@@ -34,6 +35,12 @@ _lock = threading.Lock()
 _groups: Dict[str, GroupInfo] = {}
 # frozenset(block) -> the whole partition (tuple of blocks, each a tuple of global ranks)
 _partitions: Dict[frozenset, Tuple[Tuple[int, ...], ...]] = {}
+_version = [0]  # bumped whenever _partitions changes: replica groups computed before are stale
+
+
+def partitions_version() -> int:
+    """A number that changes whenever a partition is registered or the registry is cleared."""
+    return _version[0]
 
 
 def register(name: str, ranks: Sequence[int], world_size: int) -> GroupInfo:
@@ -57,6 +64,7 @@ def clear() -> None:
     with _lock:
         _groups.clear()
         _partitions.clear()
+        _version[0] += 1
 
 
 def lookup(name: str) -> GroupInfo:
@@ -100,6 +108,7 @@ def register_partition(blocks: Iterable[Sequence[int]]) -> Tuple[Tuple[int, ...]
     with _lock:
         for b in part:
             _partitions[frozenset(b)] = part
+        _version[0] += 1
     return part
 
 
@@ -136,16 +145,22 @@ def regular_partition(ranks: Sequence[int], world_size: int) -> Optional[Tuple[T
 def blocks_for(ranks: Sequence[int], world_size: int) -> List[List[int]]:
     """The replica groups every rank of the world must emit for a collective over the group of global ``ranks``:
     the registered partition the group is a block of, else the regular partition it is a block of
-    (:func:`regular_partition`), else the group padded with singleton blocks. Sorted by smallest rank."""
+    (:func:`regular_partition`), else the group padded with singleton blocks. Sorted by smallest rank. Cached per
+    (ranks, world size, registered partitions): the cost of a call does not grow with the world."""
+    return [list(b) for b in _blocks_for(tuple(int(r) for r in ranks), int(world_size), _version[0])]
+
+
+@functools.lru_cache(maxsize=1024)
+def _blocks_for(ranks: Tuple[int, ...], world_size: int, version: int) -> Tuple[Tuple[int, ...], ...]:
     part = _partitions.get(frozenset(ranks)) or regular_partition(ranks, world_size)
     if part is not None:
-        blocks = [list(b) for b in part]
+        blocks = [tuple(b) for b in part]
         covered = {r for b in part for r in b}
     else:
-        blocks = [list(ranks)]
+        blocks = [ranks]
         covered = set(ranks)
-    blocks += [[r] for r in range(world_size) if r not in covered]
-    return sorted(blocks, key=min)
+    blocks += [(r,) for r in range(world_size) if r not in covered]
+    return tuple(sorted(blocks, key=min))
 
 
 def replica_groups(name: str) -> List[List[int]]:

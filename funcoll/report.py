@@ -1,6 +1,6 @@
-"""The capability table, derived from the code: each cell is what funcoll's algorithms really do for that
-request on a transport with that profile (a dry run over a transport that only copies), so the docs cannot
-drift from the code. ``python -m funcoll.report`` prints it as Markdown; docs/capabilities.md holds it."""
+"""The capability table, derived from the code: each cell is what funcoll's algorithms (their reduction planner and
+fallbacks) really do for that request on a real transport's capabilities (a dry run over a transport that only
+copies), so the docs cannot drift from the code. ``python -m funcoll.report`` prints it as Markdown; docs/capabilities.md holds it."""
 
 from __future__ import annotations
 
@@ -109,10 +109,32 @@ def rows():
     yield "barrier", lambda tp: A.barrier(tp)
 
 
-def capability_table(profiles=("gloo", "xccl", "xla")) -> str:
+COLUMNS = ("gloo", "xccl", "xccl-2022-scale-up", "xla")
+
+
+def transport_capabilities(name: str):
+    """The capabilities of a real transport, by column name: ``gloo`` (the CPU transport), ``xccl`` (the XPU
+    transport for an unknown or pre-2022 oneCCL, scale-out: what a job gets when nothing better is known),
+    ``xccl-2022-scale-up`` (oneCCL >= 2022.0, all ranks on one node), ``xla`` (the XLA transport on a group whose
+    replica groups have one size; torch_xla need not be installed: it is the ``xla`` profile, which a test checks
+    against the transport). Any other name is a capability profile."""
+    import torch
+
+    from .lowering import gloo, xpu
+
+    if name == "gloo":
+        return gloo.capabilities("gloo")
+    if name == "xccl":
+        return xpu.derive(torch.__version__, None, override="")
+    if name == "xccl-2022-scale-up":
+        return xpu.derive(torch.__version__, "2022.0", override="", topology="scale-up")
+    return T.profile(name)
+
+
+def capability_table(profiles=COLUMNS) -> str:
     lines = ["| request | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
     for name, run in rows():
-        cells = [_cell(T.profile(p), run) for p in profiles]
+        cells = [_cell(transport_capabilities(p), run) for p in profiles]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

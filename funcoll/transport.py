@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -179,6 +180,24 @@ def active_profile_name() -> Optional[str]:
     return name
 
 
+# The eager entry's hook before the first byte of a collective is sent (funcoll.debug: the call gets its sequence
+# number there and, in debug mode, the cross-rank fingerprint check runs), per thread, consumed once. Everything
+# the algorithms validate has been validated by then, so a rejected request neither sends nor counts.
+_before_send = threading.local()
+
+
+def before_send(fn: Optional[Callable[[], None]]) -> None:
+    """Sets (or clears, with None) this thread's hook to run once before the next primitive sends anything."""
+    _before_send.fn = fn
+
+
+def _run_before_send() -> None:
+    fn = getattr(_before_send, "fn", None)
+    if fn is not None:
+        _before_send.fn = None
+        fn()
+
+
 class Handle:
     """What a primitive returns: something to wait on."""
 
@@ -229,6 +248,7 @@ class Transport:
             what = f"{primitive}({op}, {dtype})" if op is not None else f"{primitive}({dtype})"
             raise NativeRefused(f"funcoll internal error: {caps.name} transport was asked for native "
                                 f"{what}{' with uneven splits' if uneven else ''}, which it does not have")
+        _run_before_send()
         self.calls[(primitive, str(op) if op is not None else "", dtype)] += 1
 
     # -- the primitives --------------------------------------------------------------------------
@@ -278,6 +298,29 @@ class Transport:
         self._native("send_recv", t.dtype)
         return self._recv(t, src, tag)
 
+    # -- rank-dependent values as data, and promises the algorithms may use -------------------------------
+    # A lazy transport (XLA) must compile the same program on every rank: rank-dependent values reach the
+    # algorithms as tensors (parameters of the computation), never as Python constants. Eager transports make them
+    # on the tensor's device.
+    virtual = False  # True: a world built in one process to read what it would compile; it cannot run collectives
+
+    def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
+        """A bool vector of the group's size, True at this rank only, on ``like``'s device."""
+        return torch.tensor([r == self.rank for r in range(self.size)]).to(like.device)
+
+    def rank_is(self, root: int, like: torch.Tensor) -> torch.Tensor:
+        """A bool scalar, True on group rank ``root`` only, on ``like``'s device."""
+        return torch.tensor(self.rank == root).to(like.device)
+
+    def rank_index(self, like: torch.Tensor) -> torch.Tensor:
+        """``[rank]`` (int64), on ``like``'s device: selects this rank's block without a rank constant."""
+        return torch.tensor([self.rank]).to(like.device)
+
+    def split_bound(self) -> Optional[int]:
+        """A bound on every split size of an uneven all_to_all that every rank has promised (XLA's
+        ``static_split_bound``), or None: the ranks agree on the largest split first."""
+        return None
+
     def retain(self, t: torch.Tensor) -> None:
         """Keeps a result nobody reads (a non-root rank's share of reduce/gather) alive until the collective has
         run. Eager transports run it anyway; a lazy one (XLA) must keep it, or this rank never runs the
@@ -286,6 +329,7 @@ class Transport:
     def barrier(self) -> Handle:
         if not self.caps.has("barrier"):
             raise NativeRefused(f"funcoll internal error: {self.caps.name} transport has no native barrier")
+        _run_before_send()
         self.calls[("barrier", "", None)] += 1
         return self._barrier()
 

@@ -57,18 +57,12 @@ _XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "m
 # ---------------------------------------------------------------------------------------------------
 # capabilities
 # ---------------------------------------------------------------------------------------------------
-_BROADCAST_SOURCE = ("funcoll XLA transport: one all-reduce of the tensor masked on every rank but src by the "
-                     "additive identity that keeps every value's bits (-0.0 for floats, 0 for integers, False "
-                     "with OR for bool), the mask being device data so every rank compiles the same HLO; the "
-                     "same cost as torch_xla's xm.collective_broadcast (xla_model.py), which multiplies by 0/1 "
-                     "instead (inf or NaN on any other rank turns the result into NaN, -0.0 becomes +0.0)")
 def capabilities(profile_name: Optional[str] = None) -> Capabilities:
-    """What the XLA transport does natively: the ``xla`` profile (torch_xla 2.9's lazy collectives) plus
-    ``broadcast``, which this transport builds as one masked all-reduce with the same HLO on every rank.
-    ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile."""
-    base = profile("xla")
-    caps = replace(base, primitives=base.primitives | {"broadcast"},
-                   sources={**base.sources, "xla.broadcast": _BROADCAST_SOURCE})
+    """What the XLA transport does natively: the ``xla`` profile (torch_xla 2.9's lazy collectives).
+    ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile. A group whose replica groups have
+    mixed sizes (a lone sub-group padded with singletons) has no all_gather, reduce_scatter or all_to_all (XLA needs
+    one size); :attr:`XlaTransport.caps` says so per group, and the algorithms fill them."""
+    caps = profile("xla")
     name = profile_name if profile_name is not None else active_profile_name()
     if name and name != "xla":
         caps = caps.restrict(profile(name))
@@ -205,6 +199,7 @@ class XlaTransport(Transport):
         import torch_xla.runtime as xr
 
         self.virtual = self.world_size > xr.world_size()
+        self._groups_cache = None  # (partitions version, replica groups, uniform replica groups or None)
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
@@ -213,15 +208,21 @@ class XlaTransport(Transport):
     # -- replica groups ------------------------------------------------------------------------------
     def replica_groups(self) -> List[List[int]]:
         """The replica groups for a collective over this group, as every rank of the world emits them
-        (:func:`funcoll.groups.blocks_for`; read at every call: a partition may be registered after the group was
-        created), with this group's block in group-rank order."""
-        blocks = G.blocks_for(self.global_ranks, self.world_size)
-        # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
-        mine = set(self.global_ranks)
-        return [list(self.global_ranks) if set(b) == mine else b for b in blocks]
+        (:func:`funcoll.groups.blocks_for`, cached until a partition is registered: a partition may be registered
+        after the group was created), with this group's block in group-rank order."""
+        key = G.partitions_version()
+        cached = self._groups_cache
+        if cached is None or cached[0] != key:
+            blocks = G.blocks_for(self.global_ranks, self.world_size)
+            # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
+            mine = set(self.global_ranks)
+            groups = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
+            cached = self._groups_cache = (key, groups, _uniform(groups, self.size, self.world_size))
+        return cached[1]
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
-        return _uniform(self.replica_groups(), self.size, self.world_size)
+        self.replica_groups()
+        return self._groups_cache[2]
 
     # -- helpers -------------------------------------------------------------------------------------
     def _token(self):
@@ -230,52 +231,26 @@ class XlaTransport(Transport):
     def _set_token(self, token) -> None:
         _X._set_all_reduce_token(str(self.control_device), token)
 
-    def _mask(self, src: int, like: torch.Tensor) -> torch.Tensor:
-        """A bool scalar, True on rank ``src`` only, as device data (a parameter of the computation): the HLO
-        does not depend on the rank. Made at every call, not cached: the eager path runs above
-        functionalization and the dispatch-key kernels below it, and a tensor made in one is unusable in
-        the other."""
-        m = torch.tensor(self.rank == src).to(like.device)
-        if torch._is_functional_tensor(like) and not torch._is_functional_tensor(m):
-            m = torch._to_functional_tensor(m)
-        return m
+    def _like(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        t = t.to(like.device)
+        if torch._is_functional_tensor(like) and not torch._is_functional_tensor(t):
+            t = torch._to_functional_tensor(t)
+        return t
+
+    def rank_is(self, root: int, like: torch.Tensor) -> torch.Tensor:
+        return self._like(torch.tensor(self.rank == root), like)
+
+    def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
+        return self._like(torch.tensor([r == self.rank for r in range(self.size)]), like)
+
+    def rank_index(self, like: torch.Tensor) -> torch.Tensor:
+        return self._like(torch.tensor([self.rank]), like)
+
+    def split_bound(self) -> Optional[int]:
+        return _current_bound()
 
     def _reduce_all(self, t: torch.Tensor, op: str, groups) -> torch.Tensor:
         return _X._xla_all_reduce(op, t, 1.0, groups, self.pin_layout)
-
-    def _identity(self, dtype: torch.dtype):
-        """(fill, op): the value that, reduced with any x by op, gives x back bit for bit, and the op.
-        -0.0 for floats (x + -0.0 == x for every x, +0.0 and -0.0 included; +0.0 would turn -0.0 into +0.0)."""
-        if dtype == torch.bool:
-            return False, "or"
-        if dtype.is_floating_point:
-            return -0.0, "sum"
-        return 0, "sum"
-
-    def _rank_mask(self, like: torch.Tensor) -> torch.Tensor:
-        """A bool vector of the group's size, True at this rank only, as device data (see :meth:`_mask`)."""
-        m = torch.tensor([r == self.rank for r in range(self.size)]).to(like.device)
-        if torch._is_functional_tensor(like) and not torch._is_functional_tensor(m):
-            m = torch._to_functional_tensor(m)
-        return m
-
-    def _rank_index(self, like: torch.Tensor) -> torch.Tensor:
-        """``[rank]`` as device data, to pick this rank's rows without a rank-dependent constant in the HLO."""
-        i = torch.tensor([self.rank]).to(like.device)
-        if torch._is_functional_tensor(like) and not torch._is_functional_tensor(i):
-            i = torch._to_functional_tensor(i)
-        return i
-
-    def _gather_via_all_reduce(self, inp: torch.Tensor, groups) -> torch.Tensor:
-        """All-gather as one all-reduce of ``size`` copies of the input, masked by the additive identity on
-        every row but this rank's: for replica groups of mixed sizes, which XLA's all-gather does not accept.
-        Exact, in the tensor's own dtype (no dtype view: torch_xla 2.9 runs those on the CPU); moves ``size``
-        times the data. The HLO is the same on every rank (the mask is device data)."""
-        flat = inp.reshape(1, -1)
-        fill, op = self._identity(flat.dtype)
-        rows = flat.expand(self.size, flat.shape[1])
-        masked = torch.where(self._rank_mask(flat).unsqueeze(1), rows, fill)
-        return self._reduce_all(masked.reshape(-1), op, groups)
 
     # -- the primitives ------------------------------------------------------------------------------
     def _all_reduce(self, t, red: Reduction):
@@ -293,81 +268,22 @@ class XlaTransport(Transport):
 
     def _all_gather(self, out, inp):
         inp = inp.reshape((1,) if inp.dim() == 0 else tuple(inp.shape))
-        groups = self._uniform_groups()
-        if groups is None:
-            res = self._gather_via_all_reduce(inp, self.replica_groups())
-        else:
-            res = _X._xla_all_gather(inp, 0, self.size, groups, self.pin_layout, None, None)
+        res = _X._xla_all_gather(inp, 0, self.size, self._uniform_groups(), self.pin_layout, None, None)
         out.copy_(res.view(out.shape))
         return DONE
 
     def _reduce_scatter(self, out, inp, red: Reduction):
-        groups = self._uniform_groups()
-        op = _XLA_OP[red.op]
-        if groups is None:
-            full = self._reduce_all(inp, op, self.replica_groups())
-            rows = inp.shape[0] // self.size
-            res = full.view((self.size, rows) + tuple(inp.shape[1:])).index_select(0, self._rank_index(full))
-        else:
-            res, token = _X._xla_reduce_scatter(op, inp, self._token(), 1.0, 0, self.size, groups,
-                                                self.pin_layout, None, None)
-            self._set_token(token)
+        res, token = _X._xla_reduce_scatter(_XLA_OP[red.op], inp, self._token(), 1.0, 0, self.size,
+                                            self._uniform_groups(), self.pin_layout, None, None)
+        self._set_token(token)
         out.copy_(res.view(out.shape))
         return DONE
 
     def _all_to_all(self, out, inp, out_splits, in_splits):
-        n = self.size
-        if out_splits is not None:  # only under static_split_bound(): pad / even all-to-all / slice
-            return self._all_to_all_bounded(out, inp, out_splits, in_splits)
-        groups = self._uniform_groups()
-        if groups is None:
-            rows = inp.shape[0] // n
-            g = self._gather_via_all_reduce(inp, self.replica_groups()).view((n, n, rows) + tuple(inp.shape[1:]))
-            res = g.index_select(1, self._rank_index(g)).reshape(out.shape)
-        else:
-            res, token = _X._xla_all_to_all(inp, self._token(), 0, 0, n, groups, self.pin_layout)
-            self._set_token(token)
+        res, token = _X._xla_all_to_all(inp, self._token(), 0, 0, self.size, self._uniform_groups(),
+                                        self.pin_layout)
+        self._set_token(token)
         out.copy_(res.view(out.shape))
-        return DONE
-
-    def _all_to_all_bounded(self, out, inp, out_splits, in_splits):
-        from .. import algorithms as A
-
-        bound = _current_bound()
-        if bound is None:  # only in a virtual world: elsewhere the caps claim uneven all_to_all inside the context
-            raise ValueError(
-                f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({self.world_size} ranks in a "
-                f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
-                f"funcoll.lowering.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
-                f"split with a collective that must run, and a virtual world cannot run collectives")
-        local = list(out_splits) + list(in_splits)
-        if max(local) > bound:
-            raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
-                             f"bound {bound} promised by funcoll.lowering.xla.static_split_bound; raise the bound")
-        A._note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
-        n, rest = self.size, tuple(inp.shape[1:])
-        pieces, off = [], 0
-        for s in in_splits:
-            piece = inp[off:off + s]
-            off += s
-            if s < bound:
-                piece = torch.cat([piece, piece.new_zeros((bound - s,) + rest)])
-            pieces.append(piece)
-        padded = torch.cat(pieces)
-        recv = padded.new_empty(padded.shape)
-        self._all_to_all(recv, padded, None, None)
-        outs = [recv[j * bound:j * bound + s] for j, s in enumerate(out_splits) if s]
-        if outs:
-            out.copy_(torch.cat(outs) if len(outs) > 1 else outs[0])
-        return DONE
-
-    def _broadcast(self, t, src):
-        # One all-reduce in t's own dtype, every rank but src contributing the identity (see _identity): exact
-        # for every value (NaN stays NaN; only hardware that flushes subnormals in adds could touch those),
-        # and no dtype view, which torch_xla 2.9 runs on the CPU with a graph sync.
-        fill, op = self._identity(t.dtype)
-        masked = torch.where(self._mask(src, t), t, fill)
-        t.copy_(self._reduce_all(masked, op, self.replica_groups()))
         return DONE
 
     def _permute(self, t: torch.Tensor, pairs: List[List[int]]) -> torch.Tensor:
@@ -389,8 +305,11 @@ class XlaTransport(Transport):
         t.copy_(self._permute(t, [[self.global_ranks[src], self.global_ranks[self.rank]]]))
         return DONE
 
-    # The caps never list these (the xla profile has no reduce/gather/scatter/barrier): algorithms build them
-    # from all_reduce / all_gather / broadcast, without a graph sync.
+    # The caps never list these (the xla profile has no broadcast/reduce/gather/scatter/barrier): algorithms build
+    # them from all_reduce / all_gather, without a graph sync.
+    def _broadcast(self, t, src):  # pragma: no cover - not a capability
+        raise NotImplementedError
+
     def _reduce(self, t, dst, red):  # pragma: no cover - not a capability
         raise NotImplementedError
 
@@ -403,12 +322,12 @@ class XlaTransport(Transport):
     def _barrier(self):  # pragma: no cover - not a capability
         raise NotImplementedError
 
-    # -- static split bound: the capability follows the context ---------------------------------------
+    # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
     @property
     def caps(self) -> Capabilities:
         caps = self._caps
-        if (_current_bound() is not None or self.virtual) and caps.has("all_to_all"):
-            return replace(caps, uneven_all_to_all=True)
+        if self._uniform_groups() is None:
+            return replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
         return caps
 
     @caps.setter
