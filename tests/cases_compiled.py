@@ -2,7 +2,7 @@
 
 Each function runs on every rank of a 2-rank funcoll world and returns plain data: rendered graphs (the parent
 snapshots them), collectives lists, compile counts, tensors. Numbers are checked here against references
-built locally from every rank's inputs (tests.cases_numerics.make / reference), and eager against compiled.
+built locally from every rank's inputs (tests/reference.py: make, reduce, close), and eager against compiled.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.distributed._functional_collectives as fc
 
 import funcoll
 from funcoll import testing as T
-from tests.cases_numerics import Cases, close, make, reference
+from tests import reference as ref
 
 C = torch.ops._c10d_functional
 R = dist.ReduceOp
@@ -93,8 +93,13 @@ def inplace_ops(x, y, z):
 
 # -- inputs and references ---------------------------------------------------------------------------
 def inputs(rank):
-    return (make(torch.float32, (4, 3), rank, "cx"), make(torch.bfloat16, (3,), rank, "cy"),
-            make(torch.int32, (4,), rank, "cz"), make(torch.float32, (4, 2), rank, "cw"))
+    return (ref.make(torch.float32, (4, 3), rank, "cx"), ref.make(torch.bfloat16, (3,), rank, "cy"),
+            ref.make(torch.int32, (4,), rank, "cz"), ref.make(torch.float32, (4, 2), rank, "cw"))
+
+
+def autograd_inputs(rank):
+    return (ref.make(torch.float32, (2, 3), rank, "gx").requires_grad_(),
+            ref.make(torch.float32, (3, 3), rank, "gw").requires_grad_())
 
 
 def clone_all(args):
@@ -104,30 +109,30 @@ def clone_all(args):
 def every_op_reference(rank, n):
     xs, ys, zs, ws = zip(*[inputs(r) for r in range(n)])
     blk = slice(rank * 2, rank * 2 + 2)
-    return [reference("avg", xs) * 2, reference("max", xs), reference("max", ys), torch.cat(zs),
-            torch.cat(xs), torch.cat(zs), reference("sum", xs)[blk], reference("max", xs)[blk],
-            reference("max", zs)[blk], torch.cat([w[blk] for w in ws]), ys[1]]
+    return [ref.reduce("avg", xs) * 2, ref.reduce("max", xs), ref.reduce("max", ys), torch.cat(zs),
+            torch.cat(xs), torch.cat(zs), ref.reduce("sum", xs)[blk], ref.reduce("max", xs)[blk],
+            ref.reduce("max", zs)[blk], torch.cat([w[blk] for w in ws]), ys[1]]
 
 
 def eager_style_reference(rank, n):
     xs, ys, zs, ws = zip(*[inputs(r) for r in range(n)])
-    x = reference("sum", xs)
+    x = ref.reduce("sum", xs)
     o = torch.cat(zs)
-    r = reference("max", [reference("sum", xs)] * n)[rank * 2:rank * 2 + 2]  # max of the (equal) summed x
+    r = ref.reduce("max", [ref.reduce("sum", xs)] * n)[rank * 2:rank * 2 + 2]  # max of the (equal) summed x
     rows = []
     for src in range(n):
         ins = a2a_splits(src)[1]
         start = sum(ins[:rank])
         rows.append(ws[src][start:start + ins[rank]])
-    y = reference("avg", ys)  # avg on every rank, then broadcast from rank 1: the same values
+    y = ref.reduce("avg", ys)  # avg on every rank, then broadcast from rank 1: the same values
     return [o, r, torch.cat(rows)], x, y
 
 
 def autograd_reference(n):
     """Outputs and gradients of every rank, simulated in one process in float64 with plain torch ops: the
     distributed backward must give d(sum over ranks of outputs)/d(inputs)."""
-    xs = [make(torch.float32, (2, 3), r, "gx").double().requires_grad_() for r in range(n)]
-    ws = [make(torch.float32, (3, 3), r, "gw").double().requires_grad_() for r in range(n)]
+    xs = [ref.make(torch.float32, (2, 3), r, "gx").double().requires_grad_() for r in range(n)]
+    ws = [ref.make(torch.float32, (3, 3), r, "gw").double().requires_grad_() for r in range(n)]
     g = torch.cat(xs)
     hs = [g @ w for w in ws]
     total = sum(hs)
@@ -140,7 +145,7 @@ def autograd_reference(n):
 
 def _check_all(c, label, got, want, n):
     for i, (g, w) in enumerate(zip(got, want)):
-        c.check(f"{label} [{i}]", lambda g=g, w=w: close(g, w.to(g.dtype), n))
+        c.check(f"{label} [{i}]", lambda g=g, w=w: ref.close(g, w.to(g.dtype), n))
 
 
 def _same(c, label, a, b):
@@ -157,7 +162,7 @@ def _waited(ts):
 def graphs(rank, n):
     """Snapshots, collectives lists and numbers of every op compiled with aot_eager on a real funcoll group;
     then the same with funcoll's own kernels on the CPU key (funcoll.install(["cpu"]))."""
-    c = Cases(rank, n)
+    c = ref.Cases(rank, n)
     out = {}
     sub()
 
@@ -187,14 +192,10 @@ def graphs(rank, n):
     _check_all(c, "eager_style vs reference", list(eager_out) + list(eager_mutated), want + [want_x, want_y], n)
 
     # autograd variants: forward and backward graphs, outputs and gradients
-    def ag_inputs():
-        return (make(torch.float32, (2, 3), rank, "gx").requires_grad_(),
-                make(torch.float32, (3, 3), rank, "gw").requires_grad_())
-
-    xe, we = ag_inputs()
+    xe, we = autograd_inputs(rank)
     ye = autograd_ops(xe, we)
     ye.backward(torch.ones_like(ye))
-    xc, wc = ag_inputs()
+    xc, wc = autograd_inputs(rank)
     cap = T.capture_graphs(autograd_ops, xc, wc, backward=True)
     out["autograd dynamo collectives"] = [str(x) for x in cap.collectives("dynamo")]
     out["autograd forward"] = cap.text("forward")
@@ -212,7 +213,8 @@ def graphs(rank, n):
                                              backend="aot_eager")),
         "eager_style": _counts(T.count_compiles(eager_style, *steps(lambda: clone_all(inputs(rank))),
                                                 backend="aot_eager")),
-        "autograd": _counts(T.count_compiles(autograd_ops, *steps(ag_inputs), backend="aot_eager")),
+        "autograd": _counts(T.count_compiles(autograd_ops, *steps(lambda: autograd_inputs(rank)),
+                                             backend="aot_eager")),
     }
 
     # the in-place/out variants: traced graph (fake tensors, on this real group) and real numbers
@@ -221,7 +223,7 @@ def graphs(rank, n):
         fargs = (torch.empty(4, 3), torch.empty(3, dtype=torch.bfloat16), torch.empty(4, dtype=torch.int32))
     out["inplace"] = T.render_graph(T.trace_fake(inplace_ops, *fargs))
     xs, ys, zs, _ = zip(*[inputs(r) for r in range(n)])
-    want_inplace = [reference("sum", xs), reference("min", xs), reference("min", ys), torch.cat(zs), ys[1]]
+    want_inplace = [ref.reduce("sum", xs), ref.reduce("min", xs), ref.reduce("min", ys), torch.cat(zs), ys[1]]
     # upstream's CPU kernel of all_gather_into_tensor_out calls ProcessGroup::_allgather_base, which torch's
     # Python ProcessGroup trampoline does not forward to a Python subclass: it needs funcoll's CPU kernels
     try:
@@ -244,7 +246,7 @@ def graphs(rank, n):
               list(eager_out) + list(eager_mutated))
         _check_all(c, "installed inplace vs reference", inplace_ops(x, y, z), want_inplace, n)
         # the graphs that belong to upstream (funcoll's kernels sit below them): equal before and after install
-        cap = T.capture_graphs(autograd_ops, *ag_inputs(), backward=True)
+        cap = T.capture_graphs(autograd_ops, *autograd_inputs(rank), backward=True)
         out["installed autograd same graphs"] = [
             cap.text("forward") == out["autograd forward"], cap.text("backward") == out["autograd backward"],
             [str(x) for x in cap.collectives("dynamo")] == out["autograd dynamo collectives"]]
@@ -253,12 +255,12 @@ def graphs(rank, n):
         out["installed inplace same graph"] = T.render_graph(T.trace_fake(inplace_ops, *fargs)) == out["inplace"]
         # upstream's CPU kernel refuses a non-contiguous reduce_scatter input (the backward of a gather whose
         # gradient is an expand); funcoll's kernel takes it
-        w = make(torch.float32, (2, 3), rank, "nc").requires_grad_()
+        w = ref.make(torch.float32, (2, 3), rank, "nc").requires_grad_()
         f = torch.compile(lambda w: fc.all_gather_tensor_autograd(w, 0, dist.group.WORLD).sum(0),
                           backend="aot_eager", fullgraph=True)
         f(w).sum().backward()
         c.check("installed: non-contiguous gradient into reduce_scatter",
-                lambda: close(w.grad, torch.full((2, 3), float(n)), n))
+                lambda: ref.close(w.grad, torch.full((2, 3), float(n)), n))
     finally:
         funcoll.uninstall(["cpu"])
     out["failures"], out["count"] = c.failures, c.count
@@ -294,8 +296,8 @@ LR, STEPS, BATCH = 0.1, 3, 8
 
 
 def train_data(n):
-    return [make(torch.float32, (BATCH, 4), r, "tx") for r in range(n)], \
-        torch.cat([make(torch.float32, (BATCH, 1), r, "ty") for r in range(n)])
+    return (ref.all_inputs(n, torch.float32, (BATCH, 4), "tx"),
+            torch.cat(ref.all_inputs(n, torch.float32, (BATCH, 1), "ty")))
 
 
 def train(rank, n, backend):
@@ -350,7 +352,7 @@ def training(rank, n):
     around them here is exact or elementwise)."""
     import torch._dynamo
 
-    c = Cases(rank, n)
+    c = ref.Cases(rank, n)
     sub()
     out = {"train": {}}
     for backend in (None, "aot_eager", "inductor"):
@@ -377,15 +379,11 @@ def training(rank, n):
             _same(c, f"inductor eager_style step {i}", list(f(*a)) + list(a[:2]), eager_out)
     counts["eager_style"] = _counts(cc)
 
-    def ag_inputs():
-        return (make(torch.float32, (2, 3), rank, "gx").requires_grad_(),
-                make(torch.float32, (3, 3), rank, "gw").requires_grad_())
-
     want = autograd_reference(n)[rank]
     with T.compile_counts() as cc:
         f = torch.compile(autograd_ops, backend="inductor", fullgraph=True)
         for i in range(3):
-            x, w = ag_inputs()
+            x, w = autograd_inputs(rank)
             y = f(x, w)
             y.backward(torch.ones_like(y))
             _check_all(c, f"inductor autograd step {i} vs reference", [y, x.grad, w.grad], want, n)

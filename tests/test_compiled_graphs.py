@@ -11,9 +11,8 @@ import expecttest
 import pytest
 import torch
 
+from funcoll.launch import run_world
 from funcoll.testing import Collective
-
-from .world import run_world
 
 
 @pytest.fixture(scope="module")

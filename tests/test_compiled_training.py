@@ -18,8 +18,9 @@ strategy). Expected, and checked here:
 import pytest
 import torch
 
+from funcoll.launch import run_world
+
 from .cases_compiled import STEPS
-from .world import run_world
 
 MODES = ("eager", "aot_eager", "inductor")
 INDUCTOR_TOL = dict(rtol=1e-5, atol=1e-6)

@@ -1,14 +1,79 @@
-"""Upstream APIs on a funcoll group: DTensor redistribute and FSDP2 gradients (reduce_scatter AVG)."""
+"""Upstream APIs on a funcoll group: DTensor redistribute and FSDP2 gradients (reduce_scatter AVG), DDP.
+
+The rank bodies run on every rank of a real world (``funcoll.launch.run_world``) and compare against an unsharded,
+undistributed copy of the model; the tests below assert on what they return.
+"""
 
 import pytest
 import torch
 
-from tests.world import run_world
+import funcoll
+from funcoll.launch import run_world
 
 
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def _data(rank):
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randn(3, 4, generator=g)
+
+
+def _reference_grads(n):
+    """Every rank's gradient on an unsharded, undistributed copy, averaged locally."""
+    refs = []
+    for r in range(n):
+        ref = _model()
+        ref(_data(r)).sum().backward()
+        refs.append([p.grad for p in ref.parameters()])
+    return [torch.stack(gs).mean(0) for gs in zip(*refs)]
+
+
+def fsdp2_and_dtensor(rank, n):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (n,))
+    x = distribute_tensor(torch.arange(4.0 * n).reshape(2 * n, 2), mesh, [Shard(0)])
+    gathered = x.redistribute(mesh, [Replicate()]).to_local()
+    m = _model()
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(m)
+    with funcoll.record() as log:
+        m(_data(rank)).sum().backward()
+    grads = [p.grad.full_tensor() for p in m.parameters()]
+    want = _reference_grads(n)
+    max_diff = max(float((g - w).abs().max()) for g, w in zip(grads, want))
+    return {"gathered": gathered, "max_diff": max_diff, "ops": sorted({o for o, _ in log}),
+            "strategies": sorted({s for _, ns in log for s in ns})}
+
+
+def ddp(rank, n):
+    """DDP on a funcoll group: parameters broadcast from rank 0 at construction, gradients averaged."""
+    m = _model()
+    if rank:  # diverge, so the construction-time broadcast has something to do
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(float(rank))
+    with funcoll.record() as log:
+        d = torch.nn.parallel.DistributedDataParallel(m)
+        d(_data(rank)).sum().backward()
+    want = _reference_grads(n)
+    ref_params = [p.detach() for p in _model().parameters()]
+    return {"params_equal_rank0": all(torch.equal(p.detach(), q) for p, q in zip(m.parameters(), ref_params)),
+            "max_diff": max(float((p.grad - w).abs().max()) for p, w in zip(m.parameters(), want)),
+            "ops": sorted({o for o, _ in log})}
+
+
+# -- the tests --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["gloo", "xccl"])
 def test_fsdp2_and_dtensor_on_funcoll(profile):
-    results = run_world("tests.cases_upstream:fsdp2_and_dtensor", 2, profile, timeout=200)
+    results = run_world("tests.test_upstream:fsdp2_and_dtensor", 2, profile, timeout=200)
     for r in results:
         assert torch.equal(r["gathered"], torch.arange(8.0).reshape(4, 2))
         assert r["max_diff"] < 1e-6, r["max_diff"]
@@ -19,7 +84,7 @@ def test_fsdp2_and_dtensor_on_funcoll(profile):
 
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["gloo", "xccl"])
 def test_ddp_on_funcoll(profile):
-    for r in run_world("tests.cases_upstream:ddp", 2, profile, timeout=200):
+    for r in run_world("tests.test_upstream:ddp", 2, profile, timeout=200):
         assert r["params_equal_rank0"]
         assert r["max_diff"] < 1e-6, r["max_diff"]
         # construction broadcasts the parameters; gradients go through all_reduce (DDP's buckets)

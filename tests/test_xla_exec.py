@@ -7,7 +7,6 @@ AVG's integer truncation, the gathered layout). Eager calls must cause no graph 
 before a result is read. Multi-replica behaviour is checked by HLO (test_xla_hlo.py).
 """
 
-import functools
 import os
 
 import pytest
@@ -22,6 +21,7 @@ import torch_xla.debug.metrics as met  # noqa: E402
 
 import funcoll  # noqa: E402
 from funcoll.lowering import xla as X  # noqa: E402
+from tests import reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.xla
 R = dist.ReduceOp
@@ -47,44 +47,9 @@ def dev():
     return torch_xla.device()
 
 
-# ---------------------------------------------------------------------------------------------------
-# references, on the CPU, from every rank's input (a list with one entry here)
-# ---------------------------------------------------------------------------------------------------
-def ref_reduce(inputs, op, factor=None):
-    xs = [x.cpu() for x in inputs]
-    dt = xs[0].dtype
-    if dt == torch.bool:
-        ints = [x.to(torch.int64) for x in xs]
-        if op in (R.SUM, R.MAX, R.BOR):
-            return functools.reduce(torch.maximum, ints).bool()
-        if op in (R.PRODUCT, R.MIN, R.BAND):
-            return functools.reduce(torch.minimum, ints).bool()
-        return functools.reduce(torch.bitwise_xor, ints).bool()
-    wide = [x.double() if dt.is_floating_point else x.to(torch.int64) for x in xs]
-    if op == R.SUM:
-        r = functools.reduce(torch.add, wide)
-    elif op == R.PREMUL_SUM:
-        r = functools.reduce(torch.add, [w * factor for w in wide])
-    elif op == R.AVG:
-        s = functools.reduce(torch.add, wide)
-        r = s / len(xs) if dt.is_floating_point else torch.div(s, len(xs), rounding_mode="trunc")
-    elif op == R.PRODUCT:
-        r = functools.reduce(torch.mul, wide)
-    elif op == R.MIN:
-        r = functools.reduce(torch.minimum, wide)
-    elif op == R.MAX:
-        r = functools.reduce(torch.maximum, wide)
-    else:
-        fn = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
-        r = functools.reduce(fn, wide)
-    return r.to(dt)
-
-
-def same(a, b):
-    a, b = a.cpu(), b.cpu()
-    if a.dtype in (torch.uint16, torch.uint32, torch.uint64):
-        a, b = a.to(torch.int64), b.to(torch.int64)
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+def same(got, want):
+    """Exact (the comparator of tests/reference.py with one rank: a one-rank reduction rounds nothing)."""
+    return ref.close(got, want) is None
 
 
 INPUTS = {
@@ -103,16 +68,8 @@ def cpu_input(dtype):
     return torch.tensor(INPUTS[dtype], dtype=dtype)
 
 
-def _valid(op, dtype):
-    if op in (R.BAND, R.BOR, R.BXOR) and dtype.is_floating_point:
-        return False
-    if op in (R.AVG, R.PREMUL_SUM) and dtype == torch.bool:
-        return False
-    return not (op == R.PREMUL_SUM and not dtype.is_floating_point)
-
-
 REDUCE_CASES = [(op, dt) for op in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
-                for dt in INPUTS if _valid(getattr(R, op), dt) and (dt != torch.bfloat16 or op == "AVG")]
+                for dt in INPUTS if op.lower() in ref.valid_ops(dt) and (dt != torch.bfloat16 or op == "AVG")]
 
 
 class Steps:
@@ -139,11 +96,10 @@ class Steps:
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("op,dtype", REDUCE_CASES, ids=[f"{o}-{str(d)[6:]}" for o, d in REDUCE_CASES])
 def test_eager_all_reduce(group, op, dtype):
-    rop = dist._make_nccl_premul_sum(0.5) if op == "PREMUL_SUM" else getattr(R, op)
     x = cpu_input(dtype).to(dev())
     with Steps() as s:
-        dist.all_reduce(x, op=rop)
-    assert same(x, ref_reduce([cpu_input(dtype)], getattr(R, op), factor=0.5))
+        dist.all_reduce(x, op=ref.c10d_op(op.lower()))
+    assert same(x, ref.reduce(op, [cpu_input(dtype)]))
     assert (s.executions, s.fallbacks) == (0, [])
 
 
@@ -226,10 +182,11 @@ def _eager_calls():
         "all_to_all_single split sizes (agreement: one sync)": (a2a([4]), ident, 1),
         "all_to_all_single split sizes, static bound": (a2a([4], bound=6), ident, 0),
         "all_to_all (list: sizes given, agreement: one sync)": (a2a_list, ident, 1),
-        "reduce max": (reduce, lambda x: [ref_reduce([x], R.MAX)], 0),
+        "reduce max": (reduce, lambda x: [ref.reduce(R.MAX, [x])], 0),
         "gather": (gather, ident, 0),
         "scatter": (scatter, lambda x: [x * 3], 0),
-        "all_reduce_coalesced avg": (coalesced, lambda x: [ref_reduce([x], R.AVG), ref_reduce([x * 2], R.AVG).view(2, 2)], 0),
+        "all_reduce_coalesced avg": (coalesced,
+                                     lambda x: [ref.reduce(R.AVG, [x]), ref.reduce(R.AVG, [x * 2]).view(2, 2)], 0),
         "barrier": (barrier, ident, 0),
     }
 
@@ -308,20 +265,20 @@ def functional_program(x, i, b, u, group_name):
 
 
 def functional_reference(x, i, b, u):
-    avg = lambda t: ref_reduce([t], R.AVG)  # noqa: E731
+    avg = lambda t: ref.reduce(R.AVG, [t])  # noqa: E731
     return {
-        "all_reduce avg": avg(x), "all_reduce max i32": ref_reduce([i], R.MAX),
-        "all_reduce bxor i32": ref_reduce([i], R.BXOR), "all_reduce band i32": ref_reduce([i], R.BAND),
-        "all_reduce min u32": ref_reduce([u], R.MIN), "all_reduce product f16": ref_reduce([b.half()], R.PRODUCT),
-        "all_reduce_": ref_reduce([x], R.SUM),
-        "all_reduce_coalesced 0": ref_reduce([x], R.SUM), "all_reduce_coalesced 1": ref_reduce([i], R.SUM),
-        "all_reduce_coalesced_ 0": ref_reduce([x], R.SUM), "all_reduce_coalesced_ 1": ref_reduce([x * 2], R.SUM),
+        "all_reduce avg": avg(x), "all_reduce max i32": ref.reduce(R.MAX, [i]),
+        "all_reduce bxor i32": ref.reduce(R.BXOR, [i]), "all_reduce band i32": ref.reduce(R.BAND, [i]),
+        "all_reduce min u32": ref.reduce(R.MIN, [u]), "all_reduce product f16": ref.reduce(R.PRODUCT, [b.half()]),
+        "all_reduce_": ref.reduce(R.SUM, [x]),
+        "all_reduce_coalesced 0": ref.reduce(R.SUM, [x]), "all_reduce_coalesced 1": ref.reduce(R.SUM, [i]),
+        "all_reduce_coalesced_ 0": ref.reduce(R.SUM, [x]), "all_reduce_coalesced_ 1": ref.reduce(R.SUM, [x * 2]),
         "all_gather_into_tensor": x, "all_gather_into_tensor_out": x,
         "all_gather_into_tensor_coalesced 0": x, "all_gather_into_tensor_coalesced 1": i,
-        "reduce_scatter_tensor": ref_reduce([x], R.SUM),
+        "reduce_scatter_tensor": ref.reduce(R.SUM, [x]),
         "reduce_scatter_tensor_coalesced 0": avg(x), "reduce_scatter_tensor_coalesced 1": avg(b),
         "all_to_all_single": x, "broadcast": x, "broadcast_": x,
-        "fc.all_reduce avg": avg(x), "fc.all_gather_tensor": i, "fc.reduce_scatter_tensor": ref_reduce([x], R.SUM),
+        "fc.all_reduce avg": avg(x), "fc.all_gather_tensor": i, "fc.reduce_scatter_tensor": ref.reduce(R.SUM, [x]),
         "fc.all_to_all_single": i,
     }
 
@@ -373,7 +330,7 @@ def test_compiled_graph_holds_funcoll_collectives_not_fallbacks(group):
     torch_xla.sync()
     met.clear_counters()
     got = prog(x).cpu()
-    assert same(got, ref_reduce([cpu_input(torch.float32)], R.AVG))
+    assert same(got, ref.reduce(R.AVG, [cpu_input(torch.float32)]))
     assert [c for c in met.counter_names() if c.startswith("aten::")] == []
 
 
@@ -440,7 +397,7 @@ def test_install_twice_is_harmless_and_uninstall_restores_torch_xla(group):
     for op in kernel_ops_with_functionalize():
         assert any(line.startswith("Functionalize:") and "funcoll/kernels.py" in line for line in first[op]), op
     assert "XLA (inactive)" in "\n".join(first["all_reduce"])  # torch_xla's, overridden
-    assert same(F.wait_tensor(F.all_reduce(x, "avg", group.group_name)), ref_reduce([cpu_input(torch.float32)], R.AVG))
+    assert same(F.wait_tensor(F.all_reduce(x, "avg", group.group_name)), ref.reduce(R.AVG, [cpu_input(torch.float32)]))
 
     funcoll.uninstall(["xla"])
     funcoll.uninstall(["xla"])  # twice is harmless too

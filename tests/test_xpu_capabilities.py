@@ -87,11 +87,16 @@ def test_premul_sum_native_only_on_scale_up_when_asked_and_never_on_reduce():
         xpu.derive("2.14.1", "2022.1.2", topology="two nodes")
 
 
+def xpu_environment(monkeypatch, oneccl=None):
+    """No profile, override or topology in the environment; FUNCOLL_ONECCL_VERSION=oneccl (unset if None)."""
+    for name in ("FUNCOLL_PROFILE", xpu.ENV_OVERRIDE, xpu.ENV_ONECCL_VERSION, xpu.ENV_TOPOLOGY):
+        monkeypatch.delenv(name, raising=False)
+    if oneccl is not None:
+        monkeypatch.setenv(xpu.ENV_ONECCL_VERSION, oneccl)
+
+
 def test_topology_from_the_environment_and_the_store(monkeypatch):
-    monkeypatch.delenv("FUNCOLL_PROFILE", raising=False)
-    monkeypatch.delenv(xpu.ENV_OVERRIDE, raising=False)
-    monkeypatch.setenv(xpu.ENV_ONECCL_VERSION, "2022.0")
-    monkeypatch.delenv(xpu.ENV_TOPOLOGY, raising=False)
+    xpu_environment(monkeypatch, "2022.0")
     caps = funcoll.capabilities("xpu")
     assert caps.versions["topology"] == "scale-out" and not caps.reduces("reduce_scatter", R.AVG, torch.float32)
     assert caps.sources["xccl.topology"] == "scale-out (unknown: scale-out assumed (every path has it))"
@@ -175,10 +180,7 @@ def test_profile_restricts_the_derived_table():
 
 
 def test_running_stack_sources(monkeypatch):
-    monkeypatch.delenv("FUNCOLL_PROFILE", raising=False)
-    monkeypatch.delenv(xpu.ENV_OVERRIDE, raising=False)
-    monkeypatch.delenv(xpu.ENV_ONECCL_VERSION, raising=False)
-    monkeypatch.delenv(xpu.ENV_TOPOLOGY, raising=False)
+    xpu_environment(monkeypatch)
     monkeypatch.setattr(xpu, "_oneccl_from_metadata", lambda: None)
     monkeypatch.setattr(xpu, "_oneccl_from_flight_recorder", lambda: "2022.1.0")
     assert xpu.stack_versions() == (torch.__version__, None,
@@ -199,10 +201,7 @@ def test_running_stack_sources(monkeypatch):
 
 
 def test_funcoll_capabilities_reads_the_xpu_table(monkeypatch):
-    monkeypatch.delenv("FUNCOLL_PROFILE", raising=False)
-    monkeypatch.delenv(xpu.ENV_OVERRIDE, raising=False)
-    monkeypatch.setenv(xpu.ENV_ONECCL_VERSION, "2021.16.1")
-    monkeypatch.delenv(xpu.ENV_TOPOLOGY, raising=False)
+    xpu_environment(monkeypatch, "2021.16.1")
     caps = funcoll.capabilities("xpu")
     assert caps == xpu.derive(torch.__version__, "2021.16.1")
     assert set(caps.sources) == {f"xccl.{k}" for k in xpu.XCCL_FACTS} | {"xccl.version", "xccl.topology"}

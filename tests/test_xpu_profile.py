@@ -10,11 +10,12 @@ and ``funcoll.record()`` names the strategy that ran.
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from funcoll.lowering import xpu
+import funcoll
+from funcoll.launch import run_world
 from funcoll.semantics import FLOAT8
 from tests import xpu_cases as X
-from tests.world import run_world
 
 UNCARRIED = {str(d) for d in (torch.int16, torch.uint16, torch.uint32, torch.uint64)} | {str(d) for d in FLOAT8}
 INT_NAMES = {str(d) for d in (torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)}
@@ -122,8 +123,25 @@ def test_with_onccl_2022_avg_goes_native_but_reduce_avg_does_not():
         assert res["notes"][("reduce", "avg", "torch.float32", "xpu_tp")] == ["reduce=all_reduce"]
 
 
+def composite(rank, n):
+    """Rank body. ``init_process_group("cpu:gloo,xpu:funcoll")``: with torch 2.9 a ProcessGroup-subclass backend
+    becomes the whole group, so CPU tensors run through funcoll's own gloo transport and XPU tensors would get the
+    XCCL one."""
+    pg = dist.group.WORLD
+    t = torch.tensor([rank + 1, -(rank + 1)], dtype=torch.int64)
+    with funcoll.record() as log:
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    try:
+        pg.transport("xpu")
+        xpu_error = None
+    except RuntimeError as e:
+        xpu_error = str(e)
+    return {"pg": type(pg).__name__, "backend": dist.get_backend(), "avg": t.tolist(), "log": log,
+            "xpu_error": xpu_error}
+
+
 def test_composite_backend_string_gives_the_funcoll_group():
-    results = run_world("tests.xpu_cases:composite", 2, None, backend="cpu:gloo,xpu:funcoll", timeout=120)
+    results = run_world("tests.test_xpu_profile:composite", 2, None, backend="cpu:gloo,xpu:funcoll", timeout=120)
     for res in results:
         assert res["pg"] == "ProcessGroupFuncoll"
         assert res["avg"] == [1, -1]  # (1 + 2) // 2 and -(3 // 2), truncated like NCCL

@@ -9,16 +9,16 @@ Three entry paths are exercised in one world (FUNCOLL_PROFILE=xccl):
 * ``xpu_key``: the ``_c10d_functional`` kernels funcoll registers on the **XPU dispatch key**, reached by
                redispatching to that key (CPU tensors, a c10d gloo group).
 
-Each rank builds every rank's inputs from a seed; references are computed locally and independently (numpy /
-Python integers, float64), never from another collective.
+Each rank builds every rank's inputs from a seed (integer-valued floats: ``tests.reference.make(..., "grid")``);
+references are computed locally and independently (tests/reference.py), never from another collective.
+The small rank bodies sit next to their asserts: ``composite`` in test_xpu_profile.py, the hardware ones in
+test_xpu_hardware.py.
 """
 
 from __future__ import annotations
 
-import functools
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as C
@@ -26,107 +26,23 @@ from torch._C import _distributed_c10d as C
 import funcoll
 from funcoll import algorithms as A
 from funcoll.lowering import xpu
-from funcoll.semantics import ReduceOp
-
-FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
-NP = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16, torch.uint16: np.uint16,
-      torch.int32: np.int32, torch.uint32: np.uint32, torch.int64: np.int64, torch.uint64: np.uint64,
-      torch.bool: np.bool_}
-RANGE = {torch.int8: (-128, 128), torch.uint8: (0, 256), torch.int16: (-2 ** 15, 2 ** 15),
-         torch.uint16: (0, 2 ** 16), torch.int32: (-2 ** 31, 2 ** 31), torch.uint32: (0, 2 ** 32)}
+from funcoll.semantics import FLOAT8, ReduceOp
+from tests import reference as ref
 
 
-# -- inputs --------------------------------------------------------------------------------------------
+def inputs(n, dtype, shape, salt):
+    """Every rank's input: integer-valued floats (sums over the ranks are exact), integers over their whole range."""
+    return ref.all_inputs(n, dtype, shape, salt, "grid")
+
+
 def make(dtype, shape, rank, salt):
-    g = torch.Generator().manual_seed(1000 * salt + rank)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype in FP8:
-        return torch.randint(-16, 17, shape, generator=g).float().to(dtype)
-    if dtype.is_complex:
-        return torch.complex(torch.randint(-8, 9, shape, generator=g).float(),
-                             torch.randint(-8, 9, shape, generator=g).float()).to(dtype)
-    if dtype.is_floating_point:
-        return torch.randint(-8, 9, shape, generator=g).float().to(dtype)
-    if dtype in (torch.int64, torch.uint64):
-        t = torch.randint(-2 ** 62, 2 ** 62, shape, generator=g, dtype=torch.int64) * 2 + rank % 2
-        t.view(-1)[0] = -1 if rank % 2 else 0  # the intel/torch-xpu-ops#3059 pattern: MAX over [0, -1]
-        return t.view(dtype) if dtype == torch.uint64 else t
-    lo, hi = RANGE[dtype]
-    return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
+    return ref.make(dtype, shape, rank, salt, "grid")
 
 
-def all_inputs(n, dtype, shape, salt):
-    return [make(dtype, shape, r, salt) for r in range(n)]
-
-
-def as_np(t):
-    if t.dtype in NP:
-        return t.numpy()
-    raise TypeError(t.dtype)
-
-
-# -- references (independent of funcoll) ---------------------------------------------------------------
-def ref_reduce(ins, op, factor=None):
-    """Elementwise reduction of the ranks' inputs, in the inputs' dtype."""
-    dtype = ins[0].dtype
-    n = len(ins)
-    if dtype.is_floating_point or dtype.is_complex:
-        wide = torch.complex128 if dtype.is_complex else torch.float64
-        x = torch.stack([t.to(wide) for t in ins])
-        if op == "sum":
-            r = x.sum(0)
-        elif op == "avg":
-            r = x.sum(0) / n
-        elif op == "premul_sum":
-            r = (x * factor).sum(0)
-        elif op == "product":
-            r = x.prod(0)
-        elif op == "min":
-            r = x.amin(0)
-        elif op == "max":
-            r = x.amax(0)
-        else:
-            raise ValueError(op)
-        return r.to(dtype)
-    a = np.stack([as_np(t) for t in ins])
-    npd = a.dtype
-    if op == "sum":
-        r = np.sum(a, axis=0, dtype=npd)
-    elif op == "product":
-        r = np.prod(a, axis=0, dtype=npd)
-    elif op == "min":
-        r = a.min(0)
-    elif op == "max":
-        r = a.max(0)
-    elif op == "band":
-        r = np.bitwise_and.reduce(a, axis=0) if dtype != torch.bool else a.all(0)
-    elif op == "bor":
-        r = np.bitwise_or.reduce(a, axis=0) if dtype != torch.bool else a.any(0)
-    elif op == "bxor":
-        r = np.bitwise_xor.reduce(a, axis=0) if dtype != torch.bool else (a.sum(0) % 2).astype(bool)
-    elif op == "avg":  # integers: sum in int64, truncating division (NCCL semantics)
-        s = a.astype(np.int64).sum(0)
-        r = (np.sign(s) * (np.abs(s) // n)).astype(npd)
-    else:
-        raise ValueError(op)
-    if dtype == torch.bool and op in ("sum", "product"):
-        r = (a.any(0) if op == "sum" else a.all(0))
-    return torch.from_numpy(np.ascontiguousarray(r).astype(npd))
-
-
-def same(out, ref):
-    """(equal?, detail). Bit-exact for integers/bool/float8, assert_close for floating results."""
-    if out.dtype in FP8 or not (out.dtype.is_floating_point or out.dtype.is_complex):
-        a = out.view(torch.uint8) if out.dtype in FP8 else out
-        b = ref.view(torch.uint8) if ref.dtype in FP8 else ref
-        ok = a.shape == b.shape and torch.equal(a, b)
-        return ok, "" if ok else f"got {out.tolist()} expected {ref.tolist()}"
-    try:
-        torch.testing.assert_close(out, ref)
-        return True, ""
-    except AssertionError as e:
-        return False, str(e)
+def check(got, want, n, op=""):
+    """(equal?, what differs) of a result and its reference: ``op`` reduced over ``n`` ranks, or moved ("": exact)."""
+    err = ref.close(got, want, n if op else 1, op or "sum", "grid")
+    return err is None, err or ""
 
 
 # -- the cases: (name, collective, dtype, op, note expected in funcoll.record()) ---------------------------
@@ -172,12 +88,7 @@ REDUCE_SCATTER = [
     ("min", torch.uint32, "sign bit flipped"),
     ("premul_sum", torch.float32, "premul_sum=scale+sum"),
 ]
-MOVED = [torch.int16, torch.uint16, torch.uint32, torch.uint64] + FP8
-PREMUL = 0.5
-
-
-def c10d_op(op):
-    return dist._make_nccl_premul_sum(PREMUL) if op == "premul_sum" else getattr(dist.ReduceOp, op.upper())
+MOVED = [torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 def splits(n, rank):
@@ -229,16 +140,16 @@ class Spy:
 
 def _eager(kind, t, op, out=None):
     if kind == "all_reduce":
-        dist.all_reduce(t, op=c10d_op(op))
+        dist.all_reduce(t, op=ref.c10d_op(op))
         return t
     if kind == "reduce_scatter":
-        dist.reduce_scatter_tensor(out, t, op=c10d_op(op))
+        dist.reduce_scatter_tensor(out, t, op=ref.c10d_op(op))
         return out
     raise ValueError(kind)
 
 
 def _xpu_tp(tp, kind, t, op, out=None):
-    o = op if op != "premul_sum" else c10d_op(op)
+    o = op if op != "premul_sum" else ref.c10d_op(op)
     if kind == "all_reduce":
         A.all_reduce(tp, t, o).wait()
         return t
@@ -276,9 +187,8 @@ def gaps(rank, n, oneccl=None):
 
     def record(key, fn):
         with funcoll.record() as log:
-            out, ref = fn()
-        ok, detail = same(out, ref)
-        results[key] = (ok, detail)
+            out, want = fn()
+        results[key] = check(out, want, n, key[1])
         notes[key] = [s for _, ss in log for s in ss]
 
     paths = {"eager": lambda kind, t, op, out=None: _eager(kind, t, op, out),
@@ -288,22 +198,22 @@ def gaps(rank, n, oneccl=None):
         for path, run in paths.items():
             if path == "xpu_key" and op == "premul_sum":
                 continue  # _c10d_functional reduce_op strings carry no factor
-            ins = all_inputs(n, dtype, (N_ELEM,), salt)
+            ins = inputs(n, dtype, (N_ELEM,), salt)
             record(("all_reduce", op, str(dtype), path),
-                   lambda: (run("all_reduce", ins[rank].clone(), op), ref_reduce(ins, op, PREMUL)))
+                   lambda: (run("all_reduce", ins[rank].clone(), op), ref.reduce(op, ins)))
     for salt, (op, dtype, _) in enumerate(REDUCE_SCATTER, start=100):
         for path, run in paths.items():
             if path == "xpu_key" and op == "premul_sum":
                 continue
-            ins = all_inputs(n, dtype, (2 * n, 2), salt)
-            full = ref_reduce(ins, op, PREMUL)
+            ins = inputs(n, dtype, (2 * n, 2), salt)
+            full = ref.reduce(op, ins)
             out = torch.empty((2, 2), dtype=dtype)
             record(("reduce_scatter", op, str(dtype), path),
                    lambda: (run("reduce_scatter", ins[rank].clone(), op, out), full[2 * rank:2 * rank + 2]))
 
     # moves: all_gather, broadcast and uneven/even all_to_all of dtypes XCCL cannot carry natively
     for salt, dtype in enumerate(MOVED, start=200):
-        ins = all_inputs(n, dtype, (2, 3), salt)
+        ins = inputs(n, dtype, (2, 3), salt)
         ref_ag = torch.cat(ins)
         for path in ("eager", "xpu_tp", "xpu_key"):
             out = torch.empty((2 * n, 3), dtype=dtype)
@@ -329,7 +239,7 @@ def gaps(rank, n, oneccl=None):
     for salt, dtype in enumerate([torch.float32, torch.int16, torch.float8_e5m2, torch.uint64], start=300):
         send, recv = splits(n, rank)
         x = make(dtype, (sum(send), 3), rank, salt)
-        ref = torch.cat([rows_from(n, j, rank, dtype, salt) for j in range(n)])
+        want = torch.cat([rows_from(n, j, rank, dtype, salt) for j in range(n)])
         for path in ("eager", "xpu_tp", "xpu_key"):
             out = torch.empty((sum(recv), 3), dtype=dtype)
             if path == "eager":
@@ -340,16 +250,16 @@ def gaps(rank, n, oneccl=None):
                 c = torch.ops._c10d_functional
                 fn = lambda: c.wait_tensor(c.all_to_all_single.default.redispatch(
                     XPU_KEY, x, recv, send, c10d_group.group_name))
-            record(("all_to_all_uneven", "", str(dtype), path), lambda: (fn(), ref))
+            record(("all_to_all_uneven", "", str(dtype), path), lambda: (fn(), want))
         # even all_to_all of float8 (moved as uint8)
-        if dtype in FP8:
+        if dtype in FLOAT8:
             xe = make(dtype, (2 * n, 2), rank, salt + 50)
             ref_e = torch.cat([make(dtype, (2 * n, 2), j, salt + 50)[2 * rank:2 * rank + 2] for j in range(n)])
             oute = torch.empty_like(xe)
             record(("all_to_all_even", "", str(dtype), "xpu_tp"),
                    lambda: (A.all_to_all(tp, oute, xe).wait(), (oute, ref_e))[1])
     # reduce (AVG to one rank) and a coalesced all_reduce with two dtypes
-    ins = all_inputs(n, torch.float32, (N_ELEM,), 400)
+    ins = inputs(n, torch.float32, (N_ELEM,), 400)
     for path in ("eager", "xpu_tp"):
         t = ins[rank].clone()
         if path == "eager":
@@ -357,8 +267,8 @@ def gaps(rank, n, oneccl=None):
         else:
             fn = lambda: A.reduce(tp, t, 0, "avg").wait()
         record(("reduce", "avg", "torch.float32", path),
-               lambda: (fn(), (t, ref_reduce(ins, "avg") if rank == 0 else ins[rank]))[1])
-    ins16 = all_inputs(n, torch.bfloat16, (5,), 401)
+               lambda: (fn(), (t, ref.reduce("avg", ins) if rank == 0 else ins[rank]))[1])
+    ins16 = inputs(n, torch.bfloat16, (5,), 401)
     for path in ("eager", "xpu_tp"):
         ts = [ins[rank].clone(), ins[rank].clone() * 2, ins16[rank].clone()]
         if path == "eager":
@@ -367,7 +277,7 @@ def gaps(rank, n, oneccl=None):
             fn = lambda: dist.group.WORLD.allreduce_coalesced(ts, o).wait()  # mixed dtypes: the c10d method
         else:
             fn = lambda: A.all_reduce_coalesced(tp, ts, "avg").wait()
-        refs = [ref_reduce(ins, "avg"), ref_reduce([i * 2 for i in ins], "avg"), ref_reduce(ins16, "avg")]
+        refs = [ref.reduce("avg", ins), ref.reduce("avg", [i * 2 for i in ins]), ref.reduce("avg", ins16)]
         record(("all_reduce_coalesced", "avg", "float32+bfloat16", path),
                lambda: (fn(), (torch.cat([t.float() for t in ts]), torch.cat([r.float() for r in refs])))[1])
     dist.barrier()
@@ -376,77 +286,3 @@ def gaps(rank, n, oneccl=None):
     return {"results": results, "notes": notes, "spy": spy.log, "tp_calls": dict(tp.calls),
             "pg_calls": {(p, o, str(d)): v for (p, o, d), v in pg_calls.items()},
             "caps_name": caps.name, "native_avg": caps.reduces("all_reduce", ReduceOp.AVG, torch.float32)}
-
-
-# -- real XPU (2 ranks; skipped on machines without Intel GPUs) --------------------------------------------
-def hardware_eager(rank, n):
-    torch.xpu.set_device(rank)
-    dev = torch.device("xpu", rank)
-    out = {}
-    with funcoll.record() as log:
-        for salt, (op, dtype, _) in enumerate(ALL_REDUCE):
-            ins = all_inputs(n, dtype, (N_ELEM,), salt)
-            t = ins[rank].to(dev)
-            dist.all_reduce(t, op=c10d_op(op))
-            out[("all_reduce", op, str(dtype))] = same(t.cpu(), ref_reduce(ins, op, PREMUL))
-            assert t.device == dev
-        send, recv = splits(n, rank)
-        x = make(torch.float32, (sum(send), 3), rank, 300).to(dev)
-        o = torch.empty((sum(recv), 3), device=dev)
-        dist.all_to_all_single(o, x, recv, send)
-        out[("all_to_all_uneven",)] = same(o.cpu(), torch.cat([rows_from(n, j, rank, torch.float32, 300)
-                                                                for j in range(n)]))
-        ins = all_inputs(n, torch.float8_e4m3fn, (2, 3), 200)
-        g = torch.empty((2 * n, 3), dtype=torch.float8_e4m3fn, device=dev)
-        dist.all_gather_into_tensor(g, ins[rank].to(dev))
-        out[("all_gather", "float8")] = same(g.cpu(), torch.cat(ins))
-    tp = dist.group.WORLD.transport("xpu")
-    return {"results": out, "notes": [s for _, ss in log for s in ss], "caps": tp.caps.name,
-            "calls": {(p, o, str(d)): v for (p, o, d), v in tp.calls.items()}}
-
-
-def hardware_compiled(rank, n, backend="inductor"):
-    import torch.distributed._functional_collectives as fc
-
-    torch.xpu.set_device(rank)
-    dev = torch.device("xpu", rank)
-    funcoll.install(["xpu"])
-    group = dist.group.WORLD
-
-    def step(x, y, z):
-        a = fc.all_reduce(x, "avg", group)
-        b = fc.all_reduce(y, "bxor", group)
-        c = fc.reduce_scatter_tensor(x, "max", 0, group)
-        d = fc.all_gather_tensor(z, 0, group)
-        return a * 1, b + 0, c, d
-
-    x = make(torch.float32, (2 * n, 4), rank, 1).to(dev)
-    y = make(torch.int32, (8,), rank, 2).to(dev)
-    z = make(torch.float8_e5m2, (2, 4), rank, 3).to(dev)
-    with funcoll.record() as log:
-        a, b, c, d = torch.compile(step, fullgraph=True, backend=backend)(x, y, z)
-    xs = all_inputs(n, torch.float32, (2 * n, 4), 1)
-    res = {"avg": same(a.cpu(), ref_reduce(xs, "avg")),
-           "bxor": same(b.cpu(), ref_reduce(all_inputs(n, torch.int32, (8,), 2), "bxor")),
-           "rs_max": same(c.cpu(), ref_reduce(xs, "max")[2 * rank:2 * rank + 2]),
-           "ag_fp8": same(d.cpu(), torch.cat(all_inputs(n, torch.float8_e5m2, (2, 4), 3))),
-           "on_device": all(t.device == dev for t in (a, b, c, d))}
-    funcoll.uninstall()
-    return {"results": res, "notes": [s for _, ss in log for s in ss]}
-
-
-# -- the composite backend string, on this machine ------------------------------------------------------------
-def composite(rank, n):
-    """``init_process_group("cpu:gloo,xpu:funcoll")``: with torch 2.9 a ProcessGroup-subclass backend becomes the
-    whole group, so CPU tensors run through funcoll's own gloo transport and XPU tensors would get the XCCL one."""
-    pg = dist.group.WORLD
-    t = torch.tensor([rank + 1, -(rank + 1)], dtype=torch.int64)
-    with funcoll.record() as log:
-        dist.all_reduce(t, op=dist.ReduceOp.AVG)
-    try:
-        pg.transport("xpu")
-        xpu_error = None
-    except RuntimeError as e:
-        xpu_error = str(e)
-    return {"pg": type(pg).__name__, "backend": dist.get_backend(), "avg": t.tolist(), "log": log,
-            "xpu_error": xpu_error}
