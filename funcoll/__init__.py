@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from . import algorithms, groups, semantics, transport
+from . import probe  # a callable module: funcoll.probe(group, device) runs funcoll.probe.probe
 from .kernels import install, installed, uninstall
 from .process_group import FuncollWork, Options, ProcessGroupFuncoll, register_backend
 from .semantics import ReduceOp
@@ -17,7 +18,7 @@ from .transport import Capabilities, PROFILES
 __version__ = "0.1.0"
 
 __all__ = ["install", "uninstall", "installed", "capabilities", "Options", "ProcessGroupFuncoll",
-           "FuncollWork", "ReduceOp", "Capabilities", "PROFILES", "record", "groups"]
+           "FuncollWork", "ReduceOp", "Capabilities", "PROFILES", "record", "groups", "probe"]
 
 record = algorithms.record
 

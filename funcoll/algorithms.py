@@ -156,21 +156,29 @@ def _note(strategy: str) -> None:
 
 
 def _entry(op: str):
-    """Marks a public algorithm: runs it without autograd and records its strategies."""
+    """Marks a public algorithm: runs it without autograd and records its strategies; while a profiler records or
+    the funcoll log is at DEBUG, funcoll.observe opens its ranges and logs its strategy decision."""
+    import torch.autograd.profiler as prof
+
+    from .observe import LOG, Scope
 
     def deco(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             global _current
-            if not _recorders or _current is not None:
+            observed = prof._is_profiler_enabled or LOG.isEnabledFor(10)
+            if _current is not None or not (_recorders or observed):
                 with torch.no_grad():
                     return fn(*args, **kwargs)
-            _current = notes = []
+            # observed: a list of strategies that also opens profiler ranges / logs the decision (funcoll.observe)
+            _current = notes = Scope(op, fn, args, kwargs) if observed else []
             try:
                 with torch.no_grad():
-                    return fn(*args, **kwargs)
+                    return fn(*(notes.args if observed else args), **kwargs)
             finally:
                 _current = None
+                if observed:
+                    notes.close(args)
                 notes = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
                 for log in _recorders:
                     log.append((op, notes))

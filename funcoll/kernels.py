@@ -243,6 +243,9 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                     lib._destroy()  # no half-installed kernels
                     raise
                 _libs[dt] = lib
+                from .observe import on_install
+
+                on_install(dt, key, len(kernels))  # TORCH_LOGS=funcoll
             done.append(dt)
     return done
 
@@ -254,6 +257,9 @@ def uninstall(device_types: Optional[Iterable[str]] = None) -> None:
             lib = _libs.pop(dt, None)
             if lib is not None:
                 lib._destroy()
+                from .observe import on_uninstall
+
+                on_uninstall(dt)  # TORCH_LOGS=funcoll
 
 
 def installed() -> List[str]:

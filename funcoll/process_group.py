@@ -120,11 +120,15 @@ class ProcessGroupFuncoll(ProcessGroup):
         self._world_size = world_size if world_size is not None else size
         self._transports: Dict[str, Transport] = {}
         self._lock = threading.Lock()
+        self._coalesced: Optional[list] = None  # the Works issued since _start_coalescing
         if group_name:
             groups.register(group_name, ranks, self._world_size)
         lazy = self._options.lazy_cpu
         if lazy is None:
             lazy = isinstance(_unwrap_store(store), _LOCAL_STORES)
+        from .observe import on_group
+
+        on_group(self, store, lazy)  # TORCH_LOGS=funcoll
         if not lazy:
             self.transport("cpu")
 
@@ -177,6 +181,9 @@ class ProcessGroupFuncoll(ProcessGroup):
                                      ctx.timeout, self._options.profile)
                 else:
                     tp = funcoll_factory(device_type)(ctx)
+                from .observe import on_transport
+
+                tp = on_transport(self, device_type, tp)  # TORCH_LOGS=funcoll; FUNCOLL_PROBE=1 verifies it
                 self._transports[device_type] = tp
         return tp
 

@@ -1,0 +1,358 @@
+"""funcoll's command line: ``python -m funcoll report|probe|bench|demo``.
+
+* ``report``: the capability table, derived from the code (what funcoll's algorithms do for each request), for the
+  named columns (default: those of docs/capabilities.md) or for devices (``--device xpu
+  --torch-version 2.9 --oneccl-version 2021.16.1``), as Markdown or JSON; ``--probed`` adds the probe results
+  cached on this machine.
+* ``probe``: :func:`funcoll.probe` on a live group. Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) on the
+  world it joins; otherwise on a local world of ``--world`` CPU ranks over gloo (``--profile xccl``: the XCCL
+  table). ``--simulate-wrong "all_reduce max int32"`` makes the transport return a wrong result for that request,
+  to see the probe catch it.
+* ``bench``: the benchmarks (``bench/``: funcoll vs the raw path in the same run; their progress, table and plot);
+  ``--hook-cost [reps]`` measures the cost of funcoll's profiler/log hook instead.
+* ``demo``: the demo (:mod:`funcoll.demo`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+from typing import List, Optional
+
+import torch
+
+PROFILE_COLUMNS = ("gloo", "xccl", "xla")  # funcoll.report.COLUMNS where it has them
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------
+def _device_caps(device: str, args):
+    """(column label, Capabilities) of one device type, with the versions/profile the user named."""
+    import inspect
+
+    import funcoll
+    from funcoll.transport import Capabilities
+
+    if device == "xpu":
+        from funcoll.lowering import xpu
+
+        given = {"profile": args.profile, "torch_version": args.torch_version,
+                 "oneccl_version": args.oneccl_version, "override": args.override, "topology": args.topology}
+        params = inspect.signature(xpu.capabilities).parameters
+        caps: Capabilities = xpu.capabilities(**{k: v for k, v in given.items() if v is not None and k in params})
+    else:
+        caps = funcoll.capabilities(device, profile=args.profile)
+    return f"{device}: {caps.name}", caps
+
+
+def _default_columns() -> tuple:
+    from funcoll import report
+
+    return tuple(getattr(report, "COLUMNS", PROFILE_COLUMNS))
+
+
+def _columns(args):
+    from funcoll import report
+    from funcoll import transport as T
+
+    if args.device:
+        return [_device_caps(d, args) for d in args.device]
+    names = args.profile.split(",") if args.profile else list(_default_columns())
+    caps_of = getattr(report, "transport_capabilities", T.profile)  # a column name -> its capabilities
+    return [(n, caps_of(n)) for n in names]
+
+
+def _cached_probes(device_types) -> List[dict]:
+    from funcoll.probe import cache_dir
+
+    root = cache_dir()
+    out = []
+    if root and os.path.isdir(root):
+        for name in sorted(os.listdir(root)):
+            if not name.endswith(".json") or (device_types and name.split("-")[0] not in device_types):
+                continue
+            try:
+                with open(os.path.join(root, name)) as f:
+                    entry = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if entry.get("key", {}).get("torch") == torch.__version__:
+                out.append(entry)
+    return out
+
+
+def cmd_report(args) -> int:
+    from funcoll import report
+
+    if not args.device and args.format == "markdown" and not args.probed:
+        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else _default_columns()),
+              end="")
+        return 0
+    cols = _columns(args)
+    rows = [(name, [report._cell(caps, run) for _, caps in cols]) for name, run in report.rows()]
+    probes = _cached_probes(args.device or []) if args.probed else []
+    if args.format == "json":
+        doc = {"torch": torch.__version__,
+               "columns": [{"name": label, "capabilities": caps.name, "sources": dict(caps.sources)}
+                           for label, caps in cols],
+               "rows": [{"request": name, "cells": dict(zip([c[0] for c in cols], cells))} for name, cells in rows]}
+        if args.probed:
+            doc["probe"] = probes
+        print(json.dumps(doc, indent=1, sort_keys=False))
+        return 0
+    print("| request | " + " | ".join(label for label, _ in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for name, cells in rows:
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.probed:
+        print("\n## Verified on this machine (funcoll.probe cache)\n")
+        if not probes:
+            print(f"(no probe results cached for torch {torch.__version__}; run: python -m funcoll probe)")
+        for e in probes:
+            k = e["key"]
+            print(f"- {k.get('library')} on {k.get('device')}, {k.get('topology')}, group size {k.get('group_size')}, "
+                  f"table {k.get('capabilities')}: {len(e['checked'])} native requests verified, "
+                  f"{len(e['wrong'])} wrong ({e.get('created', '?')})")
+            for name, why in e["wrong"].items():
+                print(f"  - {name}: {why}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# probe
+# ---------------------------------------------------------------------------------------------------
+def _probe_rank(rank, n, device, cache, simulate):
+    """Runs on every rank of the probe world: the probe, and (with --simulate-wrong) the request it demoted."""
+    import torch.distributed as dist
+
+    import funcoll
+    from funcoll.lowering import transport_for
+
+    tp = transport_for(dist.group.WORLD, device)
+    after = None
+    if simulate:
+        funcoll.probe.inject_wrong(tp, simulate)
+    res = funcoll.probe(device=device, cache=cache)
+    if simulate:
+        after = _check_after(rank, n, device, simulate)
+    return res.to_dict(), res.to_markdown(), after
+
+
+def _check_after(rank, n, device, name):
+    """The demoted request, through dist.*, after the probe: (strategies, right?)."""
+    import torch.distributed as dist
+
+    import funcoll
+    from funcoll.probe import Request, _as_int64, _reduce_ref, _values, _wrap
+
+    req = Request.parse(name)
+    k = 3
+    xs = [_values(req, r, n, n * k) for r in range(n)]
+    x = xs[rank].clone().to(device)
+    op = getattr(dist.ReduceOp, str(req.op).upper())
+    with funcoll.record() as calls:
+        if req.primitive == "all_reduce":
+            dist.all_reduce(x, op=op)
+            got = x.cpu()
+        elif req.primitive == "reduce_scatter":
+            got = x.new_empty((k,))
+            with warnings.catch_warnings():  # torch >= 2.10 prefers reduce_scatter_single; both reach funcoll
+                warnings.simplefilter("ignore", FutureWarning)
+                dist.reduce_scatter_tensor(got, x, op=op)
+            got = got.cpu()
+        else:
+            dist.reduce(x, dst=n - 1, op=op)
+            got = x.cpu()
+    ref = _reduce_ref(torch.stack(xs), req, n)
+    if req.primitive == "reduce_scatter":
+        ref = ref[rank * k:(rank + 1) * k]
+    if req.primitive == "reduce" and rank != n - 1:
+        ok = True
+    elif req.dtype.is_floating_point:
+        ok = torch.allclose(got.double(), ref, rtol=1e-2, atol=1e-2)
+    else:
+        ok = torch.equal(got.to(torch.int64) if req.dtype == torch.bool else _as_int64(got),
+                         ref if req.dtype == torch.bool else _as_int64(_wrap(ref, req.dtype)))
+    return [s for _, notes in calls for s in notes], bool(ok)
+
+
+def cmd_probe(args) -> int:
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: the live world
+        import torch.distributed as dist
+
+        import funcoll  # noqa: F401  (registers the backend)
+
+        device = args.device or ("xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu")
+        if not dist.is_initialized():
+            dist.init_process_group(args.backend)
+        try:
+            results = [_probe_rank(dist.get_rank(), dist.get_world_size(), device, not args.no_cache,
+                                   args.simulate_wrong)]
+            rank = dist.get_rank()
+        finally:
+            dist.destroy_process_group()
+        if rank != 0:
+            return 0 if results[0][0]["wrong"] == {} or args.simulate_wrong else 1
+    else:
+        from funcoll.launch import run_world
+
+        device = args.device or "cpu"
+        if device != "cpu":
+            print(f"funcoll probe: a local world runs on CPU only; run it under torchrun for {device}",
+                  file=sys.stderr)
+            return 2
+        # the ranks' own prints (gloo's "connected" lines) go to stderr: stdout is the report alone
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            results = run_world("funcoll.__main__:_probe_rank", args.world, args.profile,
+                                args=(device, not args.no_cache, args.simulate_wrong), timeout=args.timeout)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    res, text, after = results[0]
+    if args.format == "json":
+        print(json.dumps({"probe": res, "after": after and {"request": args.simulate_wrong,
+                                                            "strategies": after[0], "right": after[1]}},
+                         indent=1, default=str))
+    else:
+        print(text)
+        if after is not None:
+            print(f"after the probe, {args.simulate_wrong} through torch.distributed: strategies "
+                  f"{'; '.join(after[0])}, result {'right' if after[1] else 'WRONG'}")
+    if args.simulate_wrong:
+        return 0 if after and after[1] and args.simulate_wrong in res["wrong"] else 1
+    return 0 if not res["wrong"] else 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------------
+class _Progress:
+    """A line on stderr while a long step runs: elapsed seconds (refreshed in place on a terminal)."""
+
+    def __init__(self, what: str):
+        self.what, self._stop = what, threading.Event()
+        self._tty = sys.stderr.isatty()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        t0, spin = time.monotonic(), "|/-\\"
+        i = 0
+        while not self._stop.wait(0.5 if self._tty else 15):
+            i += 1
+            line = f"{self.what} {spin[i % 4] if self._tty else '...'} {time.monotonic() - t0:.0f}s"
+            sys.stderr.write(("\r" + line) if self._tty else line + "\n")
+            sys.stderr.flush()
+
+    def __enter__(self):
+        sys.stderr.write(f"{self.what}\n" if not self._tty else self.what)
+        sys.stderr.flush()
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        if self._tty:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+        sys.stderr.flush()
+
+
+def cmd_bench(args) -> int:
+    """``bench/`` (its own progress on stderr, its table, docs/performance.md and its plot), or ``--hook-cost``."""
+    rest = list(args.rest)
+    if "--hook-cost" in rest:
+        from funcoll.observe import measure_hook_cost
+
+        reps = next((int(a) for a in rest if a.isdigit()), 30)
+        with _Progress("funcoll: measuring the profiler/log hook (1 rank)"):
+            cost = measure_hook_cost(reps=reps)
+        print(f"dist.all_reduce of 4 bytes on a funcoll group of 1 rank, torch {torch.__version__} "
+              f"(median of alternating blocks):")
+        for k, v in cost.items():
+            print(f"  {k:<32} {v:8.2f} us per call")
+        return 0
+    try:
+        import bench.__main__ as B
+    except ImportError:
+        print("funcoll bench: the benchmarks live in the source tree (bench/); run from a checkout", file=sys.stderr)
+        return 2
+    return B.main(rest) or 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# demo, and the parser
+# ---------------------------------------------------------------------------------------------------
+def cmd_demo(args) -> int:
+    from funcoll import demo
+
+    return demo.main(args.rest) or 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m funcoll", description="funcoll: one collective path for PyTorch on "
+                                "TPU (torch_xla) and Intel GPU (XPU), with a CPU reference.")
+    sub = p.add_subparsers(dest="command", metavar="{report,probe,bench,demo}")
+
+    r = sub.add_parser("report", help="the capability table (what is native, what funcoll fills, how)")
+    r.add_argument("--device", action="append", choices=("cpu", "xpu", "xla"),
+                   help="a column for this device type's transport on this stack (repeatable); default: the "
+                        "columns of docs/capabilities.md")
+    r.add_argument("--profile", help="columns (comma-separated: gloo, xccl, xccl-2022-scale-up, xla or any profile), "
+                                     "or with --device the profile to intersect with (as FUNCOLL_PROFILE)")
+    r.add_argument("--torch-version", help="XPU: the torch version to derive the table for")
+    r.add_argument("--oneccl-version", help="XPU: the oneCCL version to derive the table for")
+    r.add_argument("--override", help="XPU: FUNCOLL_XPU_OVERRIDE, e.g. avg=strategy")
+    r.add_argument("--topology", help="XPU: scale-up (one host) or scale-out")
+    r.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    r.add_argument("--probed", action="store_true", help="add the probe results cached on this machine")
+    r.set_defaults(fn=cmd_report)
+
+    q = sub.add_parser("probe", help="verify on a live group that what the table calls native is right")
+    q.add_argument("--world", type=int, default=2, help="ranks of the local CPU world (without torchrun)")
+    q.add_argument("--profile", help="the CPU transport's profile (e.g. xccl), as FUNCOLL_PROFILE")
+    q.add_argument("--device", choices=("cpu", "xpu", "xla"), help="default: xpu where available, else cpu")
+    q.add_argument("--backend", default="funcoll", help="under torchrun: init_process_group backend")
+    q.add_argument("--no-cache", action="store_true", help="neither read nor write the probe cache")
+    q.add_argument("--simulate-wrong", metavar="REQUEST",
+                   help="make the transport return a wrong result for REQUEST, e.g. 'all_reduce max int32'")
+    q.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    q.add_argument("--timeout", type=float, default=300)
+    q.set_defaults(fn=cmd_probe)
+
+    b = sub.add_parser("bench", help="benchmarks (bench/): funcoll vs the raw path in the same run; "
+                                     "--hook-cost [reps]: the cost of funcoll's profiler/log hook",
+                       description="Arguments go to the bench (python -m bench: [blocks] [--no-docs]); "
+                                   "--hook-cost [reps] measures funcoll's profiler/log hook instead.")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(fn=cmd_bench)
+
+    d = sub.add_parser("demo", help="the demo: 2 CPU ranks, native vs FUNCOLL_PROFILE=xccl, eager and compiled")
+    d.add_argument("rest", nargs=argparse.REMAINDER)
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    if argv and argv[0] in ("bench", "demo") and not {"-h", "--help"} & set(argv[1:2]):
+        # their arguments go through as they are (argparse would take "--no-docs" for an option of its own)
+        return {"bench": cmd_bench, "demo": cmd_demo}[argv[0]](argparse.Namespace(rest=argv[1:]))
+    args = p.parse_args(argv)
+    if not getattr(args, "fn", None):
+        p.print_help()
+        return 2
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""What funcoll did, where a user looks: ``torch.profiler`` ranges and the ``funcoll`` torch log.
+
+Profiler ranges (only while a profiler runs; the check is one attribute read, the one Inductor uses for its kernel
+ranges): every collective funcoll runs is a range
+
+* ``funcoll::<op>`` (e.g. ``funcoll::all_reduce``) around the whole algorithm call, with the group, the shapes,
+  the dtypes, the reduce op / root / splits and the transport's capability table as event args;
+* inside it, ``funcoll::<op> <strategy>`` (e.g. ``funcoll::all_reduce avg=sum+scale``) for each gap-filling
+  strategy, opened where the algorithm chooses it and closed with the collective, so the steps the strategy runs
+  are nested inside it;
+* inside those, ``funcoll::native <primitive>`` around each call of the transport's native primitive (the
+  backend's own events, e.g. gloo's ``gloo:all_reduce`` on its worker thread, follow from it).
+
+A strategy is only known once the algorithm has chosen it (some choices need a collective first: uneven
+all_to_all agrees on the split sizes), so the outer range cannot carry it in its name: a ``funcoll::<op>`` range
+with no strategy range inside ran natively.
+
+The log: ``TORCH_LOGS="+funcoll"`` (DEBUG) logs each strategy decision once per signature; ``TORCH_LOGS=funcoll``
+(INFO) logs group creation, the transport each group uses for each device type, ``install``/``uninstall`` and the
+probe (:mod:`funcoll.probe`). Nothing is logged by default, except the probe's warning when a native result was
+wrong. The logger is the standard ``logging.getLogger("funcoll")``, registered as the torch log ``funcoll``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.autograd.profiler as _prof
+
+__all__ = ["LOG", "Scope", "profiling", "on_group", "on_transport", "on_install", "on_uninstall",
+           "group_label", "measure_hook_cost"]
+
+LOG = logging.getLogger("funcoll")
+
+
+def _register_torch_log() -> None:
+    """Makes ``funcoll`` a torch log (``TORCH_LOGS="+funcoll"``, ``torch._logging.set_logs(modules=...)``).
+
+    torch parses ``TORCH_LOGS`` when torch is imported, before any other package can register a name; it accepts
+    ``funcoll`` there as the name of an importable module and registers it itself. Registering it here too makes
+    the name known to later ``set_logs``/``_init_logs`` calls when ``TORCH_LOGS`` did not mention it."""
+    try:
+        from torch._logging import _internal as tl
+
+        if not tl.log_registry.is_log("funcoll"):
+            tl.register_log("funcoll", "funcoll")
+    except Exception:  # pragma: no cover - a torch without the logging registry: plain Python logging still works
+        pass
+
+
+_register_torch_log()
+_RF = torch._C._profiler._RecordFunctionFast
+_lock = threading.Lock()
+
+
+def profiling() -> bool:
+    """Whether a ``torch.profiler`` (or ``emit_nvtx``/``emit_itt``) session is recording now."""
+    return _prof._is_profiler_enabled
+
+
+# ---------------------------------------------------------------------------------------------------
+# describing a collective
+# ---------------------------------------------------------------------------------------------------
+_params_cache: Dict[object, Tuple[str, ...]] = {}
+
+
+def _params(fn) -> Tuple[str, ...]:
+    names = _params_cache.get(fn)
+    if names is None:
+        try:
+            names = tuple(inspect.signature(fn).parameters)[1:]  # after the transport
+        except (TypeError, ValueError):  # pragma: no cover
+            names = ()
+        _params_cache[fn] = names
+    return names
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _ranks(ranks) -> str:
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    s = ",".join(map(str, ranks[:16]))
+    return s + (",..." if len(ranks) > 16 else "")
+
+
+def group_label(tp) -> str:
+    """The name of the group a transport serves (``"?"`` when it cannot be told)."""
+    pg = getattr(tp, "_funcoll_pg", None)  # set by on_transport: the funcoll group (its name may be set later)
+    pg = pg() if pg is not None else None
+    if pg is not None and pg.group_name:
+        return pg.group_name
+    name = getattr(tp, "_funcoll_group", None)
+    if name is None:
+        name = getattr(tp, "group_name", None)
+        if name is None:  # a transport lent by a group of another backend (the dispatch-key kernels)
+            from .lowering import _c10d_cache
+
+            name = next((k[0] for k, v in list(_c10d_cache.items()) if v is tp), "?")
+        try:
+            tp._funcoll_group = name
+        except AttributeError:  # pragma: no cover
+            pass
+    return name
+
+
+def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, object], Tuple[str, ...], str]:
+    """(profiler event args, dtypes, the reduce op or "") of one collective call."""
+    tp = args[0]
+    shapes, dtypes, extra, red = [], [], [], ""
+    items = list(zip(_params(fn), args[1:])) + list(kwargs.items())
+    for name, val in items:
+        ts = val if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor) else None
+        if isinstance(val, torch.Tensor):
+            ts = [val]
+        if ts is not None:
+            for t in ts:
+                shapes.append(list(t.shape))
+                dtypes.append(_dt(t.dtype))
+                if len(tensors) < 16:
+                    tensors.append(t)
+            continue
+        if val is None or (isinstance(val, (list, tuple)) and not val):
+            continue
+        if name == "op":
+            from .semantics import parse_reduction
+
+            try:
+                red = str(parse_reduction(val, op))
+            except Exception:
+                red = repr(val)
+            extra.append(f"op={red}")
+        else:
+            extra.append(f"{name}={val}")
+    ranks = getattr(tp, "global_ranks", None)
+    pg = getattr(tp, "_funcoll_pg", None)
+    pg = pg() if pg is not None else None
+    if pg is not None:
+        ranks = pg._global_ranks
+    desc = {
+        "group": group_label(tp),
+        "rank": int(tp.rank),
+        "group_size": int(tp.size),
+        "transport": tp.caps.name,
+        "shapes": str(shapes),
+        "dtypes": ",".join(dict.fromkeys(dtypes)),
+    }
+    if ranks is not None:
+        desc["global_ranks"] = _ranks(ranks)
+    if extra:
+        desc["args"] = " ".join(extra)
+    return desc, tuple(dict.fromkeys(dtypes)), red
+
+
+# ---------------------------------------------------------------------------------------------------
+# the profiler view of a transport
+# ---------------------------------------------------------------------------------------------------
+_PRIMITIVES = frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter", "all_to_all",
+                         "broadcast", "reduce", "gather", "scatter", "send", "recv", "barrier"})
+
+
+class _Traced:
+    """A transport seen through the profiler: each native primitive call is a ``funcoll::native <name>`` range.
+    Everything else is the transport's own (attribute reads and writes go through)."""
+
+    __slots__ = ("_tp",)
+
+    def __init__(self, tp):
+        object.__setattr__(self, "_tp", tp)
+
+    def __getattr__(self, name):
+        attr = getattr(self._tp, name)
+        if name not in _PRIMITIVES:
+            return attr
+        tp = self._tp
+
+        def call(*args, **kwargs):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            for a in args:
+                if isinstance(a, (list, tuple)):
+                    tensors += [t for t in a if isinstance(t, torch.Tensor)]
+            info = {"transport": tp.caps.name, "dtypes": ",".join(dict.fromkeys(_dt(t.dtype) for t in tensors)),
+                    "shapes": str([list(t.shape) for t in tensors])}
+            red = next((a for a in args if type(a).__name__ == "Reduction"), None)
+            if red is not None:
+                info["op"] = str(red)
+            with _RF(f"funcoll::native {name}", tuple(tensors[:16]), info):
+                return attr(*args, **kwargs)
+
+        return call
+
+    def __setattr__(self, name, value):
+        setattr(self._tp, name, value)
+
+    def __repr__(self) -> str:
+        return repr(self._tp)
+
+
+# ---------------------------------------------------------------------------------------------------
+# one collective: its strategy notes, its ranges, its log line
+# ---------------------------------------------------------------------------------------------------
+_decided: set = set()  # (signature, strategies) already logged
+
+
+class Scope(list):
+    """The strategy notes of one collective (``algorithms._current``). While a profiler runs it opens the
+    collective's range at creation and a nested range for each strategy noted; ``close`` ends them and logs the
+    decision once per signature when the funcoll log is at DEBUG. ``args`` are the arguments to call the
+    algorithm with (the transport wrapped so that its native calls are ranges too)."""
+
+    __slots__ = ("op", "args", "_ranges", "_fn", "_kwargs")
+
+    def __init__(self, op: str, fn, args, kwargs):
+        super().__init__()
+        self.op, self._fn, self._kwargs = op, fn, kwargs
+        self.args = args
+        self._ranges: Optional[List] = None
+        if _prof._is_profiler_enabled and args:
+            tensors: list = []
+            desc, _, _ = _describe(op, fn, args, kwargs, tensors)
+            rf = _RF(f"funcoll::{op}", tuple(tensors), desc)
+            rf.__enter__()
+            self._ranges = [rf]
+            self.args = (_Traced(args[0]),) + tuple(args[1:])
+
+    def append(self, strategy: str) -> None:
+        list.append(self, strategy)
+        if self._ranges is not None:
+            rf = _RF(f"funcoll::{self.op} {strategy}", (), {})
+            rf.__enter__()
+            self._ranges.append(rf)
+
+    def close(self, args) -> None:
+        ranges, self._ranges = self._ranges, None
+        if ranges:
+            for rf in reversed(ranges):
+                rf.__exit__(None, None, None)
+        if LOG.isEnabledFor(logging.DEBUG) and args:
+            try:
+                self._log(args)
+            except Exception:  # pragma: no cover - a log line never fails a collective
+                LOG.debug("funcoll: could not describe a %s call", self.op, exc_info=True)
+
+    def _log(self, args) -> None:
+        tp = args[0]
+        _, dtypes, red = _describe(self.op, self._fn, args, self._kwargs, [])
+        notes = tuple(dict.fromkeys(self)) or ("native",)
+        sig = (self.op, group_label(tp), tp.caps.name, dtypes, red)
+        with _lock:
+            if (sig, notes) in _decided:
+                return
+            _decided.add((sig, notes))
+        what = ", ".join(([red] if red else []) + list(dtypes))
+        LOG.debug("%s(%s) on group %s [%s]: %s", self.op, what, sig[1], sig[2], "; ".join(notes))
+
+
+# ---------------------------------------------------------------------------------------------------
+# hooks of the entry points (process group, kernels)
+# ---------------------------------------------------------------------------------------------------
+def on_group(pg, store, lazy: bool) -> None:
+    """``ProcessGroupFuncoll.__init__``: a funcoll group was created."""
+    if LOG.isEnabledFor(logging.INFO):
+        kind = type(store).__name__
+        from .process_group import _unwrap_store
+
+        LOG.info("group %s created: rank %d of %d, global ranks %s, world size %d, store %s, CPU transport %s",
+                 pg.group_name or "(unnamed)", pg.rank(), pg.size(), _ranks(pg._global_ranks), pg._world_size,
+                 type(_unwrap_store(store)).__name__ if kind == "PrefixStore" else kind,
+                 "at the first CPU collective" if lazy else "now")
+
+
+def on_transport(pg, device_type: str, tp):
+    """``ProcessGroupFuncoll.transport``: a transport was created for one device type of a funcoll group. Tags it
+    with the group's name, logs the choice and, with ``FUNCOLL_PROBE=1``, verifies its native requests
+    (:func:`funcoll.probe.probe_transport`). Returns the transport."""
+    tp._funcoll_pg = weakref.ref(pg)
+    if LOG.isEnabledFor(logging.INFO):
+        if device_type == "cpu" and pg.options.profile is not None:
+            why = f"profile {pg.options.profile!r} from funcoll.Options"
+        elif os.environ.get("FUNCOLL_PROFILE", "").strip():
+            why = f"FUNCOLL_PROFILE={os.environ['FUNCOLL_PROFILE'].strip()}"
+        else:
+            why = "the running stack"
+        LOG.info("group %s rank %d/%d: %s transport %s, capabilities %s (%s)", pg.group_name or "(unnamed)",
+                 pg.rank(), pg.size(), device_type, type(tp).__name__, tp.caps.name, why)
+    if os.environ.get("FUNCOLL_PROBE", "").strip().lower() in ("1", "true", "yes", "on"):
+        from . import probe
+
+        probe.at_creation(pg, device_type, tp)
+    return tp
+
+
+def on_install(device_type: str, key: str, n_kernels: int) -> None:
+    LOG.info("install: %d funcoll kernels for _c10d_functional on dispatch key %s (%s)", n_kernels, key,
+             device_type)
+
+
+def on_uninstall(device_type: str) -> None:
+    LOG.info("uninstall: funcoll kernels removed from %s; the previous kernels serve again", device_type)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the cost of the hook
+# ---------------------------------------------------------------------------------------------------
+def _rank_cost(rank, n, reps, block):
+    """Runs on a funcoll world of one rank: ``dist.all_reduce`` of 4 bytes with the hooked entry (no profiler),
+    with the entry as it was before the hook (``record()`` only), and with a profiler recording; then the algorithm
+    alone (``algorithms.all_reduce`` over a transport that sends nothing) with and without the hook. Alternating
+    blocks of ``block`` calls; the median per-call time of each."""
+    import functools
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    from . import algorithms as A
+
+    hooked = A.all_reduce
+    inner = hooked.__wrapped__
+
+    @functools.wraps(inner)
+    def before(*args, **kwargs):  # algorithms._entry as it was without funcoll.observe
+        if not A._recorders or A._current is not None:
+            with torch.no_grad():
+                return inner(*args, **kwargs)
+        A._current = notes = []
+        try:
+            with torch.no_grad():
+                return inner(*args, **kwargs)
+        finally:
+            A._current = None
+            notes = list(dict.fromkeys(notes)) or ["native"]
+            for log in A._recorders:
+                log.append(("all_reduce", notes))
+
+    t = torch.ones(1, dtype=torch.float32)
+    times: Dict[str, list] = {"without hook": [], "with hook, no profiler": [], "with hook, profiler on": []}
+
+    from .report import DryRunTransport
+    from .transport import profile
+
+    dry = DryRunTransport(profile("gloo"), size=1)
+    times.update({"algorithm only, without hook": [], "algorithm only, with hook": []})
+
+    def run():
+        t0 = time.perf_counter()
+        for _ in range(block):
+            dist.all_reduce(t)
+        return (time.perf_counter() - t0) / block
+
+    def run_dry(fn):
+        t0 = time.perf_counter()
+        for _ in range(block):
+            fn(dry, t, "sum")
+        return (time.perf_counter() - t0) / block
+
+    try:
+        for _ in range(20):
+            dist.all_reduce(t)  # warm up
+        for _ in range(reps):
+            A.all_reduce = before
+            times["without hook"].append(run())
+            A.all_reduce = hooked
+            times["with hook, no profiler"].append(run())
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+                times["with hook, profiler on"].append(run())
+            times["algorithm only, without hook"].append(run_dry(before))
+            times["algorithm only, with hook"].append(run_dry(hooked))
+    finally:
+        A.all_reduce = hooked
+    return {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+
+def measure_hook_cost(reps: int = 30, block: int = 200) -> Dict[str, float]:
+    """µs per ``dist.all_reduce`` of 4 bytes on a funcoll group of one rank (its own process): without the hook,
+    with it and no profiler, with it while a profiler records. Medians over alternating blocks."""
+    from .launch import run_world
+
+    return run_world("funcoll.observe:_rank_cost", 1, None, args=(reps, block), timeout=600)[0]

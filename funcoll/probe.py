@@ -1,0 +1,880 @@
+"""The capability probe: verify, on the live group, that what the capability table calls native is right.
+
+The capability tables (:mod:`funcoll.transport`, the XCCL fact table of :mod:`funcoll.lowering.xpu`) are beliefs
+about library versions; XCCL and torch_xla have shipped wrong results on some paths (integer MIN/MAX,
+double-divided AVG, uneven all_to_all on some GPUs), and a version table cannot catch a bug nobody has reported.
+:func:`probe` runs, on the group's own transport, a tiny collective for every request the table calls native:
+
+* every ``(reducing primitive, reduce op, dtype)`` with ``caps.reduces(primitive, op, dtype)`` (all_reduce,
+  all_reduce_coalesced, reduce_scatter, reduce) that funcoll's algorithms can send natively (bool only as
+  and/or/xor, complex and float8 never);
+* every dtype the transport moves natively, through each moving primitive it has (all_gather, even and uneven
+  all_to_all, broadcast, gather, scatter),
+
+each at two sizes (3 elements per rank, and about 1024 elements in all). Inputs are built from a seed; every rank
+all-gathers them (as raw bytes, in one collective per batch) and computes the reference from the gathered inputs
+(integers exactly, with the dtype's wrap-around; floats in float64 with a tolerance of a few units in the last
+place), after checking the gathered bytes against the inputs it regenerates from the seed. The verdicts of every
+rank are gathered too, so every rank demotes the same requests (a strategy that differs between ranks would hang).
+
+A request whose native result is wrong is demoted, for this process, on that transport: its ``Capabilities`` is
+replaced (``dataclasses.replace``) so the algorithms take the strategy they take where the library lacks it:
+
+* all_reduce / reduce_scatter (op, dtype)  -> ``refused_pairs`` (the strategy for that pair, every reducing primitive)
+* reduce, broadcast, gather, scatter, all_reduce_coalesced -> the primitive is dropped (composed from the others)
+* uneven all_to_all                       -> ``uneven_all_to_all=False`` (pad, even all_to_all, unpad)
+* moving a dtype funcoll does not reduce  -> the dtype is dropped (moved as the raw bits of another dtype)
+* anything else (all_gather or even all_to_all of a dtype funcoll reduces) cannot be routed around: it is reported
+  as *unfixable* and logged as an error.
+
+The verified table is cached on disk (``FUNCOLL_PROBE_CACHE``, default ``~/.cache/funcoll/probe``; ``off`` disables
+it), keyed by (torch version, collective library and its version, device name, topology, group size, capability
+table). With a cache entry that every rank of the group holds identically, the probe applies it without running
+the collectives. ``FUNCOLL_PROBE=1`` probes every transport a funcoll group creates (``TORCH_LOGS=funcoll`` shows
+the results); :func:`results` lists them; ``python -m funcoll probe`` runs it from the command line.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import time
+import types
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import algorithms as A
+from . import semantics as S
+from .observe import LOG, group_label
+from .semantics import FLOAT8, ReduceOp, Reduction
+from .transport import Capabilities
+
+__all__ = ["probe", "probe_transport", "ProbeResult", "Request", "requests", "demote", "results", "cache_dir",
+           "inject_wrong"]
+
+R = ReduceOp
+SCHEMA = 1
+_REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
+_BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
+_BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
+         torch.int64: 64, torch.uint64: 64}
+_UNSIGNED = S.UNSIGNED
+_TOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+_PREMUL = 0.5
+_BATCH_BYTES = 16 << 20  # gathered bytes per batch (group size x this rank's inputs)
+
+_results: List["ProbeResult"] = []
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+_DTYPES_BY_NAME = {_dt(d): d for d in (list(_BITS) + [torch.bool, torch.float16, torch.bfloat16, torch.float32,
+                                                      torch.float64] + sorted(FLOAT8, key=str))}
+
+
+# ---------------------------------------------------------------------------------------------------
+# requests
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """One native request: ``primitive`` is a transport primitive, or ``"all_to_all uneven"``."""
+
+    primitive: str
+    op: Optional[ReduceOp]
+    dtype: torch.dtype
+
+    @property
+    def name(self) -> str:
+        return " ".join([self.primitive] + ([str(self.op)] if self.op is not None else []) + [_dt(self.dtype)])
+
+    @staticmethod
+    def parse(name: str) -> "Request":
+        """``"all_reduce max int32"``, ``"all_to_all uneven float32"``, ``"all_gather bfloat16"``."""
+        parts = name.split()
+        try:
+            dtype = _DTYPES_BY_NAME[parts[-1]]
+            if parts[:2] == ["all_to_all", "uneven"] and len(parts) == 3:
+                return Request("all_to_all uneven", None, dtype)
+            if len(parts) == 3 and parts[0] in _REDUCING:
+                return Request(parts[0], ReduceOp(parts[1]), dtype)
+            if len(parts) == 2:
+                return Request(parts[0], None, dtype)
+        except (KeyError, ValueError):
+            pass
+        raise ValueError(f"funcoll.probe: cannot read a request from {name!r}; write e.g. 'all_reduce max int32', "
+                         f"'all_to_all uneven float32' or 'all_gather bfloat16'")
+
+    @property
+    def reduction(self) -> Reduction:
+        assert self.op is not None, self.name
+        return Reduction(self.op, _PREMUL if self.op is R.PREMUL_SUM else None)
+
+
+def requests(caps: Capabilities, size: int) -> List[Request]:
+    """Every request ``caps`` calls native that funcoll's algorithms can send natively, in a fixed order."""
+    out = []
+    dtypes = sorted(caps.dtypes, key=str)
+    for prim in _REDUCING:
+        if not caps.has(prim):
+            continue
+        for dt in dtypes:
+            if dt.is_complex or dt in FLOAT8:
+                continue
+            for op in ReduceOp:
+                if not caps.reduces(prim, op, dt) or (dt == torch.bool and op not in _BOOL_NATIVE):
+                    continue
+                try:
+                    S.check_reduction(prim, Reduction(op, _PREMUL if op is R.PREMUL_SUM else None), dt)
+                except TypeError:
+                    continue
+                out.append(Request(prim, op, dt))
+    for dt in dtypes:
+        for prim in ("all_gather", "all_to_all", "broadcast", "gather", "scatter"):
+            if caps.has(prim):
+                out.append(Request(prim, None, dt))
+        if caps.has("all_to_all") and caps.uneven_all_to_all and size > 1:
+            out.append(Request("all_to_all uneven", None, dt))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# inputs (deterministic per rank) and references
+# ---------------------------------------------------------------------------------------------------
+def _wrap(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int64 values -> ``dtype`` modulo its width (two's complement for signed dtypes)."""
+    bits = _BITS[dtype]
+    if bits == 64:
+        return v.view(torch.uint64) if dtype == torch.uint64 else v
+    m = v & ((1 << bits) - 1)
+    if dtype not in _UNSIGNED:
+        m = m - ((m >> (bits - 1)) & 1) * (1 << bits)
+    return m.to(dtype)
+
+
+def _as_int64(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int64) if t.dtype == torch.uint64 else t.to(torch.int64)
+
+
+def _gen(req: Request, rank: int, numel: int) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(f"funcoll.probe/{req.name}/{rank}/{numel}".encode()))
+
+
+def _values(req: Request, rank: int, n: int, numel: int) -> torch.Tensor:
+    """The input of ``rank`` for ``req`` (CPU, ``numel`` elements): values chosen so that each op's result tells it
+    apart from the others (signs, extremes of the dtype, [-1, 0] for MAX, a factor 2 for PRODUCT, fractions for AVG),
+    exact in the dtype's arithmetic."""
+    dt, op = req.dtype, req.op
+    g = _gen(req, rank, numel)
+    i = torch.arange(numel, dtype=torch.int64)
+    kind = S.dtype_kind(dt)
+    if kind == "bool":
+        return torch.randint(0, 2, (numel,), generator=g).bool()
+    if kind == "float8":
+        return torch.randn(numel, generator=g).to(dt)
+    if op is None or op in S.BITWISE:  # moved bits, or bitwise ops: the full width
+        if kind == "float":
+            return (torch.randn(numel, generator=g) * 4).to(dt)
+        return _wrap(torch.randint(-(1 << 62), 1 << 62, (numel,), generator=g) * 2 + (i & 1), dt)
+    unsigned = dt in _UNSIGNED
+    if op in (R.SUM, R.AVG, R.PREMUL_SUM):
+        v = (i * 3 + rank * 5) % 7 - (0 if unsigned else 3)
+        if kind == "float":
+            return (v.double() + 0.5 * ((i + rank) % 2)).to(dt)
+        return _wrap(v, dt)
+    if op is R.PRODUCT:
+        v = torch.ones(numel, dtype=torch.int64)
+        v[i % n == rank] = 2
+        if not unsigned:
+            v[(i % 3 == 0) & ((i + 1) % n == rank) & (i % n != rank)] = -1
+        return v.to(dt) if kind == "float" else _wrap(v, dt)
+    # MIN / MAX: small values of both signs, the dtype's extremes, and [-1, 0]
+    v = (i * 7 + rank * 13) % 11 - (0 if unsigned else 5)
+    if kind == "float":
+        v = v.double() + 0.25 * (rank % 4)
+        if numel >= 2:
+            v[0], v[1] = -1000.0 - rank, 1000.0 + rank
+        return v.to(dt)
+    bits = _BITS[dt]
+    if numel >= 3:
+        if unsigned:
+            hi = -1 if bits == 64 else (1 << bits) - 1  # all bits set (as int64 bits for uint64)
+            half = -(1 << 63) if bits == 64 else 1 << (bits - 1)
+            v[0], v[1], v[2] = hi - rank, half + rank, rank % 2
+        else:
+            lo = -(1 << (bits - 1))
+            v[0], v[1], v[2] = lo + rank, -lo - 1 - rank, -1 if rank % 2 == 0 else 0
+    return _wrap(v, dt)
+
+
+def _reduce_ref(g: torch.Tensor, req: Request, n: int):
+    """The reduction of the gathered inputs ``g`` [n, numel]: int64 for integer and bool dtypes (compare after
+    wrapping), float64 for floating ones."""
+    op, dt = req.op, req.dtype
+    assert op is not None, req.name
+    if dt == torch.bool:
+        v = g.to(torch.int64)
+        return {R.BOR: v.amax(0), R.BAND: v.amin(0), R.BXOR: v.sum(0) % 2}[op]
+    if dt.is_floating_point:
+        v = g.double()
+        if op is R.SUM:
+            return v.sum(0)
+        if op is R.AVG:
+            return v.sum(0) / n
+        if op is R.PREMUL_SUM:
+            return v.sum(0) * _PREMUL
+        if op is R.PRODUCT:
+            return v.prod(0)
+        return v.amin(0) if op is R.MIN else v.amax(0)
+    v = _as_int64(g)
+    if op is R.SUM:
+        return v.sum(0)
+    if op is R.AVG:
+        return torch.div(v.sum(0), n, rounding_mode="trunc")
+    if op is R.PRODUCT:
+        return v.prod(0)
+    if op in (R.MIN, R.MAX):
+        flip = dt == torch.uint64  # unsigned order as signed order
+        w = v ^ (-(1 << 63)) if flip else v
+        w = w.amin(0) if op is R.MIN else w.amax(0)
+        return w ^ (-(1 << 63)) if flip else w
+    fn = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
+    return functools.reduce(fn, v.unbind(0))
+
+
+def _mismatch(got: torch.Tensor, want, req: Request) -> Optional[str]:
+    """None when ``got`` (CPU) matches the reference ``want``; else a short description."""
+    dt = req.dtype
+    if req.op is None:  # moved: bit for bit
+        a, b = got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)
+        if a.shape == b.shape and torch.equal(a, b):
+            return None
+        bad = (a != b).nonzero() if a.shape == b.shape else None
+        return f"bytes differ{f' from byte {int(bad[0])}' if bad is not None and len(bad) else ''}"
+    if dt.is_floating_point:
+        g, w = got.double(), want
+        tol = _TOL.get(dt, 1e-5)
+        if torch.allclose(g, w, rtol=tol, atol=tol):
+            return None
+        j = int((~torch.isclose(g, w, rtol=tol, atol=tol)).nonzero()[0])
+    else:
+        g = got.to(torch.int64) if dt == torch.bool else _as_int64(got)
+        w = want if dt == torch.bool else _as_int64(_wrap(want, dt))
+        if torch.equal(g, w):
+            return None
+        j = int((g != w).nonzero()[0])
+    return f"element {j}: got {g[j].item()}, expected {w[j].item()}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# one probe case: inputs of every rank, the native call, the check
+# ---------------------------------------------------------------------------------------------------
+def _uneven_splits(n: int, unit: int) -> List[List[int]]:
+    """in_splits[r][j]: what rank r sends to rank j (uneven, with zeros)."""
+    return [[unit * ((r + 2 * j) % 3) + (1 if j == r else 0) for j in range(n)] for r in range(n)]
+
+
+class _Case:
+    """One request at one size on a group of ``n`` ranks."""
+
+    def __init__(self, req: Request, n: int, k: int):
+        self.req, self.n, self.k = req, n, k
+        self.root = n - 1  # dst/src of rooted ops: not rank 0, to catch a root mix-up
+        p = req.primitive
+        if p == "all_to_all uneven":
+            self.splits = _uneven_splits(n, k)
+        self.numel = [self._numel(r) for r in range(n)]
+
+    def _numel(self, r: int) -> int:
+        p, n, k = self.req.primitive, self.n, self.k
+        if p in ("all_gather", "gather"):
+            return k
+        if p == "all_to_all uneven":
+            return sum(self.splits[r])
+        return n * k
+
+    def inputs(self, r: int) -> torch.Tensor:
+        return _values(self.req, r, self.n, self.numel[r])
+
+    def run(self, tp, x: torch.Tensor, dev) -> Tuple[Any, List[torch.Tensor]]:
+        """Issues the native call with this rank's input ``x``; returns (handle, outputs to read)."""
+        p, n, k, req, rank = self.req.primitive, self.n, self.k, self.req, tp.rank
+        d = x.to(dev)
+        if p == "all_reduce":
+            return tp.all_reduce(d, req.reduction), [d]
+        if p == "all_reduce_coalesced":
+            a, b = d[: len(d) // 2].clone(), d[len(d) // 2:].clone()
+            return tp.all_reduce_coalesced([a, b], req.reduction), [a, b]
+        if p == "reduce_scatter":
+            out = d.new_empty((k,))
+            return tp.reduce_scatter(out, d, req.reduction), [out]
+        if p == "reduce":
+            return tp.reduce(d, self.root, req.reduction), [d]
+        if p == "all_gather":
+            out = d.new_empty((n * k,))
+            return tp.all_gather(out, d), [out]
+        if p == "all_to_all":
+            out = torch.empty_like(d)
+            return tp.all_to_all(out, d, None, None), [out]
+        if p == "all_to_all uneven":
+            ins = self.splits[rank]
+            outs = [self.splits[j][rank] for j in range(n)]
+            out = d.new_empty((sum(outs),))
+            return tp.all_to_all(out, d, outs, ins), [out]
+        if p == "broadcast":
+            return tp.broadcast(d, self.root), [d]
+        if p == "gather":
+            parts = [d.new_empty((k,)) for _ in range(n)] if rank == self.root else None
+            return tp.gather(parts, d, self.root), list(parts or [])
+        if p == "scatter":
+            out = d.new_empty((k,))
+            chunks = [t.contiguous() for t in d.view(n, k).unbind(0)] if rank == self.root else None
+            return tp.scatter(out, chunks, self.root), [out]
+        raise AssertionError(p)  # pragma: no cover
+
+    def check(self, rank: int, inputs: Sequence[torch.Tensor], got: List[torch.Tensor]) -> Optional[str]:
+        """``inputs``: every rank's input (from the gather); ``got``: this rank's outputs (CPU)."""
+        p, n, k, req = self.req.primitive, self.n, self.k, self.req
+        if p in _REDUCING:
+            if p == "reduce" and rank != self.root:
+                return None
+            ref = _reduce_ref(torch.stack(list(inputs)), req, n)
+            if p == "reduce_scatter":
+                ref = ref[rank * k:(rank + 1) * k]
+            return _mismatch(torch.cat(got) if len(got) > 1 else got[0], ref, req)
+        if p == "all_gather":
+            want = torch.cat(list(inputs))
+        elif p == "all_to_all":
+            want = torch.cat([x[rank * k:(rank + 1) * k] for x in inputs])
+        elif p == "all_to_all uneven":
+            parts = []
+            for j, x in enumerate(inputs):
+                off = sum(self.splits[j][:rank])
+                parts.append(x[off:off + self.splits[j][rank]])
+            want = torch.cat(parts)
+        elif p == "broadcast":
+            want = inputs[self.root]
+        elif p == "gather":
+            if rank != self.root:
+                return None
+            want = torch.cat(list(inputs))
+            got = [torch.cat(got)]
+        elif p == "scatter":
+            want = inputs[self.root][rank * k:(rank + 1) * k]
+        else:  # pragma: no cover
+            raise AssertionError(p)
+        return _mismatch(got[0], want, req)
+
+
+# ---------------------------------------------------------------------------------------------------
+# demotion
+# ---------------------------------------------------------------------------------------------------
+_DROPPABLE = ("reduce", "broadcast", "gather", "scatter", "all_reduce_coalesced")
+
+
+def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, List[str], List[str]]:
+    """``caps`` with the requests named in ``wrong`` (name -> what was wrong) taken off the native path.
+    Returns (new capabilities, what was demoted, what cannot be routed around)."""
+    if not wrong:
+        return caps, [], []
+    refused, prims, dtypes = set(caps.refused_pairs), set(caps.primitives), set(caps.dtypes)
+    uneven = caps.uneven_all_to_all
+    demoted, unfixable, sources = [], [], dict(caps.sources)
+    for name in wrong:
+        req = Request.parse(name)
+        p = req.primitive
+        if p in ("all_reduce", "reduce_scatter"):
+            refused.add((req.op, req.dtype))
+            what = f"{req.op} on {_dt(req.dtype)}: the strategy, on every reducing primitive"
+        elif p in _DROPPABLE:
+            prims.discard(p)
+            what = f"{p}: composed from the other primitives"
+        elif p == "all_to_all uneven":
+            uneven = False
+            what = "uneven all_to_all: pad, even all_to_all, unpad"
+        elif req.dtype not in caps.reduce_dtypes and any(
+                d in dtypes and d != req.dtype and torch.empty((), dtype=d).element_size() ==
+                torch.empty((), dtype=req.dtype).element_size() for d in caps.dtypes):
+            dtypes.discard(req.dtype)
+            what = f"{_dt(req.dtype)}: moved as the raw bits of another dtype"
+        else:
+            unfixable.append(name)
+            continue
+        demoted.append(f"{name} -> {what}")
+        sources[f"probe.{name}"] = f"wrong native result on this machine ({wrong[name]}); demoted by funcoll.probe"
+    new = replace(caps, refused_pairs=frozenset(refused), primitives=frozenset(prims), dtypes=frozenset(dtypes),
+                  uneven_all_to_all=uneven, sources=sources,
+                  name=caps.name if not demoted or caps.name.endswith("+probe") else caps.name + "+probe")
+    return new, demoted, unfixable
+
+
+def _base_caps(tp) -> Capabilities:
+    # a transport whose ``caps`` is a property (XLA: uneven all_to_all inside static_split_bound) keeps the table
+    # itself in ``_caps``; the probe replaces the table, not the property's view of it
+    return tp.__dict__["_caps"] if "_caps" in tp.__dict__ else tp.caps
+
+
+# ---------------------------------------------------------------------------------------------------
+# results and the cache
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class ProbeResult:
+    group: str
+    device_type: str
+    key: Dict[str, object]
+    checked: List[str]
+    wrong: Dict[str, str] = field(default_factory=dict)
+    demoted: List[str] = field(default_factory=list)
+    unfixable: List[str] = field(default_factory=list)
+    cached: bool = False
+    seconds: float = 0.0
+    capabilities: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.wrong
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_markdown(self) -> str:
+        k = self.key
+        lines = [f"### funcoll.probe: group {self.group}, {self.device_type}",
+                 "",
+                 f"- stack: torch {k.get('torch')}, {k.get('library')}, device {k.get('device')}, "
+                 f"topology {k.get('topology')}, group size {k.get('group_size')}",
+                 f"- capability table: {k.get('capabilities')} -> {self.capabilities}",
+                 f"- {len(self.checked)} native requests verified "
+                 f"({'from the cache' if self.cached else f'in {self.seconds:.2f}s'}); "
+                 f"{len(self.wrong)} wrong",
+                 ""]
+        if self.wrong:
+            lines += ["| native request | wrong result | now |", "|---|---|---|"]
+            now = {d.split(" -> ")[0]: d.split(" -> ", 1)[1] for d in self.demoted}
+            for name, why in self.wrong.items():
+                lines.append(f"| {name} | {why} | {now.get(name, 'UNFIXABLE: still native')} |")
+            lines.append("")
+        return "\n".join(lines)
+
+
+def results() -> List[ProbeResult]:
+    """The probes run (or applied from the cache) in this process, oldest first."""
+    return list(_results)
+
+
+def cache_dir() -> Optional[str]:
+    """``FUNCOLL_PROBE_CACHE`` (``off``/``0``/``none``: no cache), default ``~/.cache/funcoll/probe``."""
+    env = os.environ.get("FUNCOLL_PROBE_CACHE", "").strip()
+    if env.lower() in ("off", "0", "none", "no", "false"):
+        return None
+    return env or os.path.join(os.path.expanduser("~"), ".cache", "funcoll", "probe")
+
+
+def _device_name(device_type: str, dev) -> str:
+    try:
+        if device_type == "xpu":
+            return torch.xpu.get_device_name(dev)
+        if device_type == "xla":
+            import torch_xla.core.xla_model as xm
+
+            try:
+                import torch_xla.runtime as xr
+
+                kind = xr.global_runtime_device_attributes()[0].get("device_kind")
+                if kind:
+                    return str(kind)
+            except Exception:
+                pass
+            return xm.xla_device_hw(dev)
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except Exception:
+        pass
+    return platform.machine() or "unknown"
+
+
+def _library(tp, device_type: str) -> str:
+    if device_type == "xpu":
+        from .lowering.xpu import stack_versions
+
+        return f"oneCCL {stack_versions(True)[1] or 'unknown'}"
+    if device_type == "xla":
+        try:
+            from importlib import metadata
+
+            return f"torch_xla {metadata.version('torch_xla')}"
+        except Exception:
+            return "torch_xla unknown"
+    backend = getattr(tp, "backend", None)
+    return type(backend).__name__.replace("ProcessGroup", "").lower() if backend is not None else type(tp).__name__
+
+
+def _topology(host_ids: List[bytes]) -> str:
+    counts: Dict[bytes, int] = {}
+    for h in host_ids:
+        counts[h] = counts.get(h, 0) + 1
+    per = sorted(set(counts.values()))
+    hosts = len(counts)
+    return (f"{hosts} host{'s' if hosts > 1 else ''} x {per[0]} rank{'s' if per[0] > 1 else ''}" if len(per) == 1
+            else f"{hosts} hosts, {per[0]}-{per[-1]} ranks each")
+
+
+def _key_file(key: dict, device_type: str) -> str:
+    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{device_type}-{h}.json"
+
+
+def _digest(entry: Optional[dict]) -> bytes:
+    if entry is None:
+        return bytes(32)
+    core = {k: entry[k] for k in ("key", "checked", "wrong")}
+    return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).digest()
+
+
+def _read_cache(path: Optional[str], key: dict, names: List[str]) -> Optional[dict]:
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            entry = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if entry.get("key") != key or entry.get("checked") != names or not isinstance(entry.get("wrong"), dict):
+        return None
+    return entry
+
+
+def _write_cache(path: Optional[str], entry: dict) -> None:
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(entry, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home: the probe still applies
+        LOG.warning("funcoll.probe: cannot write the cache %s: %s", path, e)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the probe
+# ---------------------------------------------------------------------------------------------------
+def _device_of(tp):
+    dev = getattr(tp, "control_device", None)
+    return torch.device(dev) if dev is not None else torch.device("cpu")
+
+
+def _sync(tp) -> None:
+    if getattr(tp, "device_type", "cpu") == "xla":
+        import torch_xla
+
+        torch_xla.sync()
+
+
+def _recover(tp) -> None:
+    """After a failed graph on XLA: later collectives must not stay chained to the failed one by the token."""
+    if getattr(tp, "device_type", "cpu") == "xla":
+        from .lowering.xla import reset_token
+
+        reset_token(_device_of(tp))
+
+
+def _xla_on_cpu() -> bool:
+    try:
+        import torch_xla.runtime as xr
+
+        return xr.device_type() == "CPU"
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def _all_gather_bytes(tp, mine: torch.Tensor, dev) -> torch.Tensor:
+    """[n, len] uint8 (CPU): every rank's ``mine`` (same length everywhere), by funcoll's all_gather."""
+    d = mine.to(dev)
+    g = d.new_empty((tp.size * d.numel(),))
+    A.all_gather(tp, g, d).wait()
+    _sync(tp)
+    return g.cpu().view(tp.size, -1)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _issue(tp, cases: List[_Case], my_inputs: List[torch.Tensor], mine: torch.Tensor, dev):
+    """Sends the reference gather and every case's native request, waits, reads everything back to the CPU.
+    Returns (gathered [n, len] CPU, per case: (outputs on the CPU, error or None)), or a string when the whole batch
+    failed (a lazy backend fails the graph). Device tensors live only in this frame: gone when it returns."""
+    n = tp.size
+    d = mine.to(dev)
+    gathered = d.new_empty((n * d.numel(),))
+    ref = A.all_gather(tp, gathered, d)
+    issued: List[Tuple[Any, List[torch.Tensor], Optional[str]]] = []
+    for c, x in zip(cases, my_inputs):
+        try:
+            h, outs = c.run(tp, x, dev)
+            issued.append((h, outs, None))
+        except Exception as e:  # noqa: BLE001 - a native request that raises is as wrong as a wrong result
+            issued.append((None, [], f"raised {type(e).__name__}: {_first_line(e)}"))
+    ref.wait()
+    results: List[Tuple[List[torch.Tensor], Optional[str]]] = []
+    try:
+        for h, outs, err in issued:
+            if h is not None and err is None:
+                try:
+                    h.wait()
+                except Exception as e:  # noqa: BLE001
+                    err = f"raised {type(e).__name__} on wait: {_first_line(e)}"
+            results.append((outs, err))
+        _sync(tp)
+        g = gathered.cpu().view(n, -1)
+        return g, [([t.cpu() for t in outs] if err is None else [], err) for outs, err in results]
+    except Exception as e:  # noqa: BLE001
+        return f"raised {type(e).__name__}: {_first_line(e)}"
+
+
+def _run_batch(tp, cases: List[_Case], dev) -> Tuple[List[Optional[str]], bool]:
+    """Runs ``cases``; returns (this rank's verdict per case, whether the reference gather was right)."""
+    n, rank = tp.size, tp.rank
+    sizes = [max(c.numel[r] * torch.empty((), dtype=c.req.dtype).element_size() for r in range(n)) for c in cases]
+    offs = [0]
+    for s in sizes:
+        offs.append(offs[-1] + s)
+    mine = torch.zeros(offs[-1], dtype=torch.uint8)
+    my_inputs = []
+    for c, o in zip(cases, offs):
+        x = c.inputs(rank)
+        b = _bytes(x)
+        mine[o:o + b.numel()] = b
+        my_inputs.append(x)
+    got = _issue(tp, cases, my_inputs, mine, dev)
+    if isinstance(got, str):  # the whole graph failed (XLA): each case alone, to find the culprits
+        _recover(tp)
+        if len(cases) == 1:
+            return [got], True
+        verdicts: List[Optional[str]] = []
+        ok = True
+        for c in cases:
+            v, good = _run_batch(tp, [c], dev)
+            verdicts += v
+            ok &= good
+        return verdicts, ok
+    g, results = got
+    # the reference carrier first: the gathered bytes must be every rank's input, as each rank regenerates them
+    for r in range(n):
+        for c, o in zip(cases, offs):
+            want = _bytes(c.inputs(r))
+            if not torch.equal(g[r, o:o + want.numel()], want):
+                return [None] * len(cases), False
+    verdicts = []
+    for c, o, (outs, err) in zip(cases, offs, results):
+        if err is not None:
+            verdicts.append(err)
+            continue
+        inputs = [g[r, o:o + c.numel[r] * torch.empty((), dtype=c.req.dtype).element_size()].clone()
+                  .view(c.req.dtype) for r in range(n)]
+        try:
+            verdicts.append(c.check(rank, inputs, outs))
+        except Exception as e:  # noqa: BLE001 - a result that cannot even be compared is wrong
+            verdicts.append(f"cannot compare: {type(e).__name__}: {e}")
+    return verdicts, True
+
+
+def _sizes(n: int) -> Tuple[int, int]:
+    return 3, max(1, math.ceil(1024 / n))
+
+
+def _stack_key(tp, device_type: str, topology: str, caps: Capabilities) -> dict:
+    return {"schema": SCHEMA, "torch": torch.__version__, "library": _library(tp, device_type),
+            "transport": type(tp).__name__,
+            "device": _device_name(device_type, _device_of(tp)), "topology": topology, "group_size": tp.size,
+            "capabilities": caps.name}
+
+
+def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] = None, *,
+                    cache: bool = True) -> ProbeResult:
+    """Probes one transport (collective: every rank of its group calls it) and demotes what is wrong on it. A transport
+    probed before in this process returns that result (no collective) unless ``cache=False``."""
+    if getattr(tp, "device_type", "cpu") == "xla" and _xla_on_cpu():
+        raise RuntimeError("funcoll.probe: the XLA transport on the CPU PJRT device (PJRT_DEVICE=CPU) runs no "
+                           "multi-replica collective and has no bf16 all-reduce; torch_xla 2.9 crashes after a few "
+                           "failed ones. Probe XLA on a TPU (PJRT_DEVICE=TPU)")
+    done = getattr(tp, "_funcoll_probe", None)
+    if cache and done is not None:  # probed in this process already (every rank of the group was part of it)
+        return done
+    t0 = time.monotonic()
+    device_type = str(device_type or getattr(tp, "device_type", "cpu"))
+    group = str(group) if group is not None else group_label(tp)
+    dev = _device_of(tp)
+    caps = _base_caps(tp)
+    n, rank = tp.size, tp.rank
+    reqs = requests(tp.caps, n)
+    names = [r.name for r in reqs]
+    # 1. the topology (host of each rank) and the cache entry every rank holds
+    host = hashlib.sha256(socket.gethostname().encode()).digest()[:8]
+    hosts = _all_gather_bytes(tp, torch.frombuffer(bytearray(host), dtype=torch.uint8), dev)
+    topology = _topology([bytes(hosts[r].tolist()) for r in range(n)])
+    key = _stack_key(tp, device_type, topology, caps)
+    root = cache_dir() if cache else None
+    path = os.path.join(root, _key_file(key, device_type)) if root else None
+    entry = _read_cache(path, key, names)
+    digests = _all_gather_bytes(tp, torch.frombuffer(bytearray(_digest(entry)), dtype=torch.uint8), dev)
+    same = entry is not None and all(torch.equal(digests[r], digests[0]) for r in range(n))
+    if same and entry is not None:
+        wrong = dict(entry["wrong"])
+        cached = True
+    else:
+        # 2. every native request, at two sizes, in batches of bounded gathered size
+        cases = [_Case(r, n, k) for k in _sizes(n) for r in reqs]
+        local: Dict[int, str] = {}
+        batch: List[int] = []
+        size = 0
+        unfixable_ref = False
+
+        def flush():
+            nonlocal unfixable_ref
+            if not batch:
+                return
+            verdicts, ref_ok = _run_batch(tp, [cases[i] for i in batch], dev)
+            unfixable_ref |= not ref_ok
+            for i, v in zip(batch, verdicts):
+                if v is not None:
+                    local[i] = v
+            batch.clear()
+
+        for i, c in enumerate(cases):
+            b = n * max(c.numel) * 8
+            if batch and size + b > _BATCH_BYTES:
+                flush()
+                size = 0
+            batch.append(i)
+            size += b
+        flush()
+        # 3. every rank's verdicts: the union, so that every rank demotes the same requests
+        flags = torch.zeros(len(reqs) + 1, dtype=torch.uint8)
+        for i in local:
+            flags[i % len(reqs)] = 1
+        flags[-1] = int(unfixable_ref)
+        every = _all_gather_bytes(tp, flags, dev)
+        if bool(every[:, -1].any()):
+            LOG.error("funcoll.probe: group %s %s: the all_gather of raw bytes (the probe's reference) returned "
+                      "wrong data; nothing was verified or demoted", group, device_type)
+            res = ProbeResult(group, device_type, key, names, {}, [], ["all_gather uint8 (the probe's reference)"],
+                              False, time.monotonic() - t0, caps.name)
+            _results.append(res)
+            return res
+        wrong = {}
+        for j, req in enumerate(reqs):
+            bad = [r for r in range(n) if every[r, j]]
+            if bad:
+                mine = [local[i] for i in (j, j + len(reqs)) if i in local]
+                wrong[req.name] = (f"{mine[0]} on rank {rank}" if mine else "wrong") + \
+                    (f"; wrong on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}" if n > 1 else "")
+        cached = False
+    new, demoted, unfixable = demote(caps, wrong)
+    if demoted:
+        tp.caps = new
+    res = ProbeResult(group, device_type, key, names, wrong, demoted, unfixable, cached, time.monotonic() - t0,
+                      tp.caps.name)
+    _results.append(res)
+    tp._funcoll_probe = res
+    if not cached:
+        _write_cache(path, {"key": key, "checked": names, "wrong": wrong, "demoted": demoted,
+                            "unfixable": unfixable, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    for name, why in wrong.items():
+        if name in unfixable:
+            LOG.error("funcoll.probe: group %s %s: native %s gave a wrong result (%s); funcoll cannot route "
+                      "around it", group, device_type, name, why)
+        else:
+            LOG.warning("funcoll.probe: group %s %s: native %s gave a wrong result (%s); demoted to its strategy for "
+                        "this process", group, device_type, name, why)
+    LOG.info("funcoll.probe: group %s %s: %d native requests of %s verified (%s): %s", group, device_type,
+             len(names), caps.name, "cache" if cached else f"{res.seconds:.2f}s",
+             "all right" if not wrong else f"{len(wrong)} wrong, {len(demoted)} demoted")
+    return res
+
+
+def probe(group=None, device: Optional[str] = None, *, cache: bool = True) -> ProbeResult:
+    """Verifies every request the capability table of ``group``'s transport for ``device`` calls native, on the live
+    group (collective: call it on every rank of the group), and demotes, for this process, those whose native result
+    is wrong. ``group``: a process group (default: the world); ``device``: "cpu", "xpu", "xla" (default: "xpu"
+    where an XPU is available, else "cpu"). ``cache=False`` ignores and does not write the disk cache."""
+    import torch.distributed as dist
+
+    from .lowering import transport_for
+
+    if group is None:
+        group = dist.group.WORLD
+    if device is None:
+        device = "xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu"
+    dtype = torch.device(device).type
+    tp = transport_for(group, device)
+    return probe_transport(tp, dtype, getattr(group, "group_name", None) or group_label(tp), cache=cache)
+
+
+def at_creation(pg, device_type: str, tp) -> None:
+    """``FUNCOLL_PROBE=1``: probes a transport a funcoll group just created (not in a virtual world: a group built
+    in one process over a HashStore/FakeStore cannot run collectives)."""
+    from .process_group import _LOCAL_STORES, _unwrap_store
+
+    if isinstance(_unwrap_store(pg._store), _LOCAL_STORES) or getattr(tp, "virtual", False):
+        LOG.info("funcoll.probe: group %s %s: not probed (a virtual group)", pg.group_name, device_type)
+        return
+    if device_type == "xla" and _xla_on_cpu():
+        LOG.info("funcoll.probe: group %s xla: not probed (the CPU PJRT device)", pg.group_name)
+        return
+    probe_transport(tp, device_type, pg.group_name or "(unnamed)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# a deliberately wrong transport (tests, ``python -m funcoll probe --simulate-wrong``)
+# ---------------------------------------------------------------------------------------------------
+def inject_wrong(tp, name: str) -> None:
+    """Makes ``tp`` return a wrong result for one native reduction, e.g. ``"all_reduce max int32"`` (it reduces
+    with SUM instead, or with MAX where SUM was asked): what a broken collective library does."""
+    req = Request.parse(name)
+    if req.primitive not in ("all_reduce", "reduce_scatter", "reduce"):
+        raise ValueError(f"funcoll.probe.inject_wrong: only reductions can be made wrong, got {name!r}")
+    swap = Reduction(R.MAX if req.op is R.SUM else R.SUM)
+    cls = type(tp)
+    method = "_" + req.primitive
+
+    def wrong(self, *args):
+        args = list(args)
+        t = args[0] if req.primitive != "reduce_scatter" else args[1]
+        red_at = len(args) - 1
+        if t.dtype == req.dtype and args[red_at].op is req.op:
+            args[red_at] = swap
+        return getattr(cls, method)(self, *args)
+
+    tp.__class__ = type(f"Wrong{cls.__name__}", (cls,), {method: wrong})
+
+
+class _CallableModule(types.ModuleType):
+    """``funcoll.probe(...)`` is :func:`probe`, and ``funcoll.probe.results()`` etc. are this module's: the module is
+    callable, so the function does not shadow the module (``import funcoll.probe`` keeps working)."""
+
+    def __call__(self, *args, **kwargs):
+        return probe(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,92 @@
+"""``python -m funcoll report|probe|bench|demo``: each subcommand run as a user runs it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args, timeout=300, **env_extra):
+    env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU", **env_extra)
+    for k in ("FUNCOLL_PROFILE", "FUNCOLL_PROBE", "TORCH_LOGS", "RANK", "WORLD_SIZE"):
+        if k not in env_extra:
+            env.pop(k, None)
+    return subprocess.run([sys.executable, "-m", "funcoll", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_no_subcommand_prints_the_usage():
+    p = _run()
+    assert p.returncode == 2 and "{report,probe,bench,demo}" in p.stdout
+
+
+def test_report_is_the_capability_table_of_the_code():
+    from funcoll.report import capability_table
+
+    p = _run("report")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout == capability_table()
+    p = _run("report", "--profile", "xccl")
+    assert p.stdout == capability_table(("xccl",))
+
+
+def test_report_for_a_device_and_versions_as_json():
+    p = _run("report", "--device", "xpu", "--device", "cpu", "--torch-version", "2.9.0", "--oneccl-version",
+             "2021.16.1", "--format", "json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    assert doc["torch"] == torch.__version__
+    (xpu, cpu) = [c["name"] for c in doc["columns"]]
+    assert xpu.startswith("xpu: xccl[torch 2.9, oneCCL 2021.16.1") and cpu == "cpu: gloo"
+    rows = {r["request"]: r["cells"] for r in doc["rows"]}
+    # XCCL has no bitwise ops, gloo has; neither reduces int16 nor has PREMUL_SUM
+    bitwise, i16, premul = (rows[k] for k in ("all_reduce band/bor/bxor int32", "all_reduce sum int16",
+                                               "all_reduce premul_sum float32"))
+    assert bitwise[cpu] == "native" and bitwise[xpu] not in ("native", "") and "bxor" in bitwise[xpu]
+    assert "native" not in (i16[xpu], i16[cpu], premul[xpu], premul[cpu])
+    assert "xccl.bitwise" in doc["columns"][0]["sources"]
+
+
+def test_probe_catches_a_simulated_wrong_result():
+    p = _run("probe", "--simulate-wrong", "all_reduce max int32", "--no-cache", "--format", "json", timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    assert list(doc["probe"]["wrong"]) == ["all_reduce max int32"]
+    after = doc["after"]
+    assert after["request"] == "all_reduce max int32" and after["right"] is True
+    assert after["strategies"] and after["strategies"] != ["native"]
+    assert "native all_reduce max int32 gave a wrong result" in p.stderr  # a warning, printed by default
+
+
+def test_probe_markdown_on_a_healthy_world(tmp_path):
+    p = _run("probe", "--profile", "xccl", timeout=300, FUNCOLL_PROBE_CACHE=str(tmp_path))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "### funcoll.probe: group 0, cpu" in p.stdout
+    assert "- capability table: gloo[xccl] -> gloo[xccl]" in p.stdout and "; 0 wrong" in p.stdout
+    assert len(os.listdir(tmp_path)) == 1
+
+
+def test_bench_is_the_bench():
+    p = _run("bench", "2", "--no-docs", timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "funcoll bench: torch" in p.stdout and "[bench] CPU world of 2 rank(s)" in p.stderr
+    assert "all_reduce 4 B" in p.stdout
+
+
+def test_bench_hook_cost():
+    p = _run("bench", "--hook-cost", "3", timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for what in ("without hook", "with hook, no profiler", "with hook, profiler on", "algorithm only, without hook",
+                 "algorithm only, with hook"):
+        assert f"  {what} " in p.stdout, p.stdout
+
+
+def test_demo():
+    p = _run("demo", timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "native == xccl profile on every call: True" in p.stdout
+    assert "eager == compiled training step (bit-identical): True" in p.stdout
