@@ -1,106 +1,108 @@
-"""funcoll benchmarks (``./dev bench``): funcoll vs the raw path in the same run, alternating, medians.
+"""funcoll benchmarks (``./dev bench [blocks]``): funcoll against the raw path in the same run, alternating blocks.
 
-A 2-rank CPU world. Per case it times the raw path (a plain gloo group, or funcoll's native path where the
-raw backend cannot do the request at all) and funcoll's path, interleaved, and prints the median of each and
-their ratio. Cases: eager latency for small messages, bandwidth for large ones, the cost of each gap-filling
-strategy against the native op (strategies forced with a group whose profile is xccl). Then, where torch_xla is
-installed, bench/xla.py: compile time, step time and HLO op counts of the same compiled step through torch_xla's
-kernels and through funcoll's.
+Runs bench/overhead.py on a 1-rank and a 2-rank CPU world (eager per-call cost 4 B - 1 MiB, async issue, a compiled
+step, the gap-filling strategies at 16 MiB with their peak memory and bytes sent), then, where torch_xla is
+installed, bench/xla.py (the cost of building one functional all_reduce on virtual worlds of 4, 64 and 256 ranks,
+and the compiled-step table). Prints one table and writes docs/performance.md with a plot (docs/performance.png) of
+per-call cost against message size. Progress goes to stderr.
 """
 
 from __future__ import annotations
 
-import statistics
+import importlib.util
+import json
+import os
+import subprocess
 import sys
-import time
 
 import torch
 
-REPS = 30
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCKS = 15
 
 
-def _time(fn, reps):
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+def _progress(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def rank_main(rank, n, reps=REPS):
-    import torch.distributed as dist
+def run(blocks: int = BLOCKS, write_docs: bool = True) -> list:
+    from funcoll.launch import run_world
 
-    import funcoll
-
-    torch.set_num_threads(1)
-    R = dist.ReduceOp
-    raw = dist.new_group(backend="gloo")
-    fc_native = dist.group.WORLD  # funcoll over gloo, native profile
-    fc_xccl = dist.new_group(backend="funcoll", pg_options=funcoll.Options(profile="xccl"))
-
-    def ar(group, size, dtype=torch.float32, op=R.SUM):
-        t = torch.ones(size, dtype=dtype)
-        return lambda: dist.all_reduce(t, op=op, group=group)
-
-    def a2a(group, uneven):
-        inp = torch.ones(1 << 16)
-        if uneven:
-            ins = [1 << 14, 3 << 14] if rank == 0 else [3 << 14, 1 << 14]
-            outs = [1 << 14, 3 << 14] if rank == 0 else [3 << 14, 1 << 14]
-        else:
-            ins = outs = [1 << 15, 1 << 15]
-        out = torch.empty(sum(outs))
-        return lambda: dist.all_to_all_single(out, inp, outs, ins, group=group)
-
-    cases = [
-        ("all_reduce 1 KiB f32 latency", ar(raw, 256), ar(fc_native, 256), 4 * 256),
-        ("all_reduce 16 MiB f32 bandwidth", ar(raw, 1 << 22), ar(fc_native, 1 << 22), 4 << 22),
-        ("AVG 4 MiB f32: native vs avg=sum+scale", ar(fc_native, 1 << 20, op=R.AVG),
-         ar(fc_xccl, 1 << 20, op=R.AVG), 4 << 20),
-        ("AVG 4 MiB bf16: native vs sum+scale in f32", ar(fc_native, 1 << 21, torch.bfloat16, R.AVG),
-         ar(fc_xccl, 1 << 21, torch.bfloat16, R.AVG), 4 << 20),
-        ("BXOR 1 MiB i32: native vs gather+local", ar(fc_native, 1 << 18, torch.int32, R.BXOR),
-         ar(fc_xccl, 1 << 18, torch.int32, R.BXOR), 1 << 20),
-        ("MAX 1 MiB i32: native vs gather+local", ar(fc_native, 1 << 18, torch.int32, R.MAX),
-         ar(fc_xccl, 1 << 18, torch.int32, R.MAX), 1 << 20),
-        ("SUM 1 MiB: i32 native vs i16 widened", ar(fc_native, 1 << 18, torch.int32),
-         ar(fc_native, 1 << 19, torch.int16), 1 << 20),
-        ("all_to_all 256 KiB: uneven native vs padded", a2a(fc_native, True), a2a(fc_xccl, True), 1 << 18),
-    ]
     rows = []
-    for name, base, ours, nbytes in cases:
-        base()
-        ours()  # warm up (gloo connections, strategy buffers)
-        tb, to = [], []
-        for _ in range(reps):  # alternate so both see the same machine state
-            tb += _time(base, 1)
-            to += _time(ours, 1)
-        dist.barrier()
-        rows.append((name, statistics.median(tb), statistics.median(to), nbytes))
+    for n in (1, 2):
+        _progress(f"CPU world of {n} rank(s)")
+        rows += run_world("bench.overhead:rank_main", n, None, args=(blocks,), timeout=900)[0]
+    xla = importlib.util.find_spec("torch_xla") is not None
+    if xla:
+        for world in (4, 64, 256):
+            _progress(f"XLA: building an all_reduce on a virtual world of {world}")
+            p = subprocess.run([sys.executable, "-m", "bench.xla", "build", str(world), str(max(3, blocks // 2))],
+                               capture_output=True, text=True, timeout=600, cwd=ROOT)
+            line = next((ln for ln in p.stdout.splitlines() if ln.startswith("BUILD ")), None)
+            if line is None:
+                raise RuntimeError(f"bench.xla build {world} failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+            rows.append(json.loads(line[len("BUILD "):]))
+    print(table(rows))
+    if write_docs:
+        write(rows, xla)
     return rows
 
 
+def table(rows) -> str:
+    w = max(len(r["case"]) for r in rows)
+    out = [f"funcoll bench: torch {torch.__version__}; ratio = funcoll / raw, median of per-block ratios [25%-75%]",
+           f"{'case':<{w}}  {'world':>5} {'raw':>10} {'funcoll':>10} {'ratio':>6} {'spread':>13} {'extra':>16}"]
+    for r in rows:
+        extra = ""
+        if "peak_extra" in r:
+            extra = f"peak +{r['peak_extra']:.2f}x"
+        if "bytes_sent_ratio" in r:
+            extra += f" sent {r['bytes_sent_ratio']:.2f}x"
+        out.append(f"{r['case']:<{w}}  {r['world']:>5} {r['raw_us']:>8.1f}us {r['funcoll_us']:>8.1f}us "
+                   f"{r['ratio']:>6.2f} {r['q1']:>6.2f}-{r['q3']:<6.2f} {extra:>16}")
+    return "\n".join(out)
+
+
+def write(rows, xla: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for n, style in ((1, "-"), (2, "--")):
+        pts = [r for r in rows if r["world"] == n and r["case"].startswith("all_reduce ")]
+        xs = [r["bytes"] for r in pts]
+        ax.plot(xs, [r["raw_us"] for r in pts], style, marker="o", color="tab:gray", label=f"raw gloo, world {n}")
+        ax.plot(xs, [r["funcoll_us"] for r in pts], style, marker="s", color="tab:blue", label=f"funcoll, world {n}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size per rank (bytes)")
+    ax.set_ylabel("per-call cost of dist.all_reduce (µs)")
+    ax.set_title(f"funcoll vs raw gloo, CPU, torch {torch.__version__}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(ROOT, "docs", "performance.png"), dpi=110)
+    page = os.path.join(ROOT, "docs", "performance.md")
+    head = open(page).read().split("<!-- bench -->")[0] if os.path.exists(page) else "# Performance\n\n"
+    body = ("<!-- bench -->\n\nThe last `./dev bench` run (2 shared cores: read the ratios, not the microseconds"
+            f"{'' if xla else '; torch_xla absent, no XLA rows'}):\n\n```\n{table(rows)}\n```\n\n"
+            "![per-call cost of dist.all_reduce against message size](performance.png)\n")
+    with open(page, "w") as f:
+        f.write(head + body)
+
+
 def main(argv=None) -> int:
-    from funcoll.launch import run_world
-
-    reps = int(argv[0]) if argv else REPS
-    rows = run_world("bench.__main__:rank_main", 2, None, args=(reps,), timeout=600)[0]
-    print(f"funcoll bench: 2 CPU ranks over gloo, torch {torch.__version__}, median of {reps} alternating reps\n")
-    w = max(len(r[0]) for r in rows)
-    print(f"{'case':<{w}}  {'raw/native':>12} {'funcoll':>12} {'ratio':>7} {'funcoll GB/s':>13}")
-    for name, tb, to, nbytes in rows:
-        print(f"{name:<{w}}  {tb * 1e6:>10.0f}us {to * 1e6:>10.0f}us {to / tb:>7.2f} {nbytes / to / 1e9:>13.3f}")
-    import importlib.util
-    import subprocess
-
-    if importlib.util.find_spec("torch_xla") is None:
-        print("\n(torch_xla is not installed: no XLA part)")
-        return 0
-    print()
-    sys.stdout.flush()  # the XLA part runs in a process of its own (it builds a funcoll world of one rank)
-    return subprocess.run([sys.executable, "-m", "bench.xla", str(min(reps, 20))], timeout=600).returncode
+    argv = list(sys.argv[1:] if argv is None else argv)
+    write_docs = "--no-docs" not in argv
+    argv = [a for a in argv if a != "--no-docs"]
+    run(int(argv[0]) if argv else BLOCKS, write_docs)
+    if importlib.util.find_spec("torch_xla") is not None and write_docs:
+        sys.stdout.flush()
+        return subprocess.run([sys.executable, "-m", "bench.xla", "10"], timeout=900, cwd=ROOT).returncode
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -116,5 +116,46 @@ def report(rows) -> None:
             print(f"{'':<28} {'torch_xla':<10} {'raises (not lowered)':>30}")
 
 
+def build_cost(world: int, blocks: int = 10) -> dict:
+    """Building one functional all_reduce (nothing runs) on rank 0 of a virtual funcoll world of ``world`` ranks:
+    funcoll's XLA kernel vs torch_xla's own, alternating blocks of 50 builds, each side with its kernels installed.
+    torch_xla's kernel ignores the group (always the whole world); funcoll's spells the replica groups out."""
+    import torch.distributed as dist
+    import torch_xla
+
+    import funcoll
+    from bench.overhead import _block
+    from funcoll.lowering import xla as X
+
+    dist.init_process_group("funcoll", store=dist.HashStore(), rank=0, world_size=world)
+    name = dist.group.WORLD.group_name
+    x = torch.ones(256, device=torch_xla.device())
+    op = torch.ops._c10d_functional.all_reduce
+
+    def build():
+        X.reset_token()  # no chaining: every build is the same size
+        op(x, "sum", name)
+
+    tr, to, ratios = [], [], []
+    for _ in range(blocks):
+        funcoll.uninstall(["xla"])
+        b = _block(build, 50)
+        funcoll.install(["xla"])
+        o = _block(build, 50)
+        tr.append(b)
+        to.append(o)
+        ratios.append(o / b)
+    funcoll.uninstall(["xla"])
+    q = statistics.quantiles(ratios, n=4)
+    return {"case": f"XLA build all_reduce, world {world}", "bytes": 1024, "world": world,
+            "raw_us": statistics.median(tr) * 1e6, "funcoll_us": statistics.median(to) * 1e6,
+            "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2]}
+
+
 if __name__ == "__main__":
-    report(main(int(sys.argv[1]) if len(sys.argv) > 1 else 20))
+    if len(sys.argv) > 2 and sys.argv[1] == "build":
+        import json
+
+        print("BUILD " + json.dumps(build_cost(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 10)))
+    else:
+        report(main(int(sys.argv[1]) if len(sys.argv) > 1 else 20))

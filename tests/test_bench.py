@@ -1,4 +1,5 @@
-"""The benchmark runs (a smoke test with 2 repetitions; its numbers are read by people, not asserted)."""
+"""The benchmark runs and reports every case (a smoke test with 2 blocks; its numbers are read by people, not
+asserted), without rewriting docs/performance.md when asked not to."""
 
 import os
 import subprocess
@@ -10,18 +11,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_bench_runs_and_reports_every_case():
     env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
     env.pop("FUNCOLL_PROFILE", None)
-    p = subprocess.run([sys.executable, "-m", "bench", "2"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=400)
+    page = os.path.join(ROOT, "docs", "performance.md")
+    before = open(page).read() if os.path.exists(page) else None
+    p = subprocess.run([sys.executable, "-m", "bench", "2", "--no-docs"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    for case in ("all_reduce 1 KiB f32 latency", "AVG 4 MiB bf16: native vs sum+scale in f32",
-                 "all_to_all 256 KiB: uneven native vs padded"):
-        assert case in p.stdout, p.stdout
+    rows = {}
+    for line in p.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[-1] != "extra" and any(w.endswith("us") for w in parts):
+            name = line[:line.index("  ")].strip()
+            rows.setdefault(name, []).append(line)
+    for size in ("4 B", "64 B", "1 KiB", "16 KiB", "256 KiB", "1 MiB"):
+        assert len(rows[f"all_reduce {size}"]) == 2, rows.keys()  # world 1 and world 2
+    for case in ("all_gather_into_tensor 1 KiB", "reduce_scatter_tensor 1 KiB", "all_to_all_single 1 KiB",
+                 "broadcast 1 KiB", "async issue 4 B"):
+        assert len(rows[case]) == 2, case
+    assert len(rows["compiled step, 10 all_reduce 256 B"]) == 1
+    for case in ("BXOR 16 MiB i32", "MAX 16 MiB i32", "any (MAX) 16 MiB bool", "AVG 16 MiB bf16"):
+        assert "peak +" in rows[case][0], rows[case]
+    assert "sent " in rows["uneven all_to_all 16 MiB, 10:1"][0]
     try:
         import torch_xla  # noqa: F401
     except ImportError:
-        return
-    lines = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("all_reduce sum 1 MiB f32")]
-    assert [ln[5] for ln in lines] == ["torch_xla", "funcoll"], p.stdout
-    # the same HLO size and one collective either way: funcoll's lowering adds nothing where torch_xla is native
-    assert lines[0][-3:-1] == lines[1][-3:-1] and lines[1][-2] == "1", p.stdout
-    assert "raises (not lowered)" in p.stdout
+        assert not any(k.startswith("XLA build") for k in rows)
+    else:
+        assert {f"XLA build all_reduce, world {w}" for w in (4, 64, 256)} <= set(rows)
+    assert (open(page).read() if os.path.exists(page) else None) == before  # --no-docs: the page is untouched
+    assert "[bench] world 2: uneven all_to_all 16 MiB, 10:1" in p.stderr  # progress on stderr
