@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from datetime import timedelta
 from typing import Callable, List, Optional, Sequence
@@ -234,18 +235,39 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     return t.view(t.shape[0], -1).view(torch.uint8)
 
 
+_IN_PLACE = {R.SUM: torch.Tensor.add_, R.PRODUCT: torch.Tensor.mul_, R.MIN: torch.Tensor.copy_,
+             R.BAND: torch.Tensor.bitwise_and_, R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_}
+
+
 def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
-    """Reduces dim 0 of ``g`` in rank order, in g's dtype."""
-    if op is R.SUM:
-        return g.sum(0, dtype=g.dtype)
-    if op is R.PRODUCT:
-        return g.prod(0, dtype=g.dtype)
-    if op is R.MIN:
-        return g.amin(0)
-    if op is R.MAX:
-        return g.amax(0)
-    fn = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
-    return functools.reduce(fn, g.unbind(0))
+    """Reduces dim 0 of ``g`` (one row per rank, a buffer of funcoll's own) in rank order, in g's dtype, in place
+    into ``g[0]``, which it returns: no temporaries, and the same order (so the same bits) on every rank."""
+    rows = g.unbind(0)
+    acc = rows[0]
+    for row in rows[1:]:
+        if op is R.MIN:
+            torch.minimum(acc, row, out=acc)
+        elif op is R.MAX:
+            torch.maximum(acc, row, out=acc)
+        else:
+            _IN_PLACE[op](acc, row)
+    return acc
+
+
+def _count_to_bool(kind: str, count: torch.Tensor, n: int) -> torch.Tensor:
+    """A count of the Trues of every rank, back to the bool result of any / all / parity."""
+    if kind == P.BOOL_ANY:
+        return count != 0
+    if kind == P.BOOL_ALL:
+        return count == n
+    return count.bitwise_and(1) != 0
+
+
+def _padded_flat(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` flattened, as is when its size divides by ``n`` (a view: no copy), else copied and padded to it."""
+    flat = t.reshape(-1)
+    pad = -flat.numel() % n
+    return flat if not pad else torch.cat([flat, flat.new_zeros(pad)])
 
 
 def _factor(red: Reduction, like: torch.Tensor):
@@ -276,7 +298,7 @@ def _trunc_div(w: torch.Tensor, n: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
     """In-place all_reduce of contiguous ``t`` (already validated): the planner's plan for the request, run."""
-    return _run_ar(tp, t, red, P.plan(tp.caps, "all_reduce", red.op, t.dtype).steps)
+    return _run_ar(tp, t, red, P.plan(tp.caps, "all_reduce", red.op, t.dtype, tp.size).steps)
 
 
 def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
@@ -312,6 +334,31 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
     if kind == P.WIDEN:
         w = t.to(step.dtype)
         return _run_ar(tp, w, red, rest).and_then(lambda: t.copy_(w))
+    if kind in (P.BOOL_ANY, P.BOOL_ALL, P.BOOL_PARITY):
+        w = t.to(step.dtype)
+        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_count_to_bool(kind, w, n)))
+    if kind == P.RS_AG_LOCAL:
+        # all_to_all (this rank receives every rank's copy of its block), reduce the block locally in rank order,
+        # all_gather the blocks straight into the result: 2(n-1)/n of the tensor sent, one extra buffer
+        flat = _padded_flat(t, n)
+        recv = torch.empty_like(flat)
+        _a2a_even(tp, recv, flat).wait()
+        block = _local_reduce(recv.view(n, -1), step.op)
+        p = _ag(tp, flat, block)
+        if flat.data_ptr() == t.data_ptr():  # no padding: the all_gather wrote into t itself
+            return p
+        return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
+    if kind == P.AVG_RS_AG:
+        # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and rounds
+        # its block to t's dtype, all_gather in t's dtype: 1.5x the bytes of a native all_reduce instead of 2x
+        flat = _padded_flat(t, n)
+        wide = flat.float()
+        block = wide.new_empty((flat.numel() // n,))
+        _rs(tp, block, wide, Reduction(R.SUM)).wait()
+        p = _ag(tp, flat, block.div_(n).to(t.dtype))
+        if flat.data_ptr() == t.data_ptr():
+            return p
+        return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
     if kind == P.GATHER_LOCAL:
         flat = t.reshape(-1)
         g = flat.new_empty((n * flat.numel(),))
@@ -468,7 +515,7 @@ def all_gather_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequ
 # ---------------------------------------------------------------------------------------------------
 def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Pending:
     """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated): the planner's plan, run."""
-    return _run_rs(tp, out, inp, red, P.plan(tp.caps, "reduce_scatter", red.op, inp.dtype).steps)
+    return _run_rs(tp, out, inp, red, P.plan(tp.caps, "reduce_scatter", red.op, inp.dtype, tp.size).steps)
 
 
 def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
@@ -503,6 +550,10 @@ def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction,
     if kind == P.WIDEN:
         wo = out.to(step.dtype)
         return _run_rs(tp, wo, inp.to(step.dtype), red, rest).and_then(lambda: out.copy_(wo))
+    if kind in (P.BOOL_ANY, P.BOOL_ALL, P.BOOL_PARITY):
+        wo = out.to(step.dtype)
+        return _run_rs(tp, wo, inp.to(step.dtype), Reduction(R.SUM), rest).and_then(
+            lambda: out.copy_(_count_to_bool(kind, wo, n)))
     if kind == P.A2A_LOCAL:
         buf = torch.empty_like(inp)
         return _a2a_even(tp, buf, inp).and_then(
@@ -599,6 +650,9 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
     # Split sizes were given and the backend has no uneven all_to_all: every rank takes this path (a rank cannot
     # know locally that the others are even) and pads every split to one size: a bound every rank promised, else
     # the largest split, agreed on with a tiny all_gather.
+    if caps.has("send_recv") and caps.p2p_any_shape and tp.split_bound() is None:
+        _note("uneven all_to_all=pairwise send/recv")
+        return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
     local = out_splits + in_splits
     bound = tp.split_bound()
     if bound is not None:
@@ -620,6 +674,47 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
         return _a2a_even(tp, out, inp)
     _note(f"uneven all_to_all=pad to {chunk}+even all_to_all+unpad")
     return _padded_a2a(tp, out, inp, out_splits, in_splits, chunk)
+
+
+_A2A_TAG = 0x46430000  # funcoll's own point-to-point tag, apart from users' send/recv tags
+
+
+def _sends_first(rank: int, k: int, n: int) -> bool:
+    """In round ``k`` of a pairwise exchange (send to rank+k, receive from rank-k), whether this rank sends before it
+    receives: alternating along each cycle of x -> x+k, so that no cycle of ranks all send first and wait on each
+    other (a transport whose large sends wait for the matching receive cannot deadlock)."""
+    g = math.gcd(n, k)
+    cycle = n // g
+    pos = ((rank - rank % g) // g * pow(k // g, -1, cycle)) % cycle if cycle > 1 else 0
+    return pos % 2 == 0
+
+
+def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
+    """Uneven all_to_all as n-1 rounds of one send and one receive per rank, each message exactly its split: the
+    bytes of a native alltoallv, no agreement, no padding."""
+    n, r, caps = tp.size, tp.rank, tp.caps
+    if out_splits[r] != in_splits[r]:
+        raise ValueError(f"funcoll.all_to_all_single: this rank sends itself {in_splits[r]} rows "
+                         f"(input_split_sizes[{r}]) but expects {out_splits[r]} (output_split_sizes[{r}])")
+    ioff, ooff = _offsets(in_splits), _offsets(out_splits)
+    if in_splits[r]:
+        out[ooff[r]:ooff[r] + out_splits[r]].copy_(inp[ioff[r]:ioff[r] + in_splits[r]])
+    handles = []
+    for k in range(1, n):
+        dst, src = (r + k) % n, (r - k) % n
+
+        def send(dst=dst):
+            if in_splits[dst]:
+                handles.append(tp.send(_bits(inp[ioff[dst]:ioff[dst] + in_splits[dst]], caps), dst, _A2A_TAG))
+
+        def recv(src=src):
+            if out_splits[src]:
+                handles.append(tp.recv(_bits(out[ooff[src]:ooff[src] + out_splits[src]], caps), src, _A2A_TAG))
+
+        first, second = (send, recv) if _sends_first(r, k, n) else (recv, send)
+        first()
+        second()
+    return Pending(handles)
 
 
 def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> Pending:
@@ -683,7 +778,7 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     S.check_root("reduce", "dst", dst, tp.size)
     if tensor.numel() == 0:
         return DONE
-    steps = P.plan(tp.caps, "reduce", red.op, tensor.dtype).steps
+    steps = P.plan(tp.caps, "reduce", red.op, tensor.dtype, tp.size).steps
     if steps[0].kind == P.NATIVE:
         if tp.rank == dst:
             return _with_contig_out(tensor, lambda t: Pending([tp.reduce(t, dst, red)]))

@@ -7,14 +7,17 @@ transport reduces natively (or to a local reduction when nothing native fits), e
 
 * complex             -> its real view (sum/avg only)
 * bool                -> the logical op (or/and) where the transport has it for bool, else a uint8 view with the
-                         matching op, else stays bool for the local reduction
-* AVG                 -> SUM then divide (fp16/bf16 summed in float32; integers summed in int64, then divided with
-                         truncation, like NCCL)
+                         matching op, else a count of the Trues (a narrow integer SUM) and one compare
+* AVG                 -> SUM then divide (fp16/bf16 summed in float32: as a float32 reduce_scatter and an all_gather
+                         in the tensor's dtype where the transport has both, 1.5x the bytes of a native all_reduce
+                         instead of 2x; integers summed in int64, then divided with truncation, like NCCL)
 * PREMUL_SUM          -> scale then SUM
 * unsigned 16/32/64   -> the signed dtype of the same width (MIN/MAX with the sign bit flipped)
 * narrow dtypes       -> widen (int8/uint8/int16 -> int32 or int64, fp16/bf16 -> float32), reduce, narrow
-* other ops           -> all_reduce: gather, reduce locally in rank order; reduce_scatter: all_to_all, reduce
-                         locally (bitwise ops, integer MIN/MAX where the transport's are wrong)
+* other ops           -> all_reduce: all_to_all, reduce this rank's block locally in rank order, all_gather
+                         (2(n-1)/n of the tensor sent, as a ring all_reduce; gather + local reduce where the transport
+                         has no all_to_all); reduce_scatter: all_to_all, reduce locally (bitwise ops, integer MIN/MAX
+                         where the transport's are wrong)
 * reduce (to one rank)-> the all_reduce plan, where the transport has no native reduce for the request
 
 Plans depend only on (capabilities, primitive, op, dtype), so they are cached; the algorithms look one up per call.
@@ -60,10 +63,15 @@ SIGNED_FLIP = "signed_flip"  # unsigned MIN/MAX: the signed view with the sign b
 SIGNED = "signed"  # unsigned: the signed view (sums, products and bitwise ops are the same bits)
 WIDEN = "widen"  # a wider dtype the transport reduces, then narrowed back
 VIA_ALL_REDUCE = "via_all_reduce"  # reduce (to one rank) as an all_reduce, the result kept on the root
+BOOL_ANY = "bool_any"  # bool or-like ops: count the Trues with a narrow integer SUM, then "count > 0"
+BOOL_ALL = "bool_all"  # bool and-like ops: the same count, then "count == group size"
+BOOL_PARITY = "bool_parity"  # bool xor: the same count, then "count is odd"
 # Terminals (the last step):
 NATIVE = "native"  # the transport's own primitive
 GATHER_LOCAL = "gather_local"  # all_reduce: all_gather, reduce locally in rank order
 A2A_LOCAL = "a2a_local"  # reduce_scatter: all_to_all, reduce the received blocks locally
+RS_AG_LOCAL = "rs_ag_local"  # all_reduce: all_to_all, reduce this rank's block locally, all_gather the blocks
+AVG_RS_AG = "avg_rs_ag"  # fp16/bf16 AVG all_reduce: float32 reduce_scatter, divide and round once, all_gather
 ALL_REDUCE_SLICE = "all_reduce_slice"  # reduce_scatter: all_reduce the whole input, keep this rank's block
 UNREDUCIBLE = "unreducible"  # no dtype the transport reduces can carry the request (a funcoll bug)
 
@@ -104,18 +112,32 @@ def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
     return None
 
 
+def _count_dtype(caps, primitive, size, op) -> Optional[torch.dtype]:
+    """The narrowest integer that counts up to ``size`` Trues exactly and the transport sums (parity needs no more
+    than uint8 at any size: 256 is even)."""
+    for cand in (torch.uint8, torch.int32, torch.int64):
+        if (size < 256 or cand != torch.uint8 or op is R.BXOR) and caps.reduces(primitive, R.SUM, cand):
+            return cand
+    return None
+
+
 def _real_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.empty((), dtype=dtype).real.dtype
 
 
+_COUNT_KIND = {R.SUM: BOOL_ANY, R.MAX: BOOL_ANY, R.BOR: BOOL_ANY, R.PRODUCT: BOOL_ALL, R.MIN: BOOL_ALL,
+               R.BAND: BOOL_ALL, R.BXOR: BOOL_PARITY}
+
+
 @functools.lru_cache(maxsize=4096)
-def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype) -> Plan:
+def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) -> Plan:
     """The plan for reducing ``dtype`` with ``op`` through ``primitive`` ("all_reduce", "reduce_scatter" or "reduce")
-    on a transport with capabilities ``caps``. The request has passed :func:`funcoll.semantics.check_reduction`."""
+    on a transport with capabilities ``caps``, in a group of ``size`` ranks. The request has passed
+    :func:`funcoll.semantics.check_reduction`."""
     if primitive == "reduce":
         if caps.reduces("reduce", op, dtype) and not dtype.is_complex and dtype != torch.bool:
             return Plan("reduce", (Step(NATIVE, op, dtype),))
-        inner = plan(caps, "all_reduce", op, dtype)
+        inner = plan(caps, "all_reduce", op, dtype, size)
         return Plan("reduce", (Step(VIA_ALL_REDUCE, op, dtype, "reduce=all_reduce"),) + inner.steps)
     if primitive not in ("all_reduce", "reduce_scatter"):
         raise ValueError(f"funcoll.planner: {primitive!r} is not a reducing primitive; use one of {REDUCING}")
@@ -132,6 +154,11 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype) -> Plan:
         elif caps.reduces(primitive, BOOL_AS_UINT8[op], torch.uint8):
             op, dtype = BOOL_AS_UINT8[op], torch.uint8
             steps.append(Step(BOOL_UINT8, op, dtype, f"bool reduced as uint8 {op}"))
+        elif (count := _count_dtype(caps, primitive, size, op)) is not None:
+            # a narrow count of the Trues (uint8 below 256 ranks: exact) and one compare, instead of a gather
+            kind = _COUNT_KIND[op]
+            steps.append(Step(kind, R.SUM, count, f"bool {op} as {str(count)[6:]} count+compare"))
+            op, dtype = R.SUM, count
         elif logical is not None and logical is not op:
             # neither is native (e.g. bxor on XLA): stay bool, the local reduction does the logical op
             op = logical
@@ -142,6 +169,12 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype) -> Plan:
             break
         if op is R.AVG:
             if dtype.is_floating_point:
+                if (dtype in LOW_PRECISION and primitive == "all_reduce" and size > 1
+                        and caps.reduces("reduce_scatter", R.SUM, torch.float32) and caps.has("all_gather")
+                        and caps.moves(dtype)):
+                    steps.append(Step(AVG_RS_AG, R.SUM, torch.float32,
+                                      "avg=float32 reduce_scatter+scale+all_gather"))
+                    break
                 if dtype in LOW_PRECISION:
                     op, dtype = R.SUM, torch.float32
                     steps.append(Step(AVG_FLOAT32, op, dtype, "avg=sum+scale in float32"))
@@ -174,7 +207,10 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype) -> Plan:
             break
         # the dtype is reduced natively, but not with this op
         if primitive == "all_reduce":
-            steps.append(Step(GATHER_LOCAL, op, dtype, f"gather+local {op}"))
+            if op in LOCAL_OPS and caps.has("all_to_all") and caps.has("all_gather") and caps.moves(dtype):
+                steps.append(Step(RS_AG_LOCAL, op, dtype, f"all_to_all+local {op}+all_gather"))
+            else:
+                steps.append(Step(GATHER_LOCAL, op, dtype, f"gather+local {op}"))
         elif caps.has("all_to_all") and op in LOCAL_OPS:
             steps.append(Step(A2A_LOCAL, op, dtype, f"all_to_all+local {op}"))
         else:  # no all_to_all either (XLA, replica groups of mixed sizes)

@@ -55,6 +55,8 @@ class Capabilities:
     refused_pairs: frozenset = frozenset()
     uneven_all_to_all: bool = True
     is_async: bool = True
+    # point-to-point messages of sizes that differ per pair (False on XLA: every rank must build the same program)
+    p2p_any_shape: bool = True
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def has(self, primitive: str) -> bool:
@@ -78,6 +80,7 @@ class Capabilities:
             refused_pairs=self.refused_pairs | other.refused_pairs,
             uneven_all_to_all=self.uneven_all_to_all and other.uneven_all_to_all,
             is_async=self.is_async,
+            p2p_any_shape=self.p2p_any_shape and other.p2p_any_shape,
             sources={**self.sources, **other.sources},
         )
 
@@ -144,7 +147,10 @@ PROFILES: dict = {
         refused_pairs=_pairs([R.BAND, R.BOR], _FLOATS | _INTS),
         uneven_all_to_all=False,
         is_async=False,
+        p2p_any_shape=False,
         sources={
+            "xla.p2p": "a collective-permute has one operand shape on every rank: uneven all_to_all cannot be sent "
+                       "as per-pair messages of different sizes",
             "xla.bitwise": "XLA recognises and/or as all-reduce reductions only for PRED (collective_ops_utils "
                            "MatchReductionComputation): torch_xla builds an integer and/or all-reduce, but running "
                            "it fails with 'Unsupported reduction computation' (measured on the CPU PJRT runtime, "

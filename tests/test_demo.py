@@ -15,4 +15,4 @@ def test_demo_runs_and_agrees():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "native == xccl profile on every call: True" in p.stdout
     assert "eager == compiled training step (bit-identical): True" in p.stdout
-    assert "gather+local bxor" in p.stdout and "uneven all_to_all=pad to 3+even all_to_all+unpad" in p.stdout
+    assert "all_to_all+local bxor+all_gather" in p.stdout and "uneven all_to_all=pairwise send/recv" in p.stdout

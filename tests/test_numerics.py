@@ -406,12 +406,14 @@ def test_xccl_profile_never_calls_what_xccl_lacks(matrix, world):
                 assert dtype.startswith("torch.float") or dtype == "torch.bfloat16", key
         # the strategies that fill those gaps did run
         s = r["strategies"]
-        for needed in ("avg=sum+scale", "avg=sum+scale in float32", "premul_sum=scale+sum", "gather+local bxor",
-                       "gather+local max", "widen torch.int16->torch.int32", "torch.uint64 reduced as torch.int64",
+        for needed in ("avg=sum+scale", "avg=float32 reduce_scatter+scale+all_gather", "avg=sum+scale in float32",
+                       "premul_sum=scale+sum", "all_to_all+local bxor+all_gather", "all_to_all+local max+all_gather",
+                       "widen torch.int16->torch.int32", "torch.uint64 reduced as torch.int64",
                        "torch.uint32 max as torch.int32 with the sign bit flipped", "all_to_all+local band",
-                       "gather+local bor"):
+                       "bool sum as uint8 count+compare", "bool bxor as uint8 count+compare",
+                       "uneven all_to_all=pairwise send/recv"):
             assert needed in s, (needed, s)
-        assert any(x.startswith("uneven all_to_all=pad to") for x in s), s
+        assert not any(x.startswith("gather+local") or x.startswith("uneven all_to_all=pad") for x in s), s
         assert "torch.float8_e4m3fn moved as torch.uint8" in s
 
 
@@ -434,7 +436,8 @@ def test_native_gloo_uses_native_avg_and_bitwise(matrix, world):
 def test_xla_profile_fills_broadcast_and_bxor(matrix):
     s = matrix(2, "xla")[0]["strategies"]
     assert "broadcast=masked all_reduce" in s, s
-    assert "gather+local bxor" in s and "gather=all_gather" in s and "scatter=broadcast+slice" in s
+    assert "all_to_all+local bxor+all_gather" in s and "gather=all_gather" in s and "scatter=broadcast+slice" in s
+    assert any(x.startswith("uneven all_to_all=pad to") for x in s), s  # XLA: no per-pair sizes
     assert "reduce=all_reduce" in s and "barrier=all_reduce of one element" in s
 
 

@@ -23,30 +23,34 @@ def caps_of(profile):
     ("gloo", "all_reduce", "max", T.uint32, "signed_flip max int32; native max int32"),
     ("gloo", "all_reduce", "max", T.bool, "bool_op bor bool; native bor bool"),
     ("gloo", "all_reduce", "premul_sum", T.bfloat16, "premul sum bfloat16; native sum bfloat16"),
-    ("xccl", "all_reduce", "avg", T.bfloat16, "avg_float32 sum float32; native sum float32"),
-    ("xccl", "all_reduce", "bxor", T.int32, "gather_local bxor int32"),
+    ("xccl", "all_reduce", "avg", T.bfloat16, "avg_rs_ag sum float32"),
+    ("xccl", "reduce_scatter", "avg", T.bfloat16, "avg_float32 sum float32; native sum float32"),
+    ("xccl", "all_reduce", "bxor", T.int32, "rs_ag_local bxor int32"),
     ("xccl", "reduce_scatter", "bxor", T.int32, "a2a_local bxor int32"),
-    ("xccl", "all_reduce", "max", T.int64, "gather_local max int64"),
+    ("xccl", "all_reduce", "max", T.int64, "rs_ag_local max int64"),
+    ("xccl", "all_reduce", "max", T.bool, "bool_any sum uint8; native sum uint8"),
+    ("xccl", "reduce_scatter", "min", T.bool, "bool_all sum uint8; native sum uint8"),
     ("xccl", "reduce", "avg", T.float32, "via_all_reduce avg float32; avg_float sum float32; native sum float32"),
-    ("xccl", "all_reduce", "min", T.uint16, "signed_flip min int16; widen min int32; gather_local min int32"),
+    ("xccl", "all_reduce", "min", T.uint16, "signed_flip min int16; widen min int32; rs_ag_local min int32"),
     ("xccl", "all_reduce", "sum", T.complex64, "real_view sum float32; native sum float32"),
-    ("xla", "all_reduce", "bxor", T.bool, "gather_local bxor bool"),
-    ("xla", "all_reduce", "band", T.int32, "gather_local band int32"),
+    ("xla", "all_reduce", "bxor", T.bool, "bool_parity sum uint8; native sum uint8"),
+    ("xla", "all_reduce", "band", T.int32, "rs_ag_local band int32"),
     ("xla", "all_reduce", "max", T.bool, "bool_op bor bool; native bor bool"),
     ("xla", "reduce", "sum", T.float32, "via_all_reduce sum float32; native sum float32"),
 ])
 def test_plans(profile, primitive, op, dtype, steps):
-    plan = P.plan(caps_of(profile), primitive, R(op), dtype)
+    plan = P.plan(caps_of(profile), primitive, R(op), dtype, 4)
     assert "; ".join(f"{s.kind} {s.op} {str(s.dtype)[6:]}" for s in plan.steps) == steps
 
 
 def test_notes_are_the_strategy_names_record_reports():
     xccl = caps_of("xccl")
-    assert P.plan(xccl, "all_reduce", R.AVG, T.bfloat16).describe() == "avg=sum+scale in float32"
+    assert P.plan(xccl, "all_reduce", R.AVG, T.bfloat16).describe() == "avg=float32 reduce_scatter+scale+all_gather"
+    assert P.plan(xccl, "reduce_scatter", R.AVG, T.bfloat16).describe() == "avg=sum+scale in float32"
     assert P.plan(xccl, "reduce", R.AVG, T.float32).notes == ("reduce=all_reduce", "avg=sum+scale")
     assert P.plan(xccl, "all_reduce", R.MIN, T.uint16).notes == (
         "torch.uint16 min as torch.int16 with the sign bit flipped", "widen torch.int16->torch.int32",
-        "gather+local min")
+        "all_to_all+local min+all_gather")
     assert P.plan(caps_of("gloo"), "all_reduce", R.MAX, T.bool).notes == ("bool max as bor",)
     assert P.plan(caps_of("gloo"), "all_reduce", R.SUM, T.float32).describe() == "native"
 
@@ -55,7 +59,7 @@ def test_notes_are_the_strategy_names_record_reports():
 @pytest.mark.parametrize("primitive", P.REDUCING)
 def test_every_valid_request_has_a_plan_that_ends_in_a_terminal(profile, primitive):
     caps = caps_of(profile)
-    terminals = {P.NATIVE, P.GATHER_LOCAL, P.A2A_LOCAL}
+    terminals = {P.NATIVE, P.GATHER_LOCAL, P.A2A_LOCAL, P.RS_AG_LOCAL, P.AVG_RS_AG}
     for dtype in sorted(ALL_DTYPES | {T.complex64, T.complex128}, key=str):
         for op in R:
             red = S.Reduction(op, 2.0 if op is R.PREMUL_SUM else None)
@@ -87,3 +91,13 @@ def test_unknown_primitive_is_a_value_error():
     with pytest.raises(ValueError, match=r"^funcoll.planner: 'all_gather' is not a reducing primitive; use one of "
                                          r"\('all_reduce', 'reduce_scatter', 'reduce'\)$"):
         P.plan(caps_of("gloo"), "all_gather", R.SUM, T.float32)
+
+
+def test_bool_counts_are_exact_at_any_group_size():
+    """uint8 counts the Trues below 256 ranks; from 256 on, any/all count in int32 (uint8 would wrap to 0); parity
+    is exact in uint8 at any size (256 is even)."""
+    xccl = caps_of("xccl")
+    assert P.plan(xccl, "all_reduce", R.MAX, T.bool, 255).steps[0].dtype == T.uint8
+    assert P.plan(xccl, "all_reduce", R.MAX, T.bool, 256).steps[0].dtype == T.int32
+    assert P.plan(xccl, "all_reduce", R.MIN, T.bool, 1024).steps[0].dtype == T.int32
+    assert P.plan(xccl, "all_reduce", R.BXOR, T.bool, 1024).steps[0].dtype == T.uint8

@@ -153,9 +153,11 @@ all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3,4,5,6,7}} 
             (4, "world all_reduce bxor int32"), (4, "world all_reduce band int32"),
             (4, "world all_reduce max uint32")), """\
 -- world 4: world all_reduce bxor int32
-all-gather(s32[4]) -> s32[16]  replica_groups={{0,1,2,3}} dimensions={0}
+all-to-all(s32[1], s32[1], s32[1], s32[1]) -> (s32[1],s32[1],s32[1],s32[1])  replica_groups={{0,1,2,3}}
+all-gather(s32[1]) -> s32[4]  replica_groups={{0,1,2,3}} dimensions={0}
 -- world 4: world all_reduce band int32
-all-gather(s32[4]) -> s32[16]  replica_groups={{0,1,2,3}} dimensions={0}
+all-to-all(s32[1], s32[1], s32[1], s32[1]) -> (s32[1],s32[1],s32[1],s32[1])  replica_groups={{0,1,2,3}}
+all-gather(s32[1]) -> s32[4]  replica_groups={{0,1,2,3}} dimensions={0}
 -- world 4: world all_reduce max uint32
 all-reduce(u32[4], u32[]) -> (u32[4],u32[])  replica_groups={{0,1,2,3}} to_apply=maximum""")
 

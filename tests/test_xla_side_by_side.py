@@ -46,7 +46,8 @@ class TestSideBySide(expecttest.TestCase):
 divide(f32[4], f32[4]) -> f32[4]
 -- all_reduce bxor int32
 [torch_xla] raises RuntimeError: Unknown AllReduce type: bxor
-[funcoll] all-gather(s32[4]) -> s32[16]  replica_groups={{0,1,2,3}} dimensions={0}
+[funcoll] all-to-all(s32[1], s32[1], s32[1], s32[1]) -> (s32[1],s32[1],s32[1],s32[1])  replica_groups={{0,1,2,3}}
+all-gather(s32[1]) -> s32[4]  replica_groups={{0,1,2,3}} dimensions={0}
 -- all_gather_into_tensor on group [0, 1]
 [torch_xla] all-gather(f32[4]) -> f32[8]  replica_groups={{0,1}} dimensions={0}
 [funcoll] all-gather(f32[4]) -> f32[8]  replica_groups={{0,1},{2,3}} dimensions={0}

@@ -89,7 +89,7 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
     Fact("avg",
          "ReduceOp.AVG on floating dtypes (all_reduce)",
          native_since=(2022, 0), scale_out_since=(2022, 0), overridable=_BOTH,
-         strategy="SUM, then divide on the device (fp16/bf16 summed in float32)",
+         strategy="SUM, then divide on the device (fp16/bf16: float32 reduce_scatter, divide, all_gather)",
          source="ProcessGroupXCCL.cpp: oneCCL < 2021.15 has no ccl avg (XCCL_HAS_AVG unset) and the backend "
                 "itself does SUM + div_; >= 2021.15 calls ccl avg, which raises on the scheduler path "
                 "(intel/torch-xpu-ops#2361) and divided twice for small messages on Arc B60 "
@@ -126,13 +126,15 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
     Fact("bitwise",
          "ReduceOp.BAND / BOR / BXOR",
          native_since=None, scale_out_since=None, overridable=_NEVER,
-         strategy="all_gather, then reduce locally in rank order (reduce_scatter: all_to_all + local)",
+         strategy="all_to_all, reduce each block locally in rank order, all_gather (reduce_scatter: all_to_all + "
+                  "local)",
          source="ProcessGroupXCCL.cpp xcclOps maps only MIN/MAX/SUM/PRODUCT(/AVG): "
                 "'Cannot use ReduceOp.BAND with XCCL'"),
     Fact("int_minmax",
          "ReduceOp.MIN / MAX on integer and bool dtypes",
          native_since=None, scale_out_since=None, overridable=_BOTH,
-         strategy="all_gather, then min/max locally (bool: or/and; reduce_scatter: all_to_all + local)",
+         strategy="all_to_all, min/max of each block locally, all_gather (bool: a uint8 count and one compare; "
+                  "reduce_scatter: all_to_all + local)",
          source="int64 MAX over [-1, 0] returned a wrong result on Arc B60 (intel/torch-xpu-ops#3059); "
                 "verl routes its integer MAX through a CPU group (seed 002); no fixed version published"),
     Fact("dtypes_16_unsigned",
@@ -151,8 +153,7 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
     Fact("uneven_all_to_all",
          "all_to_all_single with split sizes",
          native_since=None, scale_out_since=None, overridable=_BOTH,
-         strategy="agree on the largest split (one all_gather of 2 int64 per rank), pad, even all_to_all, "
-                  "unpad",
+         strategy="n-1 rounds of pairwise send/recv, each message exactly its split (no agreement, no padding)",
          source="uneven all_to_all_single has returned wrong results on some GPUs (DESIGN.md section 1); "
                 "ProcessGroupXCCL uses ccl::alltoallv, and the oneCCL v2 path emulates it with grouped "
                 "send/recv until onecclAllToAllV (oneCCL 2022.2, intel/torch-xpu-ops#5057)"),
