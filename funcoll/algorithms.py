@@ -190,6 +190,45 @@ def _entry(op: str):
 
 
 # ---------------------------------------------------------------------------------------------------
+# the native fast path: one cached lookup per signature
+# ---------------------------------------------------------------------------------------------------
+_native_cache: dict = {}
+
+
+def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reduction]:
+    """The :class:`Reduction` to hand ``tp.all_reduce`` as it is, when reducing ``dtype`` with ``op`` is native under
+    funcoll's semantics (the planner's plan is one native call); None when it is not, when the request is invalid
+    (the full path raises the error), or while ``record()``, a profiler or the funcoll debug log observe (the full
+    path reports to them). Validated once per (capabilities, op, dtype, group size), never skipped for a new one."""
+    if _recorders or _current is not None or _observed():
+        return None
+    try:
+        key = (tp.caps, op, dtype, tp.size)
+        return _native_cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable op (a premul_sum factor tensor): the full path
+        return None
+    try:
+        red = S.parse_reduction(op, "all_reduce")
+        S.check_reduction("all_reduce", red, dtype)
+    except (ValueError, TypeError):
+        return None  # not cached: the full path raises the error, every time
+    native = P.plan(tp.caps, "all_reduce", red.op, dtype, tp.size).native and red.op is not R.PREMUL_SUM
+    _native_cache[key] = red if native else None
+    return _native_cache[key]
+
+
+def _observed() -> bool:
+    return bool(_profiler._is_profiler_enabled) or _LOG.isEnabledFor(10)
+
+
+import torch.autograd.profiler as _profiler  # noqa: E402
+
+from .observe import LOG as _LOG  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
 # dtypes with the same element size, tried in order to move raw bits

@@ -8,6 +8,7 @@ Each kernel is a thin adapter: it resolves the group, allocates the functional o
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -47,13 +48,31 @@ def _finish(pending: A.Pending, outputs: List[torch.Tensor], tp) -> None:
         _register_work(out, work)
 
 
+def _finish_native(handle, output: torch.Tensor, tp) -> None:
+    """The native fast path: the backend's own Work is what wait_tensor waits on."""
+    if not tp.caps.is_async or handle.is_completed():
+        handle.wait()
+    else:
+        _register_work(output, handle)
+
+
 def all_reduce(input, reduce_op, group_name):
+    tp = transport_for(group_name, input.device)
+    red = A.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
+    if red is not None:  # native: one cached lookup, one backend call
+        out, handle = tp.all_reduce_functional(input.contiguous(), red)
+        _finish_native(handle, out, tp)
+        return out
     out = input.clone(memory_format=torch.contiguous_format)
     return all_reduce_(out, reduce_op, group_name)
 
 
 def all_reduce_(input, reduce_op, group_name):
     tp = transport_for(group_name, input.device)
+    red = A.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() and input.is_contiguous() else None
+    if red is not None:
+        _finish_native(tp.all_reduce(input, red), input, tp)
+        return input
     _finish(A.all_reduce(tp, input, reduce_op), [input], tp)
     return input
 
@@ -151,14 +170,9 @@ OPS = {
     "broadcast": broadcast,
     "broadcast_": broadcast_,
 }
-# Kernels only some device types need, as (op, dispatch key) -> kernel: e.g. wait_tensor on XLA, and the
-# Functionalize kernels below for devices whose tensors live under functionalization.
+# Kernels only some device types need, as (op, dispatch key) -> kernel: on XLA, the functionalized kernels, the
+# native all_reduce fast path, wait_tensor and the Functionalize kernels below (filled at the end of this module).
 _EXTRA: Dict[str, Dict[tuple, object]] = {}
-
-
-def register_extra_kernel(device_type: str, op: str, fn, key: Optional[str] = None) -> None:
-    """A lowering module adds a kernel only its device needs (on its own key, or on ``key``)."""
-    _EXTRA.setdefault(device_type, {})[(op, key or DISPATCH_KEYS[device_type])] = fn
 
 
 # -- the in-place / out variants under functionalization -------------------------------------------------
@@ -191,6 +205,100 @@ FUNCTIONALIZE = {
     "broadcast_": _functionalize_broadcast_,
     "all_gather_into_tensor_out": _functionalize_all_gather_into_tensor_out,
 }
+
+
+# ---------------------------------------------------------------------------------------------------
+# the XLA dispatch-key kernels: a native fast path for all_reduce; funcoll's generic kernels, run with
+# functionalization re-entered
+# ---------------------------------------------------------------------------------------------------
+# Why: torch_xla 2.9 runs XLA tensors under functionalization, and a kernel registered on the XLA key runs
+# *below* it (Functionalize is in the TLS exclude set). There, ``t.view(torch.uint8)`` returns a tensor torch_xla
+# cannot read ("Expected XLA tensor") and a write into a slice (``out[a:b].copy_(x)``) is lost. funcoll's
+# strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
+# kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
+# functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
+_MUTATED = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0, "all_gather_into_tensor_out": "out"}
+_DK = torch._C.DispatchKey
+
+
+def _to_functional(x):
+    if isinstance(x, torch.Tensor):
+        return x if torch._is_functional_tensor(x) else torch._to_functional_tensor(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_functional(t) for t in x)
+    return x
+
+
+def _from_functional(x):
+    if isinstance(x, torch.Tensor):
+        if not torch._is_functional_tensor(x):
+            return x
+        torch._sync(x)
+        return torch._from_functional_tensor(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_from_functional(t) for t in x)
+    return x
+
+
+@contextlib.contextmanager
+def _functionalization():
+    # Functionalize leaves the TLS exclude set, so the wrapped tensors dispatch through it again. It is not
+    # added to the include set: torch_xla's C++ creates CPU tensors internally (the ordering token), and
+    # those must not come out as functional wrappers (that segfaults).
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    with torch._C._ForceDispatchKeyGuard(include, exclude.remove(_DK.Functionalize)):
+        yield
+
+
+def _functionalized(name: str, fn):
+    where = _MUTATED.get(name)
+
+    def kernel(*args, **kwargs):
+        fargs = [_to_functional(a) for a in args]
+        fkwargs = {k: _to_functional(v) for k, v in kwargs.items()}
+        with _functionalization():
+            res = fn(*fargs, **fkwargs)
+        if where is None:
+            return _from_functional(res)
+        orig, fun = (args[where], fargs[where]) if where != "out" else (kwargs["out"], fkwargs["out"])
+        if isinstance(orig, torch.Tensor):
+            orig.copy_(_from_functional(fun))
+        else:
+            for o, f in zip(orig, fun):
+                o.copy_(_from_functional(f))
+        return orig
+
+    kernel.__name__ = kernel.__qualname__ = f"xla_{name}"
+    kernel.__doc__ = f"funcoll's ``_c10d_functional.{name}`` on the XLA key (functionalization re-entered)."
+    return kernel
+
+
+def _wait_tensor(tensor):
+    """``_c10d_functional.wait_tensor`` on XLA: funcoll's XLA collectives are lazy ops, complete once built,
+    and never register a Work; waiting is the identity (the graph runs at the next sync)."""
+    return tensor
+
+
+def _xla_all_reduce(input, reduce_op, group_name):
+    """The native fast path first (below functionalization, as torch_xla's own kernel: one lazy all-reduce), the
+    functionalized generic kernel for everything funcoll fills."""
+    tp = transport_for(group_name, input.device)
+    red = A.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
+    if red is not None:
+        return tp.all_reduce_functional(input, red)[0]
+    return _XLA_GENERIC_ALL_REDUCE(input, reduce_op, group_name)
+
+
+_XLA_GENERIC_ALL_REDUCE = _functionalized("all_reduce", all_reduce)
+# XLA tensors are functional wrappers: the in-place/out variants need a Functionalize kernel to be callable
+_EXTRA["xla"] = {
+    **{(name, "XLA"): _functionalized(name, fn) for name, fn in OPS.items()},
+    ("all_reduce", "XLA"): _xla_all_reduce,
+    ("wait_tensor", "XLA"): _wait_tensor,
+    **{(name, "Functionalize"): fn for name, fn in FUNCTIONALIZE.items()},
+}
+
 
 
 def _present(device_type: str) -> bool:

@@ -262,6 +262,12 @@ class Transport:
         self._native("all_reduce", t.dtype, red.op)
         return self._all_reduce(t, red)
 
+    def all_reduce_functional(self, t: torch.Tensor, red: Reduction):
+        """``(result, handle)``: the all-reduce of contiguous ``t`` into a new tensor (``t`` is left as it is). A
+        transport whose native op is functional (XLA) overrides it to skip the copy."""
+        out = t.clone(memory_format=torch.contiguous_format)
+        return out, self.all_reduce(out, red)
+
     def all_reduce_coalesced(self, ts: Sequence[torch.Tensor], red: Reduction) -> Handle:
         for t in ts:
             self._native("all_reduce_coalesced", t.dtype, red.op)

@@ -39,7 +39,7 @@ def trace_case(rank, n, path):
         dist.all_reduce(a, op=R.AVG)  # native on gloo
         dist.all_reduce(b, op=R.AVG, group=xccl)  # avg=sum+scale
         dist.all_reduce(m, op=R.MAX, group=xccl)  # XCCL's table: integer MAX filled
-        dist.all_to_all_single(out, inp, outs, ins, group=xccl)  # agree on the splits, then pad
+        dist.all_to_all_single(out, inp, outs, ins, group=xccl)  # pairwise send/recv
     file = f"{path}/trace{rank}.json"
     p.export_chrome_trace(file)
     with open(file) as f:
@@ -124,15 +124,15 @@ def test_profiler_trace_has_a_range_per_collective_with_its_strategy_and_the_nat
         natives = [e for e in ev if e["name"].startswith("funcoll::native ") and _inside(e, xccl_max)]
         assert natives and all(_inside(e, first) for e in natives)
         assert not any(e["name"] == "funcoll::native all_reduce" and e["args"].get("op") == "max" for e in natives)
-        # uneven all_to_all: the split agreement (an all_gather) runs before the strategy is chosen
+        # uneven all_to_all under XCCL's table: pairwise send/recv, the native calls inside the strategy's range
         (a2a,) = [e for e in ev if e["name"] == "funcoll::all_to_all_single"]
         assert a2a["args"]["args"] == f"output_split_sizes={[1, 3] if rank == 0 else [2, 1]} " \
                                       f"input_split_sizes={[1, 2] if rank == 0 else [3, 1]}"
-        (pad,) = [x for x in s_a2a if x.startswith("uneven all_to_all=pad to 3")]
-        (strat,) = _children(ev, a2a, f"funcoll::all_to_all_single {pad}")
-        (agree,) = _children(ev, a2a, "funcoll::native all_gather")
-        assert agree["ts"] + agree["dur"] <= strat["ts"] + 1e-3
-        assert len(_children(ev, strat, "funcoll::native all_to_all")) == 1
+        assert s_a2a == ["uneven all_to_all=pairwise send/recv"], s_a2a
+        (strat,) = _children(ev, a2a, "funcoll::all_to_all_single uneven all_to_all=pairwise send/recv")
+        assert not _children(ev, a2a, "funcoll::native all_gather")  # no agreement on the splits
+        p2p = [e["name"] for e in ev if e["name"].startswith("funcoll::native") and _inside(e, strat)]
+        assert sorted(p2p) == ["funcoll::native recv", "funcoll::native send"], p2p
         # the backend's own events of the native calls are in the trace too (gloo runs them on its threads)
         assert any(e["name"] == "gloo:all_reduce" for e in ev) and any(e["name"] == "gloo:all_gather" for e in ev)
 

@@ -71,8 +71,33 @@ def _ensure_loaded(device_type: str) -> None:
         pass
 
 
+# (group name, device type) -> (process group, transport): the dispatch-key kernels look a group up by name for every
+# collective; an entry holds while c10d still knows that group by that name (a destroyed and re-created world reuses
+# names), which costs one dict lookup
+_by_name: Dict[Tuple[str, str], Tuple[object, Transport]] = {}
+
+
 def transport_for(group, device) -> Transport:
     """The transport that serves ``group`` (a ProcessGroup or a group name) for tensors on ``device``."""
+    if isinstance(group, str):
+        from torch.distributed.distributed_c10d import _world
+
+        key = (group, device.type if isinstance(device, torch.device) else torch.device(device).type)
+        hit = _by_name.get(key)
+        if hit is not None and _world.pg_names.get(hit[0]) == group:
+            return hit[1]
+        from torch.distributed import distributed_c10d as c10d
+
+        tp = _transport_for(group, device)
+        try:
+            _by_name[key] = (c10d._resolve_process_group(group), tp)
+        except RuntimeError:  # a group c10d does not hold (a virtual one): not cached
+            pass
+        return tp
+    return _transport_for(group, device)
+
+
+def _transport_for(group, device) -> Transport:
     from torch.distributed import distributed_c10d as c10d
 
     from ..process_group import ProcessGroupFuncoll
@@ -110,6 +135,8 @@ def forget(group_name: str) -> None:
     with _lock:
         for key in [k for k in _c10d_cache if k[0] == group_name]:
             del _c10d_cache[key]
+        for key in [k for k in _by_name if k[0] == group_name]:
+            del _by_name[key]
 
 
 # -- the CPU reference transport ---------------------------------------------------------------------

@@ -257,6 +257,12 @@ class XlaTransport(Transport):
         t.copy_(self._reduce_all(t, _XLA_OP[red.op], self.replica_groups()))
         return DONE
 
+    def all_reduce_functional(self, t, red: Reduction):
+        """The all-reduce as a new lazy tensor, as torch_xla's own kernel builds it (no clone, no copy back)."""
+        # only called with a request the planner found native (algorithms.native_all_reduce): no second check
+        self.calls[("all_reduce", red.op.value, t.dtype)] += 1
+        return self._reduce_all(t, _XLA_OP[red.op], self.replica_groups()), DONE
+
     def _all_reduce_coalesced(self, ts, red: Reduction):
         # one tuple all-reduce per dtype (torch_xla's BuildAllReduce groups operands by element type). Fresh
         # clones are reduced in place (they are no views), then copied back through copy_.
@@ -325,14 +331,19 @@ class XlaTransport(Transport):
     # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
     @property
     def caps(self) -> Capabilities:
-        caps = self._caps
-        if self._uniform_groups() is None:
-            return replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
-        return caps
+        key = G.partitions_version()
+        cached = self._caps_cache
+        if cached is None or cached[0] != key:
+            caps = self._caps
+            if self._uniform_groups() is None:
+                caps = replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
+            cached = self._caps_cache = (key, caps)
+        return cached[1]
 
     @caps.setter
     def caps(self, value: Capabilities) -> None:
         self._caps = value
+        self._caps_cache = None
 
 
 def _keep_until_step(t: torch.Tensor) -> None:
@@ -377,92 +388,6 @@ def _c10d_factory(pg, device) -> XlaTransport:
 
 
 register_device("xla", funcoll=_funcoll_factory, c10d=_c10d_factory)
-
-
-# ---------------------------------------------------------------------------------------------------
-# the XLA dispatch-key kernels: funcoll's generic kernels, run with functionalization re-entered
-# ---------------------------------------------------------------------------------------------------
-# Why: torch_xla 2.9 runs XLA tensors under functionalization, and a kernel registered on the XLA key runs
-# *below* it (Functionalize is in the TLS exclude set). There, ``t.view(torch.uint8)`` returns a tensor torch_xla
-# cannot read ("Expected XLA tensor") and a write into a slice (``out[a:b].copy_(x)``) is lost. funcoll's
-# strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
-# kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
-# functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
-_MUTATED = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0, "all_gather_into_tensor_out": "out"}
-_DK = torch._C.DispatchKey
-
-
-def _to_functional(x):
-    if isinstance(x, torch.Tensor):
-        return x if torch._is_functional_tensor(x) else torch._to_functional_tensor(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_functional(t) for t in x)
-    return x
-
-
-def _from_functional(x):
-    if isinstance(x, torch.Tensor):
-        if not torch._is_functional_tensor(x):
-            return x
-        torch._sync(x)
-        return torch._from_functional_tensor(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_from_functional(t) for t in x)
-    return x
-
-
-@contextlib.contextmanager
-def _functionalization():
-    # Functionalize leaves the TLS exclude set, so the wrapped tensors dispatch through it again. It is not
-    # added to the include set: torch_xla's C++ creates CPU tensors internally (the ordering token), and
-    # those must not come out as functional wrappers (that segfaults).
-    include = torch._C._dispatch_tls_local_include_set()
-    exclude = torch._C._dispatch_tls_local_exclude_set()
-    with torch._C._ForceDispatchKeyGuard(include, exclude.remove(_DK.Functionalize)):
-        yield
-
-
-def _functionalized(name: str, fn):
-    where = _MUTATED.get(name)
-
-    def kernel(*args, **kwargs):
-        fargs = [_to_functional(a) for a in args]
-        fkwargs = {k: _to_functional(v) for k, v in kwargs.items()}
-        with _functionalization():
-            res = fn(*fargs, **fkwargs)
-        if where is None:
-            return _from_functional(res)
-        orig, fun = (args[where], fargs[where]) if where != "out" else (kwargs["out"], fkwargs["out"])
-        if isinstance(orig, torch.Tensor):
-            orig.copy_(_from_functional(fun))
-        else:
-            for o, f in zip(orig, fun):
-                o.copy_(_from_functional(f))
-        return orig
-
-    kernel.__name__ = kernel.__qualname__ = f"xla_{name}"
-    kernel.__doc__ = f"funcoll's ``_c10d_functional.{name}`` on the XLA key (functionalization re-entered)."
-    return kernel
-
-
-def _wait_tensor(tensor):
-    """``_c10d_functional.wait_tensor`` on XLA: funcoll's XLA collectives are lazy ops, complete once built,
-    and never register a Work; waiting is the identity (the graph runs at the next sync)."""
-    return tensor
-
-
-def _register_kernels() -> None:
-    from .. import kernels
-
-    for name, fn in kernels.OPS.items():
-        kernels.register_extra_kernel("xla", name, _functionalized(name, fn))
-    kernels.register_extra_kernel("xla", "wait_tensor", _wait_tensor)
-    # XLA tensors are functional wrappers: the in-place/out variants need a Functionalize kernel to be callable
-    for name, fn in kernels.FUNCTIONALIZE.items():
-        kernels.register_extra_kernel("xla", name, fn, key="Functionalize")
-
-
-_register_kernels()
 
 
 # ---------------------------------------------------------------------------------------------------
