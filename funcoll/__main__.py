@@ -270,7 +270,7 @@ def cmd_bench(args) -> int:
     """``bench/`` (its own progress on stderr, its table, docs/performance.md and its plot), or ``--hook-cost``."""
     rest = list(args.rest)
     if "--hook-cost" in rest:
-        from funcoll.observe import measure_hook_cost
+        from bench.hook_cost import measure_hook_cost
 
         reps = next((int(a) for a in rest if a.isdigit()), 30)
         with _Progress("funcoll: measuring the profiler/log hook (1 rank)"):

@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import threading
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.autograd.profiler as _prof
 
-__all__ = ["LOG", "Scope", "profiling", "on_group", "on_transport", "on_install", "on_uninstall",
-           "group_label", "measure_hook_cost"]
+__all__ = ["LOG", "Scope", "profiling", "on_install", "on_uninstall",
+           "group_label"]
 
 LOG = logging.getLogger("funcoll")
 
@@ -264,41 +262,8 @@ class Scope(list):
 
 
 # ---------------------------------------------------------------------------------------------------
-# hooks of the entry points (process group, kernels)
+# hooks of the dispatch-key kernels (the process group's are in funcoll.group_hooks)
 # ---------------------------------------------------------------------------------------------------
-def on_group(pg, store, lazy: bool) -> None:
-    """``ProcessGroupFuncoll.__init__``: a funcoll group was created."""
-    if LOG.isEnabledFor(logging.INFO):
-        kind = type(store).__name__
-        from .process_group import _unwrap_store
-
-        LOG.info("group %s created: rank %d of %d, global ranks %s, world size %d, store %s, CPU transport %s",
-                 pg.group_name or "(unnamed)", pg.rank(), pg.size(), _ranks(pg._global_ranks), pg._world_size,
-                 type(_unwrap_store(store)).__name__ if kind == "PrefixStore" else kind,
-                 "at the first CPU collective" if lazy else "now")
-
-
-def on_transport(pg, device_type: str, tp):
-    """``ProcessGroupFuncoll.transport``: a transport was created for one device type of a funcoll group. Tags it
-    with the group's name, logs the choice and, with ``FUNCOLL_PROBE=1``, verifies its native requests
-    (:func:`funcoll.probe.probe_transport`). Returns the transport."""
-    tp._funcoll_pg = weakref.ref(pg)
-    if LOG.isEnabledFor(logging.INFO):
-        if device_type == "cpu" and pg.options.profile is not None:
-            why = f"profile {pg.options.profile!r} from funcoll.Options"
-        elif os.environ.get("FUNCOLL_PROFILE", "").strip():
-            why = f"FUNCOLL_PROFILE={os.environ['FUNCOLL_PROFILE'].strip()}"
-        else:
-            why = "the running stack"
-        LOG.info("group %s rank %d/%d: %s transport %s, capabilities %s (%s)", pg.group_name or "(unnamed)",
-                 pg.rank(), pg.size(), device_type, type(tp).__name__, tp.caps.name, why)
-    if os.environ.get("FUNCOLL_PROBE", "").strip().lower() in ("1", "true", "yes", "on"):
-        from . import probe
-
-        probe.at_creation(pg, device_type, tp)
-    return tp
-
-
 def on_install(device_type: str, key: str, n_kernels: int) -> None:
     LOG.info("install: %d funcoll kernels for _c10d_functional on dispatch key %s (%s)", n_kernels, key,
              device_type)
@@ -306,83 +271,3 @@ def on_install(device_type: str, key: str, n_kernels: int) -> None:
 
 def on_uninstall(device_type: str) -> None:
     LOG.info("uninstall: funcoll kernels removed from %s; the previous kernels serve again", device_type)
-
-
-# ---------------------------------------------------------------------------------------------------
-# the cost of the hook
-# ---------------------------------------------------------------------------------------------------
-def _rank_cost(rank, n, reps, block):
-    """Runs on a funcoll world of one rank: ``dist.all_reduce`` of 4 bytes with the hooked entry (no profiler),
-    with the entry as it was before the hook (``record()`` only), and with a profiler recording; then the algorithm
-    alone (``algorithms.all_reduce`` over a transport that sends nothing) with and without the hook. Alternating
-    blocks of ``block`` calls; the median per-call time of each."""
-    import functools
-    import statistics
-    import time
-
-    import torch.distributed as dist
-
-    from . import algorithms as A
-
-    hooked = A.all_reduce
-    inner = hooked.__wrapped__
-
-    @functools.wraps(inner)
-    def before(*args, **kwargs):  # algorithms._entry as it was without funcoll.observe
-        if not A._recorders or A._current is not None:
-            with torch.no_grad():
-                return inner(*args, **kwargs)
-        A._current = notes = []
-        try:
-            with torch.no_grad():
-                return inner(*args, **kwargs)
-        finally:
-            A._current = None
-            notes = list(dict.fromkeys(notes)) or ["native"]
-            for log in A._recorders:
-                log.append(("all_reduce", notes))
-
-    t = torch.ones(1, dtype=torch.float32)
-    times: Dict[str, list] = {"without hook": [], "with hook, no profiler": [], "with hook, profiler on": []}
-
-    from .report import DryRunTransport
-    from .transport import profile
-
-    dry = DryRunTransport(profile("gloo"), size=1)
-    times.update({"algorithm only, without hook": [], "algorithm only, with hook": []})
-
-    def run():
-        t0 = time.perf_counter()
-        for _ in range(block):
-            dist.all_reduce(t)
-        return (time.perf_counter() - t0) / block
-
-    def run_dry(fn):
-        t0 = time.perf_counter()
-        for _ in range(block):
-            fn(dry, t, "sum")
-        return (time.perf_counter() - t0) / block
-
-    try:
-        for _ in range(20):
-            dist.all_reduce(t)  # warm up
-        for _ in range(reps):
-            A.all_reduce = before
-            times["without hook"].append(run())
-            A.all_reduce = hooked
-            times["with hook, no profiler"].append(run())
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-                times["with hook, profiler on"].append(run())
-            times["algorithm only, without hook"].append(run_dry(before))
-            times["algorithm only, with hook"].append(run_dry(hooked))
-    finally:
-        A.all_reduce = hooked
-    return {k: statistics.median(v) * 1e6 for k, v in times.items()}
-
-
-def measure_hook_cost(reps: int = 30, block: int = 200) -> Dict[str, float]:
-    """µs per ``dist.all_reduce`` of 4 bytes on a funcoll group of one rank (its own process): without the hook,
-    with it and no profiler, with it while a profiler records. Medians over alternating blocks."""
-    from .launch import run_world
-
-    return run_world("funcoll.observe:_rank_cost", 1, None, args=(reps, block), timeout=600)[0]

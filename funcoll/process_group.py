@@ -126,7 +126,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         lazy = self._options.lazy_cpu
         if lazy is None:
             lazy = isinstance(_unwrap_store(store), _LOCAL_STORES)
-        from .observe import on_group
+        from .group_hooks import on_group
 
         on_group(self, store, lazy)  # TORCH_LOGS=funcoll
         if not lazy:
@@ -181,11 +181,13 @@ class ProcessGroupFuncoll(ProcessGroup):
                                      ctx.timeout, self._options.profile)
                 else:
                     tp = funcoll_factory(device_type)(ctx)
-                from .observe import on_transport
+                from .group_hooks import on_transport
 
                 tp = on_transport(self, device_type, tp)  # TORCH_LOGS=funcoll; FUNCOLL_PROBE=1 verifies it
                 self._transports[device_type] = tp
         return tp
+
+    funcoll_transport = transport  # how the transport layer finds a funcoll group's transports (duck typing)
 
     def _tp(self, tensors) -> Transport:
         t = tensors

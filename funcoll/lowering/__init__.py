@@ -100,8 +100,6 @@ def transport_for(group, device) -> Transport:
 def _transport_for(group, device) -> Transport:
     from torch.distributed import distributed_c10d as c10d
 
-    from ..process_group import ProcessGroupFuncoll
-
     if isinstance(group, str):
         try:
             pg = c10d._resolve_process_group(group)
@@ -113,8 +111,9 @@ def _transport_for(group, device) -> Transport:
     else:
         pg = group
     device = torch.device(device)
-    if isinstance(pg, ProcessGroupFuncoll):
-        return pg.transport(device.type)
+    own = getattr(pg, "funcoll_transport", None)  # a funcoll group: its own transports (no import of the entry layer)
+    if own is not None:
+        return own(device.type)
     name = pg.group_name
     key = (name, device.type)
     tp = _c10d_cache.get(key)

@@ -471,15 +471,14 @@ def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
 
 def _c10d_xpu(pg, device) -> XcclTransport:
     """The XPU backend of a group made with another backend ("xccl", "cpu:gloo,xpu:xccl")."""
-    from ..process_group import ProcessGroupFuncoll
-
     try:
         backend = pg._get_backend(torch.device("xpu"))
     except RuntimeError:
         raise ValueError(f"funcoll: group {pg.group_name!r} has no XPU backend; create it with "
                          f"init_process_group('xccl') or 'cpu:gloo,xpu:xccl' (or backend 'funcoll')") from None
-    if isinstance(backend, ProcessGroupFuncoll):
-        return backend.transport("xpu")
+    own = getattr(backend, "funcoll_transport", None)  # the XPU leg is a funcoll group itself
+    if own is not None:
+        return own("xpu")
     cls = _xccl_class()
     if not isinstance(backend, cls):
         raise ValueError(f"funcoll: the XPU backend of group {pg.group_name!r} is {type(backend).__name__}; "
