@@ -9,6 +9,7 @@ import torch
 
 from funcoll.observe import LOG, Scope  # noqa: F401  (the hook under measurement)
 
+
 def _rank_cost(rank, n, reps, block):
     """Runs on a funcoll world of one rank: ``dist.all_reduce`` of 4 bytes with the hooked entry (no profiler),
     with the entry as it was before the hook (``record()`` only), and with a profiler recording; then the algorithm

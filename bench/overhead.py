@@ -145,7 +145,7 @@ def compiled(rank: int, n: int, blocks: int) -> list:
     funcoll.uninstall(["cpu"])
     f(x)
     tu, to, ratios = [], [], []
-    for i in range(blocks):
+    for _ in range(blocks):
         funcoll.uninstall(["cpu"])
         b = _block(lambda: f(x), BLOCK)
         funcoll.install(["cpu"])

@@ -30,7 +30,7 @@ import functools
 import math
 import time
 from datetime import timedelta
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -55,6 +55,7 @@ class Pending(Handle):
     """Native handles to wait on, then local finishing steps to run once, in order."""
 
     __slots__ = ("_handles", "_then", "_future")
+    _future: Optional[torch.futures.Future]
 
     def __init__(self, handles: Sequence[Handle] = (), then: Optional[Callable[[], object]] = None):
         self._handles = [h for h in handles if h is not None]
@@ -77,7 +78,7 @@ class Pending(Handle):
         if self._future is not None:  # handed over to future(): its callback runs the finishing steps
             self._future.wait()
             return
-        deadline = time.monotonic() + timeout.total_seconds() if timeout else None
+        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         while self._handles:
             h = self._handles[0]
             if deadline is None:
@@ -85,6 +86,7 @@ class Pending(Handle):
             else:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    assert timeout is not None
                     raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
                 h.wait(timedelta(seconds=left))
             self._handles.pop(0)
@@ -227,7 +229,6 @@ import torch.autograd.profiler as _profiler  # noqa: E402
 
 from .observe import LOG as _LOG  # noqa: E402
 
-
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
@@ -274,8 +275,9 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     return t.view(t.shape[0], -1).view(torch.uint8)
 
 
-_IN_PLACE = {R.SUM: torch.Tensor.add_, R.PRODUCT: torch.Tensor.mul_, R.MIN: torch.Tensor.copy_,
-             R.BAND: torch.Tensor.bitwise_and_, R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_}
+_IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {
+    R.SUM: torch.Tensor.add_, R.PRODUCT: torch.Tensor.mul_, R.BAND: torch.Tensor.bitwise_and_,
+    R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_}
 
 
 def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
@@ -533,7 +535,8 @@ def all_gather_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequ
     pendings = []
     for os_, ins in _by_dtype_pairs(outs, inps):
         if len(ins) == 1:
-            pendings.append(_with_contig_out(os_[0], lambda o, i=_flat(_contig_in(ins[0])): _ag(tp, o, i)))
+            src = _flat(_contig_in(ins[0]))
+            pendings.append(_with_contig_out(os_[0], lambda o, i=src: _ag(tp, o, i)))  # type: ignore[misc]
             continue
         _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
         flat = torch.cat([i.reshape(-1) for i in ins])
@@ -630,7 +633,8 @@ def reduce_scatter_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: 
     pendings = []
     for os_, ins in _by_dtype_pairs(outs, inps):
         if len(ins) == 1:
-            pendings.append(_with_contig_out(os_[0], lambda o, i=_contig_in(ins[0]): _rs(tp, o, i, red)))
+            src = _contig_in(ins[0])
+            pendings.append(_with_contig_out(os_[0], lambda o, i=src: _rs(tp, o, i, red)))  # type: ignore[misc]
             continue
         _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
         flat = torch.cat([i.reshape(n, -1) for i in ins], dim=1).reshape(-1)
@@ -701,8 +705,9 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
         _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
         return _padded_a2a(tp, out, inp, out_splits, in_splits, bound)
     if tp.virtual:
+        world = getattr(tp, "world_size", "?")
         raise ValueError(
-            f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({tp.world_size} ranks in a "
+            f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({world} ranks in a "
             f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
             f"funcoll.lowering.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
             f"split with a collective that must run, and a virtual world cannot run collectives")
@@ -843,7 +848,8 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
             S.check_same_tensor("gather", f"output[{i}]", o, inp, inp.shape)
     inp = _contig_in(inp)
     caps = tp.caps
-    if caps.has("gather") and caps.moves(inp.dtype) and (tp.rank != dst or all(o.is_contiguous() for o in outs)):
+    outs = list(outs) if tp.rank == dst and outs is not None else []
+    if caps.has("gather") and caps.moves(inp.dtype) and all(o.is_contiguous() for o in outs):
         return Pending([tp.gather(list(outs) if tp.rank == dst else None, inp, dst)])
     _note("gather=all_gather")
     flat = _flat(inp)
@@ -871,11 +877,11 @@ def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tens
             S.check_same_tensor("scatter", f"input[{i}]", t, out, out.shape)
     caps = tp.caps
     if caps.has("scatter") and caps.moves(out.dtype):
-        ins = [_contig_in(t) for t in inps] if tp.rank == src else None
+        ins = [_contig_in(t) for t in inps] if tp.rank == src and inps is not None else None
         return _with_contig_out(out, lambda o: Pending([tp.scatter(o, ins, src)]))
     _note("scatter=broadcast+slice")
     buf = out.new_empty((tp.size,) + tuple(out.shape))
-    if tp.rank == src:
+    if tp.rank == src and inps is not None:
         torch.stack(list(inps), out=buf)
     return _bc(tp, buf, src).and_then(lambda: out.copy_(buf[tp.rank]))
 
@@ -954,7 +960,7 @@ def all_to_all_list(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[
         raise ValueError(f"funcoll.all_to_all: expected {n} output and {n} input tensors, "
                          f"got {len(outs)} and {len(inps)}")
     dtype = inps[0].dtype
-    for i, t in enumerate(list(inps) + list(outs)):
+    for t in list(inps) + list(outs):
         if t.dtype != dtype:
             raise TypeError(f"funcoll.all_to_all: all tensors must have dtype {dtype}, found {t.dtype}")
     flat_in = torch.cat([t.reshape(-1) for t in inps])

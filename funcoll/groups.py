@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
-           "partition_of", "regular_partition", "blocks_for", "partitions_version", "replica_groups", "to_global", "to_group", "new_subgroups", "split_group",
-           "clear"]
+           "partition_of", "regular_partition", "blocks_for", "partitions_version", "replica_groups", "to_global",
+           "to_group", "new_subgroups", "split_group", "clear"]
 
 
 @dataclass(frozen=True)

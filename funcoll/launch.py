@@ -20,8 +20,6 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,7 +86,7 @@ def run_world(target: str, world_size: int = 2, profile: Optional[str] = None, a
                 dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in results]
                 if dead and all(not p.is_alive() for p in procs) and q.empty():
                     raise AssertionError(f"ranks {dead} of {target} died without a result "
-                                         f"(exit codes {[p.exitcode for p in procs]})")
+                                         f"(exit codes {[p.exitcode for p in procs]})") from None
                 continue
             results[rank] = (status, pickle.loads(res) if status == "ok" else res)
     finally:

@@ -1,6 +1,7 @@
 """The capability table, derived from the code: each cell is what funcoll's algorithms (their reduction planner and
 fallbacks) really do for that request on a real transport's capabilities (a dry run over a transport that only
-copies), so the docs cannot drift from the code. ``python -m funcoll.report`` prints it as Markdown; docs/capabilities.md holds it."""
+copies), so the docs cannot drift from the code. ``python -m funcoll.report`` prints it as Markdown;
+docs/capabilities.md holds it."""
 
 from __future__ import annotations
 

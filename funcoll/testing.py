@@ -274,7 +274,7 @@ def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collect
         found = _group_ranks(name_of_group) if isinstance(name_of_group, str) else None
         out.append(Collective(
             op=name, reduce_op=named.get("reduce_op"),
-            group=found[1] if found is not None else name_of_group,
+            group=found[1] if found is not None else str(name_of_group),
             inputs=tuple(inputs), outputs=_specs(_value_of(n)), args=tuple(rest),
             autograd=_namespace(n.target) == "_c10d_functional_autograd"))
     return out
@@ -452,7 +452,7 @@ def compile_counts() -> Iterator[CompileCounts]:
                 c.break_reasons.append(_reason(msg.strip().splitlines()[0]))
         recompiled = [m for m in get_compilation_metrics() if id(m) not in seen and m.recompile_reason]
         c.recompiles = len(recompiled)
-        c.recompile_reasons = [_reason(r) for m in recompiled for r in _guard_lines(m.recompile_reason)]
+        c.recompile_reasons = [_reason(r) for m in recompiled for r in _guard_lines(m.recompile_reason or "")]
 
 
 def count_compiles(fn: Callable, *calls, backend: Union[str, Callable] = "eager",

@@ -14,12 +14,12 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .semantics import ReduceOp, Reduction, FLOAT8
+from .semantics import FLOAT8, ReduceOp, Reduction
 
 __all__ = ["Capabilities", "Handle", "Done", "Transport", "NativeRefused", "PROFILES", "profile",
            "active_profile_name"]

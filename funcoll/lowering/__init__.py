@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -24,7 +24,7 @@ class GroupContext:
     """What a transport factory knows of a funcoll group."""
 
     name: str
-    store: object  # a c10d Store private to this group
+    store: Any  # a c10d Store private to this group
     rank: int  # group-local
     size: int
     timeout: timedelta
@@ -74,7 +74,7 @@ def _ensure_loaded(device_type: str) -> None:
 # (group name, device type) -> (process group, transport): the dispatch-key kernels look a group up by name for every
 # collective; an entry holds while c10d still knows that group by that name (a destroyed and re-created world reuses
 # names), which costs one dict lookup
-_by_name: Dict[Tuple[str, str], Tuple[object, Transport]] = {}
+_by_name: Dict[Tuple[str, str], Tuple[Any, Transport]] = {}
 
 
 def transport_for(group, device) -> Transport:

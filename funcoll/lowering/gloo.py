@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
-import torch.distributed as dist
 import torch._C._distributed_c10d as C
+import torch.distributed as dist
 
 from ..semantics import ReduceOp, Reduction
 from ..transport import Capabilities, Transport, active_profile_name, profile
@@ -24,7 +23,7 @@ _C10D_OP = {
 
 def c10d_op(red: Reduction):
     if red.op is ReduceOp.PREMUL_SUM:  # native only where a profile lists it (XCCL scale-up, when enabled)
-        return dist._make_nccl_premul_sum(red.factor)
+        return dist._make_nccl_premul_sum(red.factor)  # type: ignore[arg-type]
     return _C10D_OP[red.op]
 
 

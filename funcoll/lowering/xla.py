@@ -180,6 +180,7 @@ class XlaTransport(Transport):
     all there is to do; the graph runs at the next ``torch_xla.sync()`` or when a result is read)."""
 
     device_type = "xla"
+    _caps_cache: Optional[Tuple[int, Capabilities]] = None
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
                  device=None, caps: Optional[Capabilities] = None, pin_layout: bool = True):
@@ -199,7 +200,8 @@ class XlaTransport(Transport):
         import torch_xla.runtime as xr
 
         self.virtual = self.world_size > xr.world_size()
-        self._groups_cache = None  # (partitions version, replica groups, uniform replica groups or None)
+        # (partitions version, replica groups, uniform replica groups or None)
+        self._groups_cache: Optional[Tuple[int, List[List[int]], Optional[List[List[int]]]]] = None
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
@@ -222,6 +224,7 @@ class XlaTransport(Transport):
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
         self.replica_groups()
+        assert self._groups_cache is not None
         return self._groups_cache[2]
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -409,7 +412,9 @@ def reset_token(device=None) -> None:
 
 
 def _split_top(text: str, sep: str = ",") -> List[str]:
-    out, depth, cur = [], 0, []
+    out: List[str] = []
+    depth = 0
+    cur: List[str] = []
     for ch in text:
         if ch in "([{":
             depth += 1
@@ -434,7 +439,7 @@ def _parse_instruction(line: str):
     # the shape: a tuple "(...)" or one token
     if rest.startswith("("):
         depth = 0
-        for i, ch in enumerate(rest):
+        for i, ch in enumerate(rest):  # noqa: B007 - i is read after the loop
             depth += ch == "("
             depth -= ch == ")"
             if depth == 0:

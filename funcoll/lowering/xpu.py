@@ -24,7 +24,8 @@ from typing import Dict, Mapping, Optional, Tuple
 import torch
 
 from ..semantics import ReduceOp
-from ..transport import Capabilities, PRIMITIVES, active_profile_name, profile as _named_profile
+from ..transport import PRIMITIVES, Capabilities, active_profile_name
+from ..transport import profile as _named_profile
 from . import GroupContext, register_device
 from .gloo import C10dTransport
 
@@ -119,10 +120,10 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
          source="'Cannot use ReduceOp.PREMUL_SUM with XCCL' (intel/torch-xpu-ops#1571) up to torch 2.10; "
                 "support for allreduce/reduce_scatter on the scale-up (XeLink) path only, with oneCCL >= 2021.17, "
                 "landed in #1948 (2025-08), was reverted in #2913 (2026-02) and relanded in #3173 (2026-03); on "
-                "scale-out oneCCL has no PreMulSum (uxlfoundation/oneCCL#196) and ProcessGroupXCCL itself falls back to "
-                "scale+SUM (#2903); reduce has no PREMUL_SUM on either path (#3173 review, oneCCL#196). funcoll scales "
-                "itself by default (one multiply, the same bytes on the wire); premul_sum=native may be set on a "
-                "scale-up group only, and never reaches reduce"),
+                "scale-out oneCCL has no PreMulSum (uxlfoundation/oneCCL#196) and ProcessGroupXCCL itself falls "
+                "back to scale+SUM (#2903); reduce has no PREMUL_SUM on either path (#3173 review, oneCCL#196). "
+                "funcoll scales itself by default (one multiply, the same bytes on the wire); premul_sum=native "
+                "may be set on a scale-up group only, and never reaches reduce"),
     Fact("bitwise",
          "ReduceOp.BAND / BOR / BXOR",
          native_since=None, scale_out_since=None, overridable=_NEVER,
@@ -241,7 +242,8 @@ def parse_override(override, topology: str = SCALE_OUT) -> Dict[str, bool]:
             if fact is None:
                 why = "is not a fact"
             elif fact.overridable:
-                why = f"cannot be overridden on the {topology} path (the library has it on {', '.join(fact.overridable)} only)"
+                where = ", ".join(fact.overridable)
+                why = f"cannot be overridden on the {topology} path (the library has it on {where} only)"
             else:
                 why = "cannot be overridden (the library has no native path)"
             raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts on {topology}: "
