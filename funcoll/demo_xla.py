@@ -34,7 +34,7 @@ def _world1() -> bool:
     if own:
         dist.init_process_group("funcoll", store=dist.HashStore(), rank=0, world_size=1)
     group = dist.new_group([0], backend="funcoll") if not own else dist.group.WORLD
-    assert group is not None
+    assert isinstance(group, dist.ProcessGroup)
     name = group.group_name
     funcoll.install(["xla"])
     x0 = torch.tensor([1.5, -2.0, 3.25, 0.5])

@@ -83,6 +83,13 @@ def lookup(name: str) -> GroupInfo:
     return info
 
 
+def resolve(name: str):
+    """c10d's process group named ``name`` (RuntimeError when c10d holds none by that name)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._resolve_process_group(name)  # type: ignore[arg-type]  # torch >= 2.10 types it GroupName
+
+
 def _from_c10d(name: str) -> Optional[GroupInfo]:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -90,7 +97,7 @@ def _from_c10d(name: str) -> Optional[GroupInfo]:
     if not dist.is_initialized():
         return None
     try:
-        pg = c10d._resolve_process_group(name)
+        pg = resolve(name)
     except Exception:
         return None
     ranks = c10d.get_process_group_ranks(pg)

@@ -53,8 +53,10 @@ def _group_ranks(name: str) -> Optional[Tuple[bool, Tuple[int, ...]]]:
     if dist.is_available() and dist.is_initialized():
         from torch.distributed import distributed_c10d as c10d
 
+        from .groups import resolve
+
         try:
-            pg = c10d._resolve_process_group(name)
+            pg = resolve(name)
         except Exception:  # noqa: BLE001 - not a c10d group; funcoll's registry may know it
             pg = None
         if pg is not None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from ..groups import resolve
 from ..transport import Transport
 
 __all__ = ["GroupContext", "register_device", "device_types", "transport_for", "funcoll_factory"]
@@ -86,11 +87,9 @@ def transport_for(group, device) -> Transport:
         hit = _by_name.get(key)
         if hit is not None and _world.pg_names.get(hit[0]) == group:
             return hit[1]
-        from torch.distributed import distributed_c10d as c10d
-
         tp = _transport_for(group, device)
         try:
-            _by_name[key] = (c10d._resolve_process_group(group), tp)
+            _by_name[key] = (resolve(group), tp)
         except RuntimeError:  # a group c10d does not hold (a virtual one): not cached
             pass
         return tp
@@ -98,11 +97,9 @@ def transport_for(group, device) -> Transport:
 
 
 def _transport_for(group, device) -> Transport:
-    from torch.distributed import distributed_c10d as c10d
-
     if isinstance(group, str):
         try:
-            pg = c10d._resolve_process_group(group)
+            pg = resolve(group)
         except RuntimeError:
             from ..groups import lookup
 
