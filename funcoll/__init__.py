@@ -8,21 +8,29 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import algorithms, groups, semantics, transport
-from . import probe  # a callable module: funcoll.probe(group, device) runs funcoll.probe.probe
+from . import (
+    algorithms,
+    debug,
+    flight_recorder,
+    groups,
+    probe,  # a callable module: funcoll.probe(group, device) runs funcoll.probe.probe
+    transport,
+)
 from .kernels import install, installed, uninstall
 from .process_group import FuncollWork, Options, ProcessGroupFuncoll, register_backend
-from .semantics import ReduceOp
-from .transport import Capabilities, PROFILES
+from .transport import PROFILES, Capabilities
+from .work import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 
 __version__ = "0.1.0"
 
 __all__ = ["install", "uninstall", "installed", "capabilities", "Options", "ProcessGroupFuncoll",
-           "FuncollWork", "ReduceOp", "Capabilities", "PROFILES", "record", "groups", "probe"]
+           "FuncollWork", "Capabilities", "PROFILES", "record", "groups", "probe",
+           "CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError", "debug", "flight_recorder"]
 
 record = algorithms.record
 
 register_backend()
+debug.patch_monitored_barrier()  # torch 2.9: dist.monitored_barrier reaches funcoll groups (others: unchanged)
 
 
 def capabilities(device_type: str, profile: Optional[str] = None) -> Capabilities:
@@ -35,7 +43,7 @@ def capabilities(device_type: str, profile: Optional[str] = None) -> Capabilitie
         from .lowering import gloo
 
         return gloo.capabilities(profile)
-    from .lowering import _ensure_loaded, _funcoll_factories
+    from .lowering import _ensure_loaded
 
     _ensure_loaded(device_type)
     import importlib

@@ -7,18 +7,19 @@ one function of :mod:`funcoll.algorithms`. No collective logic lives here.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, Work
+from torch._C._distributed_c10d import ProcessGroup
 
 from . import algorithms as A
 from . import groups
 from .lowering import GroupContext, funcoll_factory
 from .transport import Transport
+from .work import FuncollWork  # the Work of every collective (exception(), futures, timeouts: funcoll.work)
 
 __all__ = ["ProcessGroupFuncoll", "Options", "FuncollWork", "BACKEND_NAME"]
 
@@ -39,51 +40,8 @@ class Options:
     profile: Optional[str] = None
 
 
-class FuncollWork(Work):
-    """A Work whose ``wait()`` waits on the transport's native handles, then runs the algorithm's
-    finishing steps. Asynchronous where the transport is (gloo, XCCL); complete at once on XLA."""
-
-    def __init__(self, pending: A.Pending, result: Sequence[torch.Tensor] = ()):
-        super().__init__()
-        self._pending = pending
-        self._result = list(result)
-        self._done = False
-        self._lock = threading.Lock()
-
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        """Waits for the collective and its finishing steps; a non-zero ``timeout`` bounds the wait (the backend
-        raises past it, as c10d's own Work does); zero means the group's timeout."""
-        with self._lock:
-            if not self._done:
-                self._pending.wait(timeout if timeout and timeout > timedelta(0) else None)
-                self._done = True
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done or self._pending.is_completed()
-
-    def is_success(self) -> bool:
-        return self.is_completed()
-
-    def exception(self):
-        return None
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def get_future(self) -> torch.futures.Future:
-        """A future completed with the outputs once the collective and its finishing steps are done, without
-        blocking where the transport is asynchronous (DDP comm hooks chain on it)."""
-        result = self._result
-        return self._pending.future().then(lambda _: result)
-
-
 def _local_stores() -> tuple:
-    kinds = [dist.HashStore]
+    kinds: list = [dist.HashStore]
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -109,7 +67,7 @@ class ProcessGroupFuncoll(ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = "",
                  global_ranks: Sequence[int] = (), world_size: Optional[int] = None,
                  options: Optional[Options] = None):
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # torch's stubs name only the store-taking overload
         self._store = store
         self._timeout = timeout
         self._options = options or Options()
@@ -146,7 +104,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         groups.register(name, self._global_ranks, self._world_size)
 
     @property
-    def group_name(self) -> str:
+    def group_name(self) -> str:  # type: ignore[override]  # torch >= 2.10 types it GroupName
         return self._group_name
 
     def _set_group_desc(self, desc: str) -> None:
@@ -236,9 +194,13 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(A.all_gather_coalesced(self._tp(inputs), list(outputs), list(inputs)), outputs)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """``dist.all_gather_coalesced``: ``output_lists[r][i]`` receives rank r's ``input_list[i]``."""
         tp = self._tp(input_list)
-        return self._work(A.Pending([A.gather_list(tp, list(outs), inp)
-                                     for outs, inp in zip(output_lists, input_list)]), output_lists)
+        if len(output_lists) != self.size() or any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError(f"funcoll.all_gather_coalesced: expected {self.size()} output lists (one per rank) of "
+                             f"{len(input_list)} tensors (one per input), got {[len(o) for o in output_lists]}")
+        return self._work(A.Pending([A.gather_list(tp, [outs[i] for outs in output_lists], inp)
+                                     for i, inp in enumerate(input_list)]), output_lists)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
@@ -333,13 +295,15 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     def barrier(self, opts=None):
         device = "cpu"
-        ids = getattr(opts, "device_ids", None)
         if self._transports and "cpu" not in self._transports:
             device = next(iter(self._transports))
         return self._work(A.barrier(self.transport(device)))
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        return self.barrier()
+        """gloo's monitored barrier on the CPU transport: names the ranks that did not arrive (funcoll.debug)."""
+        from .debug import monitored_barrier
+
+        return monitored_barrier(self, timeout, wait_all_ranks)
 
 
     # -- lifecycle and the rest of c10d's ProcessGroup surface (torch 2.9 to the newest) -----------------------
@@ -450,6 +414,12 @@ class ProcessGroupFuncoll(ProcessGroup):
         return child
 
 
+# the one hook every collective passes through: sequence numbers, flight recorder, debug-mode check (funcoll.debug)
+from .debug import instrument as _instrument  # noqa: E402
+
+_instrument(ProcessGroupFuncoll)
+
+
 def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
     o = dist_backend_opts
     world = dist.get_world_size() if dist.is_initialized() else o.group_size
@@ -487,7 +457,7 @@ def _register_traceable_broadcast() -> None:
     remaps = getattr(fc, "traceable_collective_remaps", None)
     if remaps is None or (dist.broadcast in remaps and remaps[dist.broadcast] is not _funcoll_traceable_broadcast):
         return  # a torch whose Dynamo traces broadcast itself
-    fc._funcoll_traceable_broadcast = _funcoll_traceable_broadcast
+    fc._funcoll_traceable_broadcast = _funcoll_traceable_broadcast  # type: ignore[attr-defined]
     remaps[dist.broadcast] = _funcoll_traceable_broadcast
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "check_reduce_scatter",
     "check_all_to_all",
     "check_root",
+    "check_layout",
     "check_same_tensor",
     "dtype_kind",
 ]
@@ -108,9 +109,9 @@ def parse_reduction(op, opname: str) -> Reduction:
         if isinstance(op, dist.ReduceOp.RedOpType):
             red = Reduction(ReduceOp(op.name.lower()))
         elif isinstance(op, dist.ReduceOp):
-            kind, factor = op.op, None
-            if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:
-                state = op.__getstate__()  # (RedOpType.PREMUL_SUM, factor)
+            kind, factor = op.op, None  # type: ignore[attr-defined]
+            if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:  # type: ignore[attr-defined]
+                state = op.__getstate__()  # type: ignore[attr-defined]  # (RedOpType.PREMUL_SUM, factor)
                 factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
             red = Reduction(ReduceOp(kind.name.lower()), factor)
         else:
@@ -176,6 +177,17 @@ def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
             f"funcoll.{opname}: premul_sum factor must be a scalar or a one-element tensor, "
             f"got shape {tuple(red.factor.shape)}"
         )
+
+
+def check_layout(opname: str, tensors: Sequence[torch.Tensor]) -> None:
+    """Collectives move dense (strided) tensors: a sparse or other layout is a TypeError, raised before anything is
+    sent. (gloo has a sparse all-reduce; NCCL, XCCL and XLA have none, and funcoll keeps one semantics.)"""
+    for t in tensors:
+        if t.layout != torch.strided:
+            raise TypeError(
+                f"funcoll.{opname}: {t.layout} tensors are not supported, only dense ones; convert with "
+                f".to_dense() (or all-reduce the indices and values of a sparse tensor yourself)"
+            )
 
 
 def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor,

@@ -1,0 +1,58 @@
+"""The cost of funcoll's per-collective hook (sequence numbers, flight recorder) and of the debug mode's cross-rank
+check: ``measure_cost()``, µs per ``dist.all_reduce`` on a small CPU funcoll world, alternating blocks."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from funcoll.debug import set_debug, state_of
+
+
+# ---------------------------------------------------------------------------------------------------
+def _rank_cost(rank, n, reps, block, numel):
+    """On every rank of a funcoll world: ``dist.all_reduce`` of ``numel`` float32 in alternating blocks of
+    ``block`` calls without the hook (the method as written), with it and the flight recorder off, on (the
+    default), and with the debug check; median µs per call.
+    Every rank switches at the same point of its program, as :func:`set_debug` requires."""
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    pg = dist.group.WORLD
+    st = state_of(pg)
+    t = torch.ones(numel)
+    cls = type(pg)
+    hooked = cls.__dict__["allreduce"]
+    modes = {"without the hook": (None, False, False), "recorder off": (hooked, False, False),
+             "recorder on (default)": (hooked, True, False), "debug check": (hooked, True, True)}
+    times: Dict[str, list] = {m: [] for m in modes}
+    for _ in range(20):
+        dist.all_reduce(t)
+    try:
+        for _ in range(reps):
+            for mode, (method, rec, dbg) in modes.items():
+                cls.allreduce = method or hooked.__wrapped__
+                st.trace.enabled = rec
+                set_debug(pg, dbg)
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(block):
+                    dist.all_reduce(t)
+                times[mode].append((time.perf_counter() - t0) / block * 1e6)
+    finally:
+        cls.allreduce = hooked
+        st.trace.enabled = True
+        set_debug(pg, False)
+    return {m: statistics.median(v) for m, v in times.items()}
+
+
+def measure_cost(reps: int = 9, block: int = 50, numel: int = 4, world: int = 2) -> Dict[str, float]:
+    """µs per ``dist.all_reduce`` of ``numel`` float32 on a ``world``-rank CPU funcoll world (its own processes):
+    without the hook / with it and the flight recorder off / on / with the debug mode's cross-rank check. Medians
+    over alternating blocks."""
+    from funcoll.launch import run_world
+
+    return run_world("bench.debug_cost:_rank_cost", world, None, args=(reps, block, numel), timeout=900)[0]

@@ -1,0 +1,246 @@
+"""``FuncollWork``: the Work every eager funcoll collective returns, and the errors it raises.
+
+A Work waits on the transport's native handles, then runs the algorithm's finishing steps once. It tells the
+truth about failure, as c10d's own Works do:
+
+* ``wait()`` raises :class:`CollectiveError` (a ``torch.distributed.DistBackendError``, so a ``RuntimeError``)
+  when the collective failed -- a peer died, the backend timed out -- naming the op, the group, its ranks and the
+  sequence number, with the backend's own message kept (``__cause__``);
+* ``wait(timeout)`` raises :class:`CollectiveTimeoutError` past ``timeout``; the collective stays pending (a later
+  ``wait`` may still complete it), as with c10d's ``Work.wait(timeout)``;
+* ``is_completed()`` never blocks; it becomes True when the native handles are done (also when they failed), and
+  then runs the finishing steps;
+* ``is_success()`` is True only for a completed collective without error; ``exception()`` is that error or None;
+* ``get_future()`` completes with the outputs, or with the error (DDP comm hooks see the failure).
+
+On a timeout the group's flight recorder is dumped (:mod:`funcoll.flight_recorder`) and its last entries are
+quoted in the message.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Work
+
+from . import flight_recorder as fr
+
+__all__ = ["FuncollWork", "CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError"]
+
+
+class CollectiveError(dist.DistBackendError):
+    """A funcoll collective failed (a peer died, the backend reported an error). The message names the op, the
+    group, its ranks and the sequence number; ``__cause__`` is the backend's own error."""
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """A collective (or the debug mode's cross-rank check of one) did not complete in time."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Debug mode (``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``): the ranks of a group issued different
+    collectives at the same sequence number. Raised on every rank, with the same message, before anything is sent."""
+
+
+def _pending_native_done(p) -> bool:
+    """Whether every native handle of a :class:`funcoll.algorithms.Pending` has completed (successfully or not),
+    without blocking and without running its finishing steps."""
+    fut = getattr(p, "_future", None)
+    if fut is not None:
+        return fut.done()
+    for h in getattr(p, "_handles", ()):
+        if hasattr(h, "_handles"):
+            if not _pending_native_done(h):
+                return False
+        elif not h.is_completed():
+            return False
+    return True
+
+
+def _recent(call: Optional[fr.Call], trace: Optional[fr.GroupTrace], dump: bool) -> str:
+    if trace is None:
+        return ""
+    path = fr.dump_on_timeout(trace) if dump else None
+    last = [c for c in trace.entries() if c is not call][-4:]
+    text = ""
+    if last:
+        text = " Last collectives of this group on this rank: " + "; ".join(
+            f"{c.number()} {c.op} {c.state}" for c in last) + "."
+    if path:
+        text += f" Flight recorder dumped to {path}."
+    elif dump:
+        text += " (Set FUNCOLL_TRACE_DIR to dump the flight recorder, or call funcoll.flight_recorder.dump().)"
+    return text
+
+
+_CALLBACK = "Got the following error when running the callback: "
+
+
+def _backend_message(e: BaseException) -> str:
+    """The backend's own message: a torch future's ``then`` wraps an error as "Got the following error when running
+    the callback: RuntimeError: <message>\n\nAt:\n<traceback>"; this is <message>."""
+    msg = str(e).strip()
+    while msg.startswith(_CALLBACK):
+        msg = msg[len(_CALLBACK):].split("\n\nAt:\n", 1)[0].strip()
+        head, sep, rest = msg.partition(": ")
+        if sep and head.isidentifier() and (head.endswith("Error") or head.endswith("Exception")):
+            msg = rest.strip()
+    return msg
+
+
+def _is_wait_timeout(e: BaseException) -> bool:
+    """The caller's ``wait(timeout)`` ran out (funcoll's own TimeoutError, or c10d's "Operation timed out!"), as
+    opposed to the backend giving up on the collective."""
+    return isinstance(e, TimeoutError) or "Operation timed out!" in str(e)
+
+
+def _is_backend_timeout(e: BaseException) -> bool:
+    s = str(e).lower()
+    return "timed out" in s or "timeout" in s
+
+
+class FuncollWork(Work):
+    """A Work whose ``wait()`` waits on the transport's native handles, then runs the algorithm's finishing
+    steps. Asynchronous where the transport is (gloo, XCCL); complete at once on XLA."""
+
+    def __init__(self, pending, result: Sequence[torch.Tensor] = (), call: Optional[fr.Call] = None,
+                 trace: Optional[fr.GroupTrace] = None):
+        super().__init__()
+        self._pending = pending
+        self._result = list(result)
+        self._done = False
+        self._exc: Optional[CollectiveError] = None
+        self._call = call
+        self._trace = trace
+        self._fut: Optional[torch.futures.Future] = None
+        self._lock = threading.RLock()
+
+    def _attach(self, call: fr.Call, trace: fr.GroupTrace) -> "FuncollWork":
+        """Called by the collective entry (:func:`funcoll.debug.instrument`) with the call's flight-recorder entry."""
+        self._call, self._trace = call, trace
+        if self._done:
+            call.completed()
+        return self
+
+    # -- errors -----------------------------------------------------------------------------------------
+    def _label(self) -> str:
+        return self._call.label() if self._call is not None else "collective"
+
+    def _failure(self, e: BaseException) -> CollectiveError:
+        """Records ``e`` as this collective's permanent failure; returns the error to raise."""
+        if self._exc is None:
+            if isinstance(e, CollectiveError):
+                err = e
+            else:
+                timeout = _is_backend_timeout(e)
+                cls = CollectiveTimeoutError if timeout else CollectiveError
+                what = "timed out" if timeout else "failed"
+                group_t = getattr(self._call, "timeout", None) if self._call is not None else None
+                tt = f" (group timeout {group_t:g} s)" if timeout and group_t else ""
+                err = cls(f"funcoll: {self._label()} {what}{tt}: {_backend_message(e)}"
+                          + _recent(self._call, self._trace, dump=timeout))
+                err.__cause__ = e
+            self._exc = err
+            if self._call is not None:
+                self._call.failed(e)
+        return self._exc
+
+    def _wait_timeout(self, e: BaseException, limit: timedelta) -> CollectiveTimeoutError:
+        err = CollectiveTimeoutError(
+            f"funcoll: {self._label()} did not complete within the {limit.total_seconds():g} s given to "
+            "Work.wait(); it is still pending (wait again, or check that every rank of the group issued it)."
+            + _recent(self._call, self._trace, dump=True))
+        err.__cause__ = e
+        return err
+
+    # -- the Work API ---------------------------------------------------------------------------------
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Waits for the collective and its finishing steps. A non-zero ``timeout`` bounds the wait
+        (:class:`CollectiveTimeoutError` past it, the collective stays pending); zero means the group's timeout,
+        past which the backend fails the collective (:class:`CollectiveError`)."""
+        limit = timeout if timeout and timeout > timedelta(0) else None
+        with self._lock:
+            if self._exc is not None:
+                raise self._exc
+            if self._done:
+                return True
+            try:
+                self._pending.wait(limit)
+            except Exception as e:  # noqa: BLE001 - re-raised with the collective named
+                if limit is not None and _is_wait_timeout(e):
+                    raise self._wait_timeout(e, limit) from e
+                raise self._failure(e) from e
+            self._done = True
+            if self._call is not None:
+                self._call.completed()
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the collective has finished, successfully or not (never blocks)."""
+        if self._done or self._exc is not None:
+            return True
+        if not _pending_native_done(self._pending):
+            return False
+        if not self._lock.acquire(blocking=False):  # another thread is finishing it
+            return False
+        try:
+            if not (self._done or self._exc is not None):
+                try:
+                    self.wait()  # the native handles are done: this only runs the finishing steps
+                except Exception:  # noqa: BLE001 - recorded in self._exc
+                    pass
+        finally:
+            self._lock.release()
+        return True
+
+    def is_success(self) -> bool:
+        """True when the collective has completed without error (False while it is still running)."""
+        return self.is_completed() and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        """The error the collective failed with (None while running or after success)."""
+        self.is_completed()
+        return self._exc
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        """A future completed with the outputs once the collective and its finishing steps are done, or with the
+        collective's error; never blocks where the transport is asynchronous (DDP comm hooks chain on it)."""
+        with self._lock:
+            if self._fut is not None:
+                return self._fut
+            if self._done or self._exc is not None:
+                fut: torch.futures.Future = torch.futures.Future()
+                if self._exc is not None:
+                    fut.set_exception(self._exc)
+                else:
+                    fut.set_result(self._result)
+                self._fut = fut
+                return fut
+            result = self._result
+            out: torch.futures.Future = torch.futures.Future()
+
+            def finish(f):  # on the backend's thread; the error keeps its type (a raise in then() would not)
+                try:
+                    f.value()  # re-raises the backend's error
+                except Exception as e:  # noqa: BLE001
+                    out.set_exception(self._failure(e))
+                    return
+                self._done = True
+                if self._call is not None:
+                    self._call.completed()
+                out.set_result(result)
+
+            self._pending.future().add_done_callback(finish)
+            self._fut = out
+            return self._fut
