@@ -121,8 +121,11 @@ def _count_dtype(caps, primitive, size, op) -> Optional[torch.dtype]:
     return None
 
 
+_REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
 def _real_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.empty((), dtype=dtype).real.dtype
+    return _REAL_OF[dtype]  # a table, not torch.empty(..).real: planning makes no tensor
 
 
 _COUNT_KIND = {R.SUM: BOOL_ANY, R.MAX: BOOL_ANY, R.BOR: BOOL_ANY, R.PRODUCT: BOOL_ALL, R.MIN: BOOL_ALL,

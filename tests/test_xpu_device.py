@@ -115,10 +115,11 @@ def test_strategy_stays_on_the_device(name):
 
 def test_strategies_and_native_calls_are_the_derived_ones():
     """What the recorder receives for a few gaps: the native primitive funcoll composes, never the refused one."""
-    rec, _ = run(2, CASES["avg bf16"][0], torch.bfloat16, (6,))
-    assert [(m, d) for m, _, d in rec.log] == [("allreduce", {torch.float32})]
-    rec, _ = run(2, CASES["band int32"][0], torch.int32, (6,))
-    assert [(m, d) for m, _, d in rec.log] == [("_allgather_base", {torch.int32})]
+    rec, _ = run(2, CASES["avg bf16"][0], torch.bfloat16, (6,))  # float32 reduce_scatter, bf16 all_gather
+    assert [(m, d) for m, _, d in rec.log] == [("_reduce_scatter_base", {torch.float32}),
+                                               ("_allgather_base", {torch.bfloat16})]
+    rec, _ = run(2, CASES["band int32"][0], torch.int32, (6,))  # all_to_all, local band, all_gather
+    assert [(m, d) for m, _, d in rec.log] == [("alltoall_base", {torch.int32}), ("_allgather_base", {torch.int32})]
     rec, _ = run(2, CASES["ag fp8"][0], torch.float8_e4m3fn, (6,))
     assert [(m, d) for m, _, d in rec.log] == [("_allgather_base", {torch.uint8})]
     rec, _ = run(3, CASES["rs bxor"][0], torch.int32, (6,))
@@ -136,12 +137,16 @@ def test_control_device_is_the_transports_device():
 
 def test_the_spy_sees_host_tensors_the_uneven_split_agreement():
     """Control: the spy does catch host tensors. The one place funcoll creates any is the split-size agreement of
-    uneven all_to_all (2 int64 per rank, copied to the host to size the buffers)."""
+    uneven all_to_all (2 int64 per rank, copied to the host to size the buffers), taken where the transport has no
+    point-to-point (XCCL itself gets pairwise send/recv, with no agreement)."""
+    from dataclasses import replace
+
     rec = Recorder(2)
-    tp = xpu.XcclTransport(rec, xpu.derive("2.9.0", None), device=DEV)
+    caps = xpu.derive("2.9.0", None)
+    tp = xpu.XcclTransport(rec, replace(caps, primitives=caps.primitives - {"send_recv"}), device=DEV)
     x, out = torch.empty((6, 2), device=DEV), torch.empty((4, 2), device=DEV)
     with DeviceSpy() as spy, pytest.raises(NotImplementedError, match="meta"):
-        A.all_to_all(tp, out, x, [1, 3], [2, 4]).wait()
+        A.all_to_all(tp, out, x, [2, 2], [2, 4]).wait()
     assert [m for m, _, _ in rec.log] == ["_allgather_base"]  # the agreement: on the device, int64
     assert rec.log[0][1:] == ({DEV}, {torch.int64})
     # the local split sizes, built from Python ints on the host and moved to the device; the gathered 2n values
