@@ -371,30 +371,26 @@ class ProcessGroupFuncoll(ProcessGroup):
         """Nothing to do: funcoll keeps no Work of its own alive after it is handed to the caller (the backends'
         own Works are waited on by the callers' ``wait()``)."""
 
-    def shutdown(self) -> None:
-        """``destroy_process_group``: the transports' own backends are shut down and dropped."""
+    def _stop_transports(self, how: str) -> None:
+        """Drops the transports and calls ``how`` ("shutdown" or "abort") on each one's own backend."""
         with self._lock:
             transports, self._transports = dict(self._transports), {}
         for tp in transports.values():
-            stop = getattr(getattr(tp, "backend", None), "shutdown", None)
+            stop = getattr(getattr(tp, "backend", None), how, None)
             if stop is not None:
                 try:
                     stop()
                 except RuntimeError:  # already shut down or aborted
                     pass
+
+    def shutdown(self) -> None:
+        """``destroy_process_group``: the transports' own backends are shut down and dropped."""
+        self._stop_transports("shutdown")
         if self._group_name:
             groups.unregister(self._group_name)
 
     def abort(self) -> None:
-        with self._lock:
-            transports, self._transports = dict(self._transports), {}
-        for tp in transports.values():
-            stop = getattr(getattr(tp, "backend", None), "abort", None)
-            if stop is not None:
-                try:
-                    stop()
-                except RuntimeError:
-                    pass
+        self._stop_transports("abort")
 
     def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None, device_types=None):
         """``dist.split_group`` (torch >= 2.10 calls it on the parent group): a funcoll group over ``ranks`` (ranks of
