@@ -7,7 +7,7 @@ from typing import Dict
 
 import torch
 
-from funcoll.debug import set_debug, state_of
+from funcoll.entry.debug import set_debug, state_of
 
 
 # ---------------------------------------------------------------------------------------------------

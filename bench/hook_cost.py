@@ -7,7 +7,7 @@ from typing import Dict
 
 import torch
 
-from funcoll.observe import LOG, Scope  # noqa: F401  (the hook under measurement)
+from funcoll.algorithms.observe import LOG, Scope  # noqa: F401  (the hook under measurement)
 
 
 def _rank_cost(rank, n, reps, block):
@@ -21,24 +21,24 @@ def _rank_cost(rank, n, reps, block):
 
     import torch.distributed as dist
 
-    from funcoll import algorithms as A
+    from funcoll import algorithms
 
-    hooked = A.all_reduce
+    hooked = algorithms.all_reduce
     inner = hooked.__wrapped__
 
     @functools.wraps(inner)
-    def before(*args, **kwargs):  # algorithms._entry as it was without funcoll.observe
-        if not A._recorders or A._current is not None:
+    def before(*args, **kwargs):  # algorithms._entry as it was without funcoll.algorithms.observe
+        if not algorithms._recorders or algorithms._current.notes is not None:
             with torch.no_grad():
                 return inner(*args, **kwargs)
-        A._current = notes = []
+        algorithms._current.notes = notes = []
         try:
             with torch.no_grad():
                 return inner(*args, **kwargs)
         finally:
-            A._current = None
+            algorithms._current.notes = None
             notes = list(dict.fromkeys(notes)) or ["native"]
-            for log in A._recorders:
+            for log in algorithms._recorders:
                 log.append(("all_reduce", notes))
 
     t = torch.ones(1, dtype=torch.float32)
@@ -66,16 +66,16 @@ def _rank_cost(rank, n, reps, block):
         for _ in range(20):
             dist.all_reduce(t)  # warm up
         for _ in range(reps):
-            A.all_reduce = before
+            algorithms.all_reduce = before
             times["without hook"].append(run())
-            A.all_reduce = hooked
+            algorithms.all_reduce = hooked
             times["with hook, no profiler"].append(run())
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
                 times["with hook, profiler on"].append(run())
             times["algorithm only, without hook"].append(run_dry(before))
             times["algorithm only, with hook"].append(run_dry(hooked))
     finally:
-        A.all_reduce = hooked
+        algorithms.all_reduce = hooked
     return {k: statistics.median(v) * 1e6 for k, v in times.items()}
 
 

@@ -17,14 +17,16 @@ import torch
 
 
 def _hlo_ops(tensors) -> dict:
+    import re
+
     import torch_xla
 
-    from funcoll.lowering import xla as X
+    from funcoll import testing
 
     hlo = torch_xla._XLAC._get_xla_tensors_hlo(list(tensors))
     entry = hlo[hlo.index("\nENTRY"):].split("\n}")[0]
-    ops = [ins[2] for ins in map(X._parse_instruction, entry.splitlines()[1:]) if ins is not None]
-    coll = [o for o in ops if o in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")]
+    ops = [line for line in entry.splitlines()[1:] if re.match(r"\s*(?:ROOT )?%[\w.\-]+ = ", line)]
+    coll = testing.hlo_lines(hlo, ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"))
     return {"instructions": len(ops), "collectives": len(coll)}
 
 
@@ -125,7 +127,7 @@ def build_cost(world: int, blocks: int = 10) -> dict:
 
     import funcoll
     from bench.overhead import _block
-    from funcoll.lowering import xla as X
+    from funcoll import xla
 
     dist.init_process_group("funcoll", store=dist.HashStore(), rank=0, world_size=world)
     name = dist.group.WORLD.group_name
@@ -133,7 +135,7 @@ def build_cost(world: int, blocks: int = 10) -> dict:
     op = torch.ops._c10d_functional.all_reduce
 
     def build():
-        X.reset_token()  # no chaining: every build is the same size
+        xla.reset_token()  # no chaining: every build is the same size
         op(x, "sum", name)
 
     tr, to, ratios = [], [], []

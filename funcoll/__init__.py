@@ -8,18 +8,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import (
-    algorithms,
-    debug,
-    flight_recorder,
-    groups,
-    probe,  # a callable module: funcoll.probe(group, device) runs funcoll.probe.probe
-    transport,
-)
-from .kernels import install, installed, uninstall
-from .process_group import FuncollWork, Options, ProcessGroupFuncoll, register_backend
-from .transport import PROFILES, Capabilities
-from .work import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from funcoll import algorithms, transport
+from funcoll.entry import debug, flight_recorder, probe
+from funcoll.entry.kernels import install, installed, uninstall
+from funcoll.entry.process_group import FuncollWork, Options, ProcessGroupFuncoll, register_backend
+from funcoll.entry.work import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from funcoll.semantics import groups
+from funcoll.transport import PROFILES, Capabilities
 
 __version__ = "0.1.0"
 
@@ -40,18 +35,15 @@ def capabilities(device_type: str, profile: Optional[str] = None) -> Capabilitie
     for "cpu" it is intersected with gloo's, exactly as ``FUNCOLL_PROFILE`` does.
     """
     if device_type == "cpu":
-        from .lowering import gloo
+        from funcoll.transport import gloo
 
         return gloo.capabilities(profile)
-    from .lowering import _ensure_loaded
+    from funcoll.transport.registry import _ensure_loaded
 
     _ensure_loaded(device_type)
-    import importlib
+    import sys
 
-    try:
-        mod = importlib.import_module(f"funcoll.lowering.{device_type}")
-    except ImportError:
-        mod = None
+    mod = sys.modules.get(f"funcoll.transport.{device_type}")  # loaded by _ensure_loaded when it exists
     if mod is not None and hasattr(mod, "capabilities"):
         return mod.capabilities(profile)
     return transport.profile(profile or device_type)

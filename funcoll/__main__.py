@@ -40,7 +40,7 @@ def _device_caps(device: str, args):
     from funcoll.transport import Capabilities
 
     if device == "xpu":
-        from funcoll.lowering import xpu
+        from funcoll.transport import xpu
 
         given = {"profile": args.profile, "torch_version": args.torch_version,
                  "oneccl_version": args.oneccl_version, "override": args.override, "topology": args.topology}
@@ -58,18 +58,17 @@ def _default_columns() -> tuple:
 
 
 def _columns(args):
-    from funcoll import report
-    from funcoll import transport as T
+    from funcoll import report, transport
 
     if args.device:
         return [_device_caps(d, args) for d in args.device]
     names = args.profile.split(",") if args.profile else list(_default_columns())
-    caps_of = getattr(report, "transport_capabilities", T.profile)  # a column name -> its capabilities
+    caps_of = getattr(report, "transport_capabilities", transport.profile)  # a column name -> its capabilities
     return [(n, caps_of(n)) for n in names]
 
 
 def _cached_probes(device_types) -> List[dict]:
-    from funcoll.probe import cache_dir
+    from funcoll.entry.probe import cache_dir
 
     root = cache_dir()
     out = []
@@ -132,7 +131,7 @@ def _probe_rank(rank, n, device, cache, simulate):
     import torch.distributed as dist
 
     import funcoll
-    from funcoll.lowering import transport_for
+    from funcoll.transport.registry import transport_for
 
     tp = transport_for(dist.group.WORLD, device)
     after = None
@@ -149,7 +148,7 @@ def _check_after(rank, n, device, name):
     import torch.distributed as dist
 
     import funcoll
-    from funcoll.probe import Request, _as_int64, _reduce_ref, _values, _wrap
+    from funcoll.entry.probe import Request, _as_int64, _reduce_ref, _values, _wrap
 
     req = Request.parse(name)
     k = 3

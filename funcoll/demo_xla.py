@@ -25,7 +25,7 @@ def _world1() -> bool:
     import torch_xla
 
     import funcoll
-    from funcoll.lowering import xla as X
+    from funcoll import xla
 
     F = torch.ops._c10d_functional
     R = dist.ReduceOp
@@ -52,7 +52,7 @@ def _world1() -> bool:
         dist.all_reduce(t, op=R.BXOR, group=group)
         out["all_reduce bxor int32"] = t
         o = torch.empty_like(x)
-        with X.static_split_bound(4):
+        with xla.static_split_bound(4):
             dist.all_to_all_single(o, x, [4], [4], group=group)
         out["all_to_all_single splits [4]"] = o
         t = x.clone()
@@ -78,7 +78,7 @@ def _world1() -> bool:
 
     e = {k: v.cpu() for k, v in eager(x0.to(dev), i0.to(dev)).items()}
     compiled_fn = torch.compile(functional, backend="openxla", fullgraph=True)
-    with X.static_split_bound(4):
+    with xla.static_split_bound(4):
         c = {k: v.cpu() for k, v in compiled_fn(x0.to(dev), i0.to(dev)).items()}
     ok = True
     w = max(len(k) for k in e)
@@ -109,7 +109,7 @@ def virtual_hlo_main() -> int:
     from torch.distributed.device_mesh import init_device_mesh
 
     import funcoll
-    from funcoll.lowering import xla as X
+    from funcoll import testing, xla
     from funcoll.testing import xla_collectives
 
     dist.init_process_group("funcoll", store=dist.HashStore(), rank=1, world_size=4)
@@ -121,9 +121,9 @@ def virtual_hlo_main() -> int:
     out = {}
 
     def show(name, fn, keep=None):
-        X.reset_token()
+        xla.reset_token()
         out[name] = xla_collectives(fn(), keep)
-        X.reset_token()
+        xla.reset_token()
 
     def ar(group=None, op=dist.ReduceOp.SUM):
         t = torch.ones(4, device=dev)
@@ -132,7 +132,7 @@ def virtual_hlo_main() -> int:
 
     def a2a():
         o = torch.empty(5, device=dev)
-        with X.static_split_bound(2):
+        with xla.static_split_bound(2):
             dist.all_to_all_single(o, torch.arange(6.0).to(dev), [1, 2, 1, 1], [2, 1, 2, 1])
         return o
 
@@ -140,7 +140,7 @@ def virtual_hlo_main() -> int:
     show("all_reduce, mesh dim dp", lambda: ar(mesh.get_group("dp")))
     show("all_reduce, mesh dim tp", lambda: ar(mesh.get_group("tp")))
     show("all_reduce, lone group [1,2,3]", lambda: ar(lone))
-    show("all_reduce AVG", lambda: ar(op=dist.ReduceOp.AVG), X.COLLECTIVE_OPCODES + ("divide",))
+    show("all_reduce AVG", lambda: ar(op=dist.ReduceOp.AVG), testing.COLLECTIVE_OPCODES + ("divide",))
     show("all_to_all_single uneven (bound 2)", a2a)
     print("JSON:" + json.dumps(out))
     dist.destroy_process_group()

@@ -8,6 +8,7 @@ never hangs. ``target`` is "module:function" (importable with the parent's sys.p
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -17,7 +18,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 
 def free_port() -> int:
@@ -60,43 +61,80 @@ def _child(rank, world, port, target, args, profile, backend, q, coll_timeout, p
             pass
 
 
-def run_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
-              timeout: float = 180, backend: str = "funcoll", coll_timeout: float = 60) -> list:
-    """Returns the per-rank results; raises AssertionError with the first rank's traceback on failure,
-    TimeoutError when the world does not finish in ``timeout`` seconds."""
+@contextlib.contextmanager
+def _environment(env: Optional[Mapping[str, Optional[str]]]):
+    """Sets (None: removes) environment variables for the block: spawned ranks inherit them at start."""
+    env = dict(env or {})
+    old = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
+                deadline: float = 180, backend: str = "funcoll", coll_timeout: float = 60,
+                env: Optional[Mapping[str, Optional[str]]] = None) -> Tuple[list, list, list]:
+    """Runs ``target`` on ``world_size`` spawned ranks and reports what happened, ranks that die included (fault
+    tests kill ranks on purpose). Returns ``(results, exit codes, hung)``: ``results[rank]`` is ``("ok", value)``,
+    ``("err", traceback)`` or None (the rank died without a result); ranks still running at ``deadline`` seconds
+    are killed and listed in ``hung``. ``env`` sets (None: removes) environment variables of the ranks."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), profile, backend, q,
-                                              coll_timeout, list(sys.path)), daemon=True)
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
+    with _environment(env):
+        procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), profile, backend, q,
+                                                  coll_timeout, list(sys.path)), daemon=True)
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
     results: dict = {}
-    deadline = time.monotonic() + timeout
+    end = time.monotonic() + deadline
     try:
         while len(results) < world_size:
-            left = deadline - time.monotonic()
+            left = end - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{target} on {world_size} ranks did not finish in {timeout}s "
-                                   f"(ranks done: {sorted(results)})")
+                break
             try:
-                rank, status, res = q.get(timeout=min(left, 1.0))
+                rank, status, res = q.get(timeout=min(left, 0.5))
             except queue.Empty:
-                dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in results]
-                if dead and all(not p.is_alive() for p in procs) and q.empty():
-                    raise AssertionError(f"ranks {dead} of {target} died without a result "
-                                         f"(exit codes {[p.exitcode for p in procs]})") from None
+                if all(not p.is_alive() for p in procs) and q.empty():
+                    break
                 continue
             results[rank] = (status, pickle.loads(res) if status == "ok" else res)
+        hung = [r for r, p in enumerate(procs) if r not in results and p.is_alive()]
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-    errors = [(r, res) for r, (s, res) in sorted(results.items()) if s != "ok"]
+    return [results.get(r) for r in range(world_size)], [p.exitcode for p in procs], hung
+
+
+def run_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
+              timeout: float = 180, backend: str = "funcoll", coll_timeout: float = 60,
+              env: Optional[Mapping[str, Optional[str]]] = None) -> list:
+    """Returns the per-rank results; raises AssertionError with the first failing rank's traceback, or naming the
+    ranks that died without a result, and TimeoutError when the world does not finish in ``timeout`` seconds."""
+    results, codes, hung = spawn_world(target, world_size, profile, args, timeout, backend, coll_timeout, env)
+    if hung:
+        raise TimeoutError(f"{target} on {world_size} ranks did not finish in {timeout}s "
+                           f"(ranks done: {[r for r, res in enumerate(results) if res is not None]})")
+    errors = [(r, res[1]) for r, res in enumerate(results) if res is not None and res[0] != "ok"]
     if errors:
         r, tb = errors[0]
         raise AssertionError(f"rank {r} of {target} (world {world_size}, profile {profile}) failed:\n{tb}")
-    return [results[r][1] for r in range(world_size)]
+    dead = [r for r, res in enumerate(results) if res is None]
+    if dead:
+        raise AssertionError(f"ranks {dead} of {target} died without a result (exit codes {codes})")
+    return [res[1] for res in results]

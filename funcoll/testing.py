@@ -27,7 +27,8 @@ import torch
 
 __all__ = ["xla_collectives", "xla_compiled_collectives", "group_label", "normalize_text", "render_graph",
            "Collective", "collectives", "CapturedGraph", "Captured", "capture_graphs", "trace_fake",
-           "CompileCounts", "compile_counts", "count_compiles"]
+           "CompileCounts", "compile_counts", "count_compiles", "hlo_lines", "collective_hlo_lines",
+           "COLLECTIVE_OPCODES"]
 
 
 def xla_collectives(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -37,9 +38,7 @@ def xla_collectives(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
     Names, ids, layouts and metadata are removed. ``keep`` lists the HLO opcodes to show (default: the
     collectives; add e.g. ``"multiply"`` to see AVG's scale). Nothing is executed, so the replica groups of a
     virtual world larger than this machine are fine. Needs torch_xla."""
-    from .lowering import xla as X
-
-    lines = X.collective_hlo_lines(tensors, X.COLLECTIVE_OPCODES if keep is None else keep)
+    lines = collective_hlo_lines(tensors, COLLECTIVE_OPCODES if keep is None else keep)
     return "\n".join(lines)
 
 
@@ -53,7 +52,7 @@ def _group_ranks(name: str) -> Optional[Tuple[bool, Tuple[int, ...]]]:
     if dist.is_available() and dist.is_initialized():
         from torch.distributed import distributed_c10d as c10d
 
-        from .groups import resolve
+        from funcoll.semantics.groups import resolve
 
         try:
             pg = resolve(name)
@@ -61,7 +60,7 @@ def _group_ranks(name: str) -> Optional[Tuple[bool, Tuple[int, ...]]]:
             pg = None
         if pg is not None:
             return pg is dist.group.WORLD, tuple(c10d.get_process_group_ranks(pg))
-    from . import groups
+    from funcoll.semantics import groups
 
     try:
         info = groups.lookup(name)
@@ -485,12 +484,12 @@ def xla_compiled_collectives(fn: Callable, *args, keep: Optional[Iterable[str]] 
     never executed, so a virtual world larger than this machine works; a fresh ordering token is started
     first so that earlier collectives do not appear, and again after reading, so that later ones are not chained to
 these. Needs torch_xla and ``funcoll.install(["xla"])``."""
-    from .lowering import xla as X
+    from funcoll import xla
 
     xla_args = [t for t in _tensors(list(args) + list(kwargs.values())) if t.device.type == "xla"]
     if not xla_args:
         raise ValueError("funcoll.testing.xla_compiled_collectives: no XLA tensor among the arguments")
-    X.reset_token(xla_args[0].device)
+    xla.reset_token(xla_args[0].device)
     cap = capture_graphs(fn, *args, backward=backward, **kwargs)
     tensors = _tensors(cap.result) + xla_args
     if backward:
@@ -501,5 +500,135 @@ these. Needs torch_xla and ``funcoll.install(["xla"])``."""
     text = xla_collectives([t for t in tensors if t.device.type == "xla"], keep)
     # the ordering token now holds these collectives: the next collective (of a real world, in the same process)
     # would chain to them and run them at its sync; start afresh
-    X.reset_token(xla_args[0].device)
+    xla.reset_token(xla_args[0].device)
     return text
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading HLO (torch_xla's HLO text -> one normalised line per collective)
+# ---------------------------------------------------------------------------------------------------
+COLLECTIVE_OPCODES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                      "collective-broadcast", "send", "recv", "all-reduce-start", "all-gather-start",
+                      "collective-permute-start")
+_KEEP_ATTRS = ("replica_groups", "dimensions", "source_target_pairs", "to_apply", "slice", "padding",
+               "direction")
+_LAYOUT = re.compile(r"(\])\{[0-9,]*(?::[^}]*)?\}")
+
+
+def _split_top(text: str, sep: str = ",") -> List[str]:
+    out: List[str] = []
+    depth = 0
+    cur: List[str] = []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return out
+
+
+def _parse_instruction(line: str):
+    """``%name = SHAPE opcode(OPERANDS), attrs`` -> (name, shape, opcode, operands, attrs) or None."""
+    m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
+    if not m:
+        return None
+    name, rest = m.group(1), m.group(2)
+    # the shape: a tuple "(...)" or one token
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):  # noqa: B007 - i is read after the loop
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                break
+        shape, rest = rest[:i + 1], rest[i + 1:].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    m = re.match(r"([a-z][\w\-]*)\(", rest)
+    if not m:
+        return None
+    opcode = m.group(1)
+    depth = 0
+    start = len(opcode)
+    for i in range(start, len(rest)):
+        depth += rest[i] == "("
+        depth -= rest[i] == ")"
+        if depth == 0:
+            break
+    operands = rest[start + 1:i]
+    attrs = rest[i + 1:].lstrip(", ")
+    return name, shape, opcode, operands, attrs
+
+
+_INDEX_COMMENT = re.compile(r"/\*index=\d+\*/")
+
+
+def _norm_shape(shape: str) -> str:
+    return _INDEX_COMMENT.sub("", _LAYOUT.sub(r"\1", shape)).replace(" ", "")
+
+
+def _computation_roots(hlo: str) -> Dict[str, str]:
+    """Computation name -> the opcode of its ROOT (e.g. %AddComputation.4 -> add)."""
+    roots, current = {}, None
+    for line in hlo.splitlines():
+        m = re.match(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{\s*$", line)
+        if m:
+            current = m.group(1)
+            continue
+        if current and line.strip().startswith("ROOT"):
+            ins = _parse_instruction(line)
+            if ins:
+                roots[current] = ins[2]
+    return roots
+
+
+def hlo_lines(hlo: str, keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
+    """The instructions of the ENTRY computation of ``hlo`` whose opcode is in ``keep``, one normalised line
+    each: ``opcode(operand shapes) -> result shape  attr=... `` with names, ids, layouts and metadata removed,
+    ``to_apply`` shown as the reduction's opcode (add, multiply, minimum, maximum, and, or)."""
+    keep = tuple(keep)
+    roots = _computation_roots(hlo)
+    out, in_entry = [], False
+    for line in hlo.splitlines():
+        if line.startswith("ENTRY "):
+            in_entry = True
+            continue
+        if in_entry and line.startswith("}"):
+            break
+        if not in_entry:
+            continue
+        ins = _parse_instruction(line)
+        if ins is None or ins[2] not in keep:
+            continue
+        _, shape, opcode, operands, attrs = ins
+        ops = [_norm_shape(o.rsplit(" ", 1)[0]) if "%" in o else _norm_shape(o) for o in _split_top(operands)]
+        kept = []
+        for a in _split_top(attrs):
+            key, _, val = a.partition("=")
+            if key not in _KEEP_ATTRS:
+                continue
+            if key == "to_apply":
+                val = roots.get(val.lstrip("%"), val)
+            kept.append(f"{key}={val}")
+        text = f"{opcode}({', '.join(ops)}) -> {_norm_shape(shape)}"
+        out.append(text + ("  " + " ".join(kept) if kept else ""))
+    return out
+
+
+def collective_hlo_lines(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
+                         keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
+    """The normalised HLO lines (see :func:`hlo_lines`) of the computation producing ``tensors`` (lazy XLA
+    tensors), by default only the collectives. Nothing is executed, so replica groups of a virtual world
+    larger than this machine are fine."""
+    import torch_xla
+
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    return hlo_lines(torch_xla._XLAC._get_xla_tensors_hlo(list(tensors)), keep)

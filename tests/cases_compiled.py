@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
 import funcoll
-from funcoll import testing as T
+from funcoll import testing
 from tests import reference as ref
 
 C = torch.ops._c10d_functional
@@ -168,8 +168,8 @@ def graphs(rank, n):
 
     # every functional op: AOTAutograd forward graph, twice (stable), numbers vs eager and references
     eager = _waited(every_op(*inputs(rank)))
-    cap = T.capture_graphs(every_op, *inputs(rank))
-    again = T.capture_graphs(every_op, *inputs(rank))
+    cap = testing.capture_graphs(every_op, *inputs(rank))
+    again = testing.capture_graphs(every_op, *inputs(rank))
     out["every_op"] = cap.text("forward")
     out["every_op stable"] = again.text("forward") == cap.text("forward")
     out["every_op collectives"] = [str(x) for x in cap.collectives()]
@@ -182,7 +182,7 @@ def graphs(rank, n):
     eager_out = eager_style(*args)
     eager_mutated = args[:2]
     args_c = clone_all(inputs(rank))
-    cap = T.capture_graphs(eager_style, *args_c)
+    cap = testing.capture_graphs(eager_style, *args_c)
     out["eager_style dynamo"] = cap.text("dynamo")
     out["eager_style forward"] = cap.text("forward")
     out["eager_style collectives"] = [str(x) for x in cap.collectives()]
@@ -196,7 +196,7 @@ def graphs(rank, n):
     ye = autograd_ops(xe, we)
     ye.backward(torch.ones_like(ye))
     xc, wc = autograd_inputs(rank)
-    cap = T.capture_graphs(autograd_ops, xc, wc, backward=True)
+    cap = testing.capture_graphs(autograd_ops, xc, wc, backward=True)
     out["autograd dynamo collectives"] = [str(x) for x in cap.collectives("dynamo")]
     out["autograd forward"] = cap.text("forward")
     out["autograd backward"] = cap.text("backward")
@@ -209,11 +209,11 @@ def graphs(rank, n):
         return [make_args() for _ in range(k)]
 
     out["counts aot_eager"] = {
-        "every_op": _counts(T.count_compiles(every_op, *steps(lambda: inputs(rank)),
+        "every_op": _counts(testing.count_compiles(every_op, *steps(lambda: inputs(rank)),
                                              backend="aot_eager")),
-        "eager_style": _counts(T.count_compiles(eager_style, *steps(lambda: clone_all(inputs(rank))),
+        "eager_style": _counts(testing.count_compiles(eager_style, *steps(lambda: clone_all(inputs(rank))),
                                                 backend="aot_eager")),
-        "autograd": _counts(T.count_compiles(autograd_ops, *steps(lambda: autograd_inputs(rank)),
+        "autograd": _counts(testing.count_compiles(autograd_ops, *steps(lambda: autograd_inputs(rank)),
                                              backend="aot_eager")),
     }
 
@@ -221,7 +221,7 @@ def graphs(rank, n):
     x, y, z, _ = inputs(rank)
     with torch._subclasses.fake_tensor.FakeTensorMode():
         fargs = (torch.empty(4, 3), torch.empty(3, dtype=torch.bfloat16), torch.empty(4, dtype=torch.int32))
-    out["inplace"] = T.render_graph(T.trace_fake(inplace_ops, *fargs))
+    out["inplace"] = testing.render_graph(testing.trace_fake(inplace_ops, *fargs))
     xs, ys, zs, _ = zip(*[inputs(r) for r in range(n)])
     want_inplace = [ref.reduce("sum", xs), ref.reduce("min", xs), ref.reduce("min", ys), torch.cat(zs), ys[1]]
     # upstream's CPU kernel of all_gather_into_tensor_out calls ProcessGroup::_allgather_base, which torch's
@@ -236,23 +236,23 @@ def graphs(rank, n):
     # funcoll's kernels on the CPU key: the same graphs, the same numbers
     funcoll.install(["cpu"])
     try:
-        cap = T.capture_graphs(every_op, *inputs(rank))
+        cap = testing.capture_graphs(every_op, *inputs(rank))
         out["installed every_op same graph"] = cap.text("forward") == out["every_op"]
         _same(c, "installed every_op vs eager", _waited(cap.result), eager)
         args_c = clone_all(inputs(rank))
-        cap = T.capture_graphs(eager_style, *args_c)
+        cap = testing.capture_graphs(eager_style, *args_c)
         out["installed eager_style same graph"] = cap.text("forward") == out["eager_style forward"]
         _same(c, "installed eager_style vs eager", list(cap.result) + list(args_c[:2]),
               list(eager_out) + list(eager_mutated))
         _check_all(c, "installed inplace vs reference", inplace_ops(x, y, z), want_inplace, n)
         # the graphs that belong to upstream (funcoll's kernels sit below them): equal before and after install
-        cap = T.capture_graphs(autograd_ops, *autograd_inputs(rank), backward=True)
+        cap = testing.capture_graphs(autograd_ops, *autograd_inputs(rank), backward=True)
         out["installed autograd same graphs"] = [
             cap.text("forward") == out["autograd forward"], cap.text("backward") == out["autograd backward"],
             [str(x) for x in cap.collectives("dynamo")] == out["autograd dynamo collectives"]]
         with torch._subclasses.fake_tensor.FakeTensorMode():
             fargs = (torch.empty(4, 3), torch.empty(3, dtype=torch.bfloat16), torch.empty(4, dtype=torch.int32))
-        out["installed inplace same graph"] = T.render_graph(T.trace_fake(inplace_ops, *fargs)) == out["inplace"]
+        out["installed inplace same graph"] = testing.render_graph(testing.trace_fake(inplace_ops, *fargs)) == out["inplace"]
         # upstream's CPU kernel refuses a non-contiguous reduce_scatter input (the backward of a gather whose
         # gradient is an expand); funcoll's kernel takes it
         w = ref.make(torch.float32, (2, 3), rank, "nc").requires_grad_()
@@ -267,7 +267,7 @@ def graphs(rank, n):
     return out
 
 
-def _counts(cc: T.CompileCounts):
+def _counts(cc: testing.CompileCounts):
     return {"graphs": cc.graphs, "graph_breaks": cc.graph_breaks, "recompiles": cc.recompiles,
             "reasons": cc.break_reasons + cc.recompile_reasons}
 
@@ -311,7 +311,7 @@ def train(rank, n, backend):
         fwd = torch.compile(model, backend=backend, fullgraph=True)
         red = torch.compile(reduce_grads, backend=backend, fullgraph=True)
     params, losses = [], []
-    with T.compile_counts() as cc, funcoll.record() as log:
+    with testing.compile_counts() as cc, funcoll.record() as log:
         for _ in range(STEPS):
             model.zero_grad()
             loss = torch.nn.functional.mse_loss(fwd(xs[rank]), y)
@@ -363,7 +363,7 @@ def training(rank, n):
     counts = {}
     eager = [_waited(every_op(*inputs(rank)))]
     every = [inputs(rank) for _ in range(3)]
-    with T.compile_counts() as cc:
+    with testing.compile_counts() as cc:
         f = torch.compile(every_op, backend="inductor", fullgraph=True)
         got = [_waited(f(*a)) for a in every]
     counts["every_op"] = _counts(cc)
@@ -372,7 +372,7 @@ def training(rank, n):
 
     args = clone_all(inputs(rank))
     eager_out = list(eager_style(*args)) + list(args[:2])
-    with T.compile_counts() as cc:
+    with testing.compile_counts() as cc:
         f = torch.compile(eager_style, backend="inductor", fullgraph=True)
         for i in range(3):
             a = clone_all(inputs(rank))
@@ -380,7 +380,7 @@ def training(rank, n):
     counts["eager_style"] = _counts(cc)
 
     want = autograd_reference(n)[rank]
-    with T.compile_counts() as cc:
+    with testing.compile_counts() as cc:
         f = torch.compile(autograd_ops, backend="inductor", fullgraph=True)
         for i in range(3):
             x, w = autograd_inputs(rank)

@@ -8,7 +8,6 @@ on 2 real ranks, compared with references computed locally from both ranks' inpu
 
 from datetime import timedelta
 
-import pytest
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
@@ -218,13 +217,13 @@ def test_broadcast_rewrite_only_where_dynamo_lacks_one(monkeypatch):
     a torch whose Dynamo traces broadcast itself keeps its own."""
     import torch.distributed._functional_collectives as fc
 
-    from funcoll import process_group as P
+    from funcoll.entry import process_group
 
     remaps = fc.traceable_collective_remaps
-    assert remaps.get(dist.broadcast) is P._funcoll_traceable_broadcast  # 2.9 .. 2.14: Dynamo has none of its own
+    assert remaps.get(dist.broadcast) is process_group._funcoll_traceable_broadcast  # 2.9 .. 2.14: Dynamo has none of its own
     upstream = object()
     monkeypatch.setitem(remaps, dist.broadcast, upstream)
-    P._register_traceable_broadcast()
+    process_group._register_traceable_broadcast()
     assert remaps[dist.broadcast] is upstream
     # every other eager collective the running Dynamo rewrites is left to it
     others = {f.__name__ for f in remaps if f is not dist.broadcast}

@@ -11,7 +11,7 @@ import torch.distributed._functional_collectives as fc
 torch_xla = pytest.importorskip("torch_xla")
 
 import funcoll  # noqa: E402
-from funcoll import testing as T  # noqa: E402
+from funcoll import testing  # noqa: E402
 
 pytestmark = pytest.mark.xla
 
@@ -34,11 +34,11 @@ def world():
         # Dynamo's caches keep the compiled steps' tensors alive, and the ordering token chains collectives
         import gc
 
-        from funcoll.lowering import xla as X
+        from funcoll import xla
 
         torch._dynamo.reset()
         gc.collect()
-        X.reset_token()
+        xla.reset_token()
 
 
 def step(x, y, pair):
@@ -61,7 +61,7 @@ class TestCompiledHlo(expecttest.TestCase):
 
     def test_collectives_of_a_compiled_step(self):
         x, y = torch.ones(4, 2, device=self.dev), torch.ones(3, device=self.dev)
-        self.assertExpectedInline(T.xla_compiled_collectives(lambda x, y: step(x, y, self.pair), x, y), """\
+        self.assertExpectedInline(testing.xla_compiled_collectives(lambda x, y: step(x, y, self.pair), x, y), """\
 all-reduce(f32[4,2], f32[]) -> (f32[4,2],f32[])  replica_groups={{0,1,2,3}} to_apply=add
 all-reduce(f32[3], f32[]) -> (f32[3],f32[])  replica_groups={{0,1},{2,3}} to_apply=add
 all-gather(f32[4,2]) -> f32[8,2]  replica_groups={{0,1},{2,3}} dimensions={0}
@@ -69,7 +69,7 @@ reduce-scatter(f32[8,2]) -> f32[2,2]  replica_groups={{0,1,2,3}} dimensions={0} 
 
     def test_the_fx_graph_is_the_one_cpu_gets(self):
         x, y = torch.ones(4, 2, device=self.dev), torch.ones(3, device=self.dev)
-        cap = T.capture_graphs(lambda x, y: step(x, y, self.pair), x, y)
+        cap = testing.capture_graphs(lambda x, y: step(x, y, self.pair), x, y)
         self.assertExpectedInline("\n".join(map(str, cap.collectives())), """\
 all_reduce avg group=[0,1,2,3]: float32[4, 2] -> float32[4, 2]
 all_reduce sum group=[0,1]: float32[3] -> float32[3]
@@ -79,7 +79,7 @@ reduce_scatter_tensor max group=[0,1,2,3] group_size=4: float32[8, 2] -> float32
     def test_training_forward_and_backward_hlo(self):
         x = torch.ones(2, 3, device=self.dev, requires_grad=True)
         w = torch.ones(3, 3, device=self.dev, requires_grad=True)
-        self.assertExpectedInline(T.xla_compiled_collectives(lambda x, w: tp(x, w, self.pair), x, w,
+        self.assertExpectedInline(testing.xla_compiled_collectives(lambda x, w: tp(x, w, self.pair), x, w,
                                                              backward=True), """\
 all-gather(f32[2,3]) -> f32[4,3]  replica_groups={{0,1},{2,3}} dimensions={0}
 reduce-scatter(f32[4,3]) -> f32[2,3]  replica_groups={{0,1},{2,3}} dimensions={0} to_apply=add

@@ -7,14 +7,14 @@ the first time (gloo). The full run: ``./dev python -m tests.conformance --full`
 
 import pytest
 
-from tests.conformance import compare as C
+from tests.conformance import compare
 
 PROFILES = ("native", "xccl")
 
 
 @pytest.fixture(scope="module")
 def conformance():
-    return C.run_all(PROFILES)
+    return compare.run_all(PROFILES)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -22,9 +22,9 @@ def test_every_test_gloo_passes_passes_on_funcoll_or_is_explained(conformance, p
     i = PROFILES.index(profile)
     run, cmp_ = conformance["runs"][i], conformance["comparisons"][i]
     assert run["profile"] == profile and run["backend"] == "funcoll"
-    assert not cmp_["unexplained"], C.report(conformance)
+    assert not cmp_["unexplained"], compare.report(conformance)
     gloo_pass = [n for n, (o, _, _) in conformance["gloo"]["results"].items() if o == "pass"]
-    assert len(gloo_pass) >= 85, C.counts(conformance["gloo"])  # the suite ran for real (90 on torch 2.14)
+    assert len(gloo_pass) >= 85, compare.counts(conformance["gloo"])  # the suite ran for real (90 on torch 2.14)
     passed = {n for n, (o, _, _) in run["results"].items() if o == "pass"}
     assert passed == set(gloo_pass) - {n for n, _ in cmp_["explained"]}
 
@@ -43,12 +43,12 @@ def test_the_suite_ran_on_funcoll_groups(conformance):
 
 
 def test_known_differences_parse_and_apply():
-    rows = C.known_differences()
+    rows = compare.known_differences()
     names = {r["test"] for r in rows}
     assert {"test_send_recv_any_source", "test_sparse_all_reduce_sum"} <= names
-    assert C._applies(">=2.10", "2.14.1", "torch") and not C._applies(">=2.10", "2.9.0", "torch")
-    assert C._applies("2.9", "2.9.0", "torch") and C._applies("all", "2.9.0", "torch")
-    assert C._applies("xccl", "xccl", "profile") and not C._applies("xccl", "native", "profile")
+    assert compare._applies(">=2.10", "2.14.1", "torch") and not compare._applies(">=2.10", "2.9.0", "torch")
+    assert compare._applies("2.9", "2.9.0", "torch") and compare._applies("all", "2.9.0", "torch")
+    assert compare._applies("xccl", "xccl", "profile") and not compare._applies("xccl", "native", "profile")
 
 
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["native", "xccl"])

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
 import funcoll
-from funcoll import algorithms as A
+from funcoll import algorithms
 from funcoll.launch import run_world
-from funcoll.lowering import transport_for
+from funcoll.transport.registry import transport_for
 
 R = dist.ReduceOp
 
@@ -35,11 +35,11 @@ def invalid_requests(rank, n):
     cases = {
         "unknown reduce op": (ValueError, "funcoll.all_reduce: unknown reduce op 'median'; use one of sum, avg, "
                               "product, min, max, band, bor, bxor, premul_sum",
-                              lambda: A.all_reduce(tp, f.clone(), "median")),
+                              lambda: algorithms.all_reduce(tp, f.clone(), "median")),
         "bitwise on float": (TypeError, "funcoll.all_reduce: reduce op bxor needs an integer or bool tensor, got "
                              "torch.float32", lambda: dist.all_reduce(f.clone(), op=R.BXOR)),
         "max on complex": (TypeError, "funcoll.all_reduce: reduce op max is not defined for complex tensors",
-                           lambda: A.all_reduce(tp, torch.ones(2, dtype=torch.complex64), "max")),
+                           lambda: algorithms.all_reduce(tp, torch.ones(2, dtype=torch.complex64), "max")),
         "avg on bool": (TypeError, "funcoll.all_reduce: reduce op avg is not defined for bool tensors",
                         lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=R.AVG)),
         "premul_sum on int": (TypeError, "funcoll.all_reduce: reduce op premul_sum needs a floating point tensor",
@@ -57,7 +57,7 @@ def invalid_requests(rank, n):
                           f"input dim 0 is {2 * n + 1}",
                           lambda: dist.all_to_all_single(torch.empty(2 * n), torch.ones(2 * n + 1), [2] * n, [2] * n)),
         "a2a negative split": (ValueError, "has a negative entry",
-                               lambda: A.all_to_all(tp, torch.empty(n), torch.ones(n), [1] * n,
+                               lambda: algorithms.all_to_all_single(tp, torch.empty(n), torch.ones(n), [1] * n,
                                                     [2, -1] + [1] * (n - 2))),
         "gather output shape": (ValueError, f"funcoll.all_gather_into_tensor: output has shape (3,), expected "
                                 f"({4 * n},)", lambda: dist.all_gather_into_tensor(torch.empty(3), f)),
@@ -65,19 +65,19 @@ def invalid_requests(rank, n):
                                 "torch.float32", lambda: dist.all_gather_into_tensor(
                                     torch.empty(4 * n, dtype=torch.int32), f)),
         "gather output device": (ValueError, "funcoll.all_gather_into_tensor: output is on meta, expected cpu",
-                                 lambda: A.all_gather(tp, torch.empty(4 * n, device="meta"), f)),
+                                 lambda: algorithms.all_gather_into_tensor(tp, torch.empty(4 * n, device="meta"), f)),
         "src outside group": (ValueError, f"funcoll.broadcast: src=7 is outside the group (group-local ranks are "
-                              f"0..{n - 1})", lambda: A.broadcast(tp, f.clone(), 7)),
+                              f"0..{n - 1})", lambda: algorithms.broadcast(tp, f.clone(), 7)),
         "functional src outside group": (ValueError, "funcoll.broadcast: src=7 is outside the group",
                                          lambda: fc.wait_tensor(torch.ops._c10d_functional.broadcast(
                                              f, 7, g.group_name))),
         "reduce dst outside group": (ValueError, "funcoll.reduce: dst=-1 is outside the group",
-                                     lambda: A.reduce(tp, f.clone(), -1)),
+                                     lambda: algorithms.reduce(tp, f.clone(), -1)),
         "group does not exist": (ValueError, "funcoll: no process group named 'no-such-group'",
                                  lambda: transport_for("no-such-group", "cpu")),
         "premul factor shape": (ValueError, "funcoll.all_reduce: premul_sum factor must be a scalar or a "
                                 "one-element tensor, got shape (2,)",
-                                lambda: A.all_reduce(tp, f.clone(), funcoll.semantics.Reduction(
+                                lambda: algorithms.all_reduce(tp, f.clone(), funcoll.semantics.Reduction(
                                     funcoll.semantics.ReduceOp.PREMUL_SUM, torch.ones(2)))),
     }
     failures = []

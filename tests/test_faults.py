@@ -1,7 +1,8 @@
 """Faults end in clear errors, never in hangs or aborts: real 2-process worlds, each with a hard deadline.
 
-Rank bodies (``_rank_*``) sit next to their asserts; the parent spawns the world with :func:`_world`, which
-tolerates ranks that die on purpose, kills what overruns the deadline, and reports exit codes (a SIGABRT is -6).
+Rank bodies (``_rank_*``) sit next to their asserts; the parent spawns the world with the one harness
+(:func:`funcoll.launch.spawn_world`), which tolerates ranks that die on purpose, kills what overruns the deadline, and
+reports exit codes (a SIGABRT is -6).
 Scenarios: a peer dies before / during a collective; ranks issue mismatched ops, shapes, dtypes, reduce ops, roots
 or split sizes (with the debug mode: the same clear error on every rank, and the ranks stay in step; without it:
 an error naming the collective within the timeout where gloo does not abort); a rank skips a call; destroy and
@@ -10,70 +11,24 @@ re-init; 1000 outstanding async ops; two threads on two groups; malformed reques
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
 import os
-import queue
-import sys
 import time
 
 import pytest
 
-from funcoll.launch import _child, free_port
+from funcoll.launch import spawn_world
 
 COLL_TIMEOUT = 5.0  # the group timeout of every world here
 SLACK = 10.0  # "no hang past timeout + 10 s"
 
 
-@contextlib.contextmanager
-def _env(env):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update({k: v for k, v in env.items() if v is not None})
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _world(fn: str, world: int = 2, env=None, deadline: float = 45.0, args=(), profile=None,
            coll_timeout: float = COLL_TIMEOUT):
-    """Runs ``tests.test_faults:<fn>`` on ``world`` spawned ranks (funcoll backend). Returns
-    ``(results, exitcodes, hung)``: results[rank] = ("ok", value) / ("err", traceback) / None (died)."""
-    import pickle
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
+    """``tests.test_faults:<fn>`` on ``world`` ranks through the one harness (:func:`funcoll.launch.spawn_world`),
+    the debug switches off unless ``env`` sets them: ``(results, exit codes, hung)``."""
     env = {"FUNCOLL_DEBUG": None, "TORCH_DISTRIBUTED_DEBUG": None, **(env or {})}
-    with _env(env):  # spawned children inherit the environment: torch reads TORCH_DISTRIBUTED_DEBUG at import
-        procs = [ctx.Process(target=_child, args=(r, world, port, f"tests.test_faults:{fn}", tuple(args), profile,
-                                                  "funcoll", q, coll_timeout, list(sys.path)), daemon=True)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-    results = {}
-    end = time.monotonic() + deadline
-    while len(results) < world and time.monotonic() < end:
-        try:
-            rank, status, res = q.get(timeout=0.5)
-            results[rank] = (status, pickle.loads(res) if status == "ok" else res)
-        except queue.Empty:
-            if all(not p.is_alive() for p in procs) and q.empty():
-                break
-    hung = [r for r, p in enumerate(procs) if r not in results and p.is_alive()]
-    for p in procs:
-        p.join(timeout=10)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
-    return [results.get(r) for r in range(world)], [p.exitcode for p in procs], hung
+    return spawn_world(f"tests.test_faults:{fn}", world, profile, args, deadline=deadline,
+                       coll_timeout=coll_timeout, env=env)
 
 
 def _ok(res, r):

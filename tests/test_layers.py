@@ -6,23 +6,23 @@ imports between funcoll's modules have no cycle.
 """
 
 import ast
+import functools
 import pathlib
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "funcoll"
 
-LAYERS = {  # module -> layer (higher imports lower)
-    "funcoll.semantics": 0, "funcoll.groups": 0,
-    "funcoll.transport": 1, "funcoll.lowering": 1, "funcoll.lowering.gloo": 1, "funcoll.lowering.xla": 1,
-    "funcoll.lowering.xpu": 1,
-    "funcoll.planner": 2, "funcoll.algorithms": 2, "funcoll.observe": 2,
-    "funcoll.process_group": 3, "funcoll.kernels": 3, "funcoll.work": 3, "funcoll.debug": 3,
-    "funcoll.flight_recorder": 3, "funcoll.probe": 3, "funcoll.group_hooks": 3,
-}
+FOLDERS = ["semantics", "transport", "algorithms", "entry"]  # funcoll/<folder>/: one folder per layer, lowest first
+NAMES = ["semantics", "transports", "core (algorithms)", "entry points"]
+# public modules and tools, beside the layer folders: they may import any layer, no layer imports them
 TOOLS = {"funcoll", "funcoll.__main__", "funcoll.testing", "funcoll.report", "funcoll.demo", "funcoll.demo_xla",
-         "funcoll.launch"}
-NAMES = ["semantics", "transports", "core", "entry points"]
+         "funcoll.launch", "funcoll.xla"}
+
+
+def layer_of(module: str):
+    parts = module.split(".")
+    return FOLDERS.index(parts[1]) if len(parts) > 1 and parts[1] in FOLDERS else None
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -49,8 +49,9 @@ def imports(path: pathlib.Path):
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            # "from .x import y": module x (y may be a name in it); "from . import x": module x, not the package
-            names = ([mod] if node.module else []) + [f"{mod}.{a.name}" for a in node.names]
+            # "from p import m" imports the module p.m when there is one, else a name of the module p
+            known = all_modules()
+            names = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
         else:
             continue
         for name in names:
@@ -60,12 +61,19 @@ def imports(path: pathlib.Path):
                 yield name, node.lineno, id(node) in top
 
 
+@functools.lru_cache(maxsize=None)
 def all_modules():
     return {module_name(p): p for p in ROOT.rglob("*.py")}
 
 
+LAYERS = {m: layer_of(m) for m in all_modules() if layer_of(m) is not None}  # module -> layer (higher imports lower)
+
+
 def test_every_module_has_a_place():
-    assert set(all_modules()) == set(LAYERS) | TOOLS, set(all_modules()) ^ (set(LAYERS) | TOOLS)
+    """Every module is in one layer's folder, or is one of the known public modules and tools at the top."""
+    assert set(all_modules()) - set(LAYERS) == TOOLS
+    assert {layer_of(m) for m in LAYERS} == set(range(len(FOLDERS)))
+    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(FOLDERS)
 
 
 @pytest.mark.parametrize("module", sorted(LAYERS))

@@ -1,4 +1,4 @@
-"""funcoll.observe: torch.profiler ranges read back from a real trace of a 2-rank world, the cost of the hook when
+"""funcoll.algorithms.observe: torch.profiler ranges read back from a real trace of a 2-rank world, the cost of the hook when
 no profiler runs, and the ``TORCH_LOGS="+funcoll"`` output of a 2-rank world, snapshotted."""
 
 import json
@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from tests.world import run_world
+from funcoll.launch import run_world
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 R = torch.distributed.ReduceOp
@@ -142,8 +142,8 @@ def test_the_hook_does_nothing_without_a_profiler_a_log_or_a_recorder(monkeypatc
     alone keeps its plain list); only a profiler makes it open ranges and wrap the transport."""
     import logging
 
-    import funcoll.algorithms as A
-    from funcoll import observe
+    from funcoll import algorithms
+    from funcoll.algorithms import observe
     from funcoll.report import DryRunTransport
     from funcoll.transport import profile
 
@@ -156,29 +156,29 @@ def test_the_hook_does_nothing_without_a_profiler_a_log_or_a_recorder(monkeypatc
             super().__init__(*a, **k)
             made.append((self._ranges is not None, isinstance(self.args[0], observe._Traced)))
 
-    (cell,) = [c for c in A.all_reduce.__closure__ if c.cell_contents is observe.Scope]
+    (cell,) = [c for c in algorithms.all_reduce.__closure__ if c.cell_contents is observe.Scope]
     monkeypatch.setattr(cell, "cell_contents", Counting)
     tp = DryRunTransport(profile("gloo").restrict(profile("xccl")), size=2)
     t = torch.ones(2)
     assert not torch.autograd.profiler._is_profiler_enabled and not observe.LOG.isEnabledFor(logging.DEBUG)
-    A.all_reduce(tp, t, "avg")
+    algorithms.all_reduce(tp, t, "avg")
     assert made == []
-    with A.record() as calls:
-        A.all_reduce(tp, t, "avg")
+    with algorithms.record() as calls:
+        algorithms.all_reduce(tp, t, "avg")
     assert made == [] and calls == [("all_reduce", ["avg=sum+scale"])]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
-        with A.record() as calls:
-            A.all_reduce(tp, t, "avg")
+        with algorithms.record() as calls:
+            algorithms.all_reduce(tp, t, "avg")
     assert made == [(True, True)] and calls == [("all_reduce", ["avg=sum+scale"])]
     names = [e.name for e in p.events()]
     assert names.count("funcoll::all_reduce") == 1 and names.count("funcoll::all_reduce avg=sum+scale") == 1
     assert names.count("funcoll::native all_reduce") == 1
-    A.all_reduce(tp, t, "avg")
+    algorithms.all_reduce(tp, t, "avg")
     assert len(made) == 1
     with caplog.at_level(logging.DEBUG, logger="funcoll"):
         observe._decided.clear()
         for _ in range(3):
-            A.all_reduce(tp, t, "avg")
+            algorithms.all_reduce(tp, t, "avg")
     assert made[1:] == [(False, False)] * 3
     assert [r.getMessage() for r in caplog.records] == [
         "all_reduce(avg, float32) on group ? [gloo[xccl]]: avg=sum+scale"]

@@ -3,11 +3,10 @@
 import pytest
 import torch
 
-from funcoll import planner as P
-from funcoll import semantics as S
-from funcoll.lowering import gloo
+from funcoll import semantics
+from funcoll.algorithms import planner
 from funcoll.semantics import ReduceOp as R
-from funcoll.transport import ALL_DTYPES, PROFILES
+from funcoll.transport import ALL_DTYPES, PROFILES, gloo
 
 T = torch
 
@@ -39,65 +38,65 @@ def caps_of(profile):
     ("xla", "reduce", "sum", T.float32, "via_all_reduce sum float32; native sum float32"),
 ])
 def test_plans(profile, primitive, op, dtype, steps):
-    plan = P.plan(caps_of(profile), primitive, R(op), dtype, 4)
+    plan = planner.plan(caps_of(profile), primitive, R(op), dtype, 4)
     assert "; ".join(f"{s.kind} {s.op} {str(s.dtype)[6:]}" for s in plan.steps) == steps
 
 
 def test_notes_are_the_strategy_names_record_reports():
     xccl = caps_of("xccl")
-    assert P.plan(xccl, "all_reduce", R.AVG, T.bfloat16).describe() == "avg=float32 reduce_scatter+scale+all_gather"
-    assert P.plan(xccl, "reduce_scatter", R.AVG, T.bfloat16).describe() == "avg=sum+scale in float32"
-    assert P.plan(xccl, "reduce", R.AVG, T.float32).notes == ("reduce=all_reduce", "avg=sum+scale")
-    assert P.plan(xccl, "all_reduce", R.MIN, T.uint16).notes == (
+    assert planner.plan(xccl, "all_reduce", R.AVG, T.bfloat16).describe() == "avg=float32 reduce_scatter+scale+all_gather"
+    assert planner.plan(xccl, "reduce_scatter", R.AVG, T.bfloat16).describe() == "avg=sum+scale in float32"
+    assert planner.plan(xccl, "reduce", R.AVG, T.float32).notes == ("reduce=all_reduce", "avg=sum+scale")
+    assert planner.plan(xccl, "all_reduce", R.MIN, T.uint16).notes == (
         "torch.uint16 min as torch.int16 with the sign bit flipped", "widen torch.int16->torch.int32",
         "all_to_all+local min+all_gather")
-    assert P.plan(caps_of("gloo"), "all_reduce", R.MAX, T.bool).notes == ("bool max as bor",)
-    assert P.plan(caps_of("gloo"), "all_reduce", R.SUM, T.float32).describe() == "native"
+    assert planner.plan(caps_of("gloo"), "all_reduce", R.MAX, T.bool).notes == ("bool max as bor",)
+    assert planner.plan(caps_of("gloo"), "all_reduce", R.SUM, T.float32).describe() == "native"
 
 
 @pytest.mark.parametrize("profile", ["gloo", "xccl", "xla"])
-@pytest.mark.parametrize("primitive", P.REDUCING)
+@pytest.mark.parametrize("primitive", planner.REDUCING)
 def test_every_valid_request_has_a_plan_that_ends_in_a_terminal(profile, primitive):
     caps = caps_of(profile)
-    terminals = {P.NATIVE, P.GATHER_LOCAL, P.A2A_LOCAL, P.RS_AG_LOCAL, P.AVG_RS_AG}
+    terminals = {planner.NATIVE, planner.GATHER_LOCAL, planner.A2A_LOCAL, planner.RS_AG_LOCAL, planner.AVG_RS_AG}
     for dtype in sorted(ALL_DTYPES | {T.complex64, T.complex128}, key=str):
         for op in R:
-            red = S.Reduction(op, 2.0 if op is R.PREMUL_SUM else None)
+            red = semantics.Reduction(op, 2.0 if op is R.PREMUL_SUM else None)
             try:
-                S.check_reduction("all_reduce", red, dtype)
+                semantics.check_reduction("all_reduce", red, dtype)
             except TypeError:
                 continue
-            plan = P.plan(caps, primitive, op, dtype)
+            plan = planner.plan(caps, primitive, op, dtype)
             last = plan.steps[-1]
             assert last.kind in terminals, (primitive, op, dtype, plan)
             assert all(s.kind not in terminals for s in plan.steps[:-1])
-            if last.kind == P.NATIVE:  # what the transport is handed, it has
-                assert caps.reduces(primitive if plan.steps[0].kind != P.VIA_ALL_REDUCE else "all_reduce",
+            if last.kind == planner.NATIVE:  # what the transport is handed, it has
+                assert caps.reduces(primitive if plan.steps[0].kind != planner.VIA_ALL_REDUCE else "all_reduce",
                                     last.op, last.dtype)
             # native as it is exactly when the capabilities say so (bool/complex always take their views)
             as_is = caps.reduces(primitive, op, dtype) and dtype != T.bool and not dtype.is_complex
-            assert plan.native == as_is or (dtype == T.bool and plan.steps[0].kind == P.NATIVE), (op, dtype)
+            assert plan.native == as_is or (dtype == T.bool and plan.steps[0].kind == planner.NATIVE), (op, dtype)
 
 
 def test_plans_are_cached_and_follow_the_capabilities():
     xccl, gloo_caps = caps_of("xccl"), caps_of("gloo")
-    assert P.plan(xccl, "all_reduce", R.AVG, T.float32) is P.plan(xccl, "all_reduce", R.AVG, T.float32)
-    assert P.plan(gloo_caps, "all_reduce", R.AVG, T.float32).native
-    assert not P.plan(xccl, "all_reduce", R.AVG, T.float32).native
+    assert planner.plan(xccl, "all_reduce", R.AVG, T.float32) is planner.plan(xccl, "all_reduce", R.AVG, T.float32)
+    assert planner.plan(gloo_caps, "all_reduce", R.AVG, T.float32).native
+    assert not planner.plan(xccl, "all_reduce", R.AVG, T.float32).native
     assert PROFILES["xccl"].reduces("all_reduce", R.SUM, T.float32)
 
 
 def test_unknown_primitive_is_a_value_error():
-    with pytest.raises(ValueError, match=r"^funcoll.planner: 'all_gather' is not a reducing primitive; use one of "
+    with pytest.raises(ValueError, match=r"^funcoll.algorithms.planner: 'all_gather' is not a reducing primitive; use one of "
                                          r"\('all_reduce', 'reduce_scatter', 'reduce'\)$"):
-        P.plan(caps_of("gloo"), "all_gather", R.SUM, T.float32)
+        planner.plan(caps_of("gloo"), "all_gather", R.SUM, T.float32)
 
 
 def test_bool_counts_are_exact_at_any_group_size():
     """uint8 counts the Trues below 256 ranks; from 256 on, any/all count in int32 (uint8 would wrap to 0); parity
     is exact in uint8 at any size (256 is even)."""
     xccl = caps_of("xccl")
-    assert P.plan(xccl, "all_reduce", R.MAX, T.bool, 255).steps[0].dtype == T.uint8
-    assert P.plan(xccl, "all_reduce", R.MAX, T.bool, 256).steps[0].dtype == T.int32
-    assert P.plan(xccl, "all_reduce", R.MIN, T.bool, 1024).steps[0].dtype == T.int32
-    assert P.plan(xccl, "all_reduce", R.BXOR, T.bool, 1024).steps[0].dtype == T.uint8
+    assert planner.plan(xccl, "all_reduce", R.MAX, T.bool, 255).steps[0].dtype == T.uint8
+    assert planner.plan(xccl, "all_reduce", R.MAX, T.bool, 256).steps[0].dtype == T.int32
+    assert planner.plan(xccl, "all_reduce", R.MIN, T.bool, 1024).steps[0].dtype == T.int32
+    assert planner.plan(xccl, "all_reduce", R.BXOR, T.bool, 1024).steps[0].dtype == T.uint8

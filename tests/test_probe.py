@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
-from funcoll import probe as P
-from funcoll.lowering.gloo import C10dTransport
+from funcoll.entry import probe
 from funcoll.semantics import ReduceOp
 from funcoll.transport import DONE, profile
-from tests.world import run_world
+from funcoll.transport.gloo import C10dTransport
+from funcoll.launch import run_world
 
 R = torch.distributed.ReduceOp
 
@@ -44,17 +44,17 @@ def _max_case(rank, group=None):
     import torch.distributed as dist
 
     import funcoll
-    import funcoll.algorithms as A
-    from funcoll.lowering import transport_for
+    from funcoll import algorithms
     from funcoll.report import DryRunTransport
+    from funcoll.transport.registry import transport_for
 
     ins = [torch.tensor([-7, 3, 5], dtype=torch.int32) * s for s in (1, -1)]
     want = [max(a, b) for a, b in zip(ins[0].tolist(), ins[1].tolist())]
     x = ins[rank].clone()
     with funcoll.record() as calls:
         dist.all_reduce(x, op=R.MAX, group=group)
-    with A.record() as planned:
-        A.all_reduce(DryRunTransport(transport_for(group or dist.group.WORLD, "cpu").caps, 2),
+    with algorithms.record() as planned:
+        algorithms.all_reduce(DryRunTransport(transport_for(group or dist.group.WORLD, "cpu").caps, 2),
                      torch.ones(3, dtype=torch.int32), "max").wait()
     ran = [s for _, ns in calls for s in ns]
     return x.tolist() == want, x.tolist(), ran, ran == [s for _, ns in planned for s in ns]
@@ -123,7 +123,7 @@ def at_creation_case(rank, n):
     import torch.distributed as dist
 
     import funcoll
-    from funcoll import lowering
+    from funcoll.transport import registry as lowering
 
     at_init = [r.to_dict() for r in funcoll.probe.results()]  # the world group, probed while it was created
     real = lowering._funcoll_factories["cpu"]
@@ -232,13 +232,13 @@ def test_funcoll_probe_1_probes_each_group_at_creation(tmp_path, monkeypatch, ca
 @pytest.mark.parametrize("name", ["all_reduce max int32", "reduce_scatter avg bfloat16", "all_to_all uneven bool",
                                   "all_gather uint64", "reduce bxor bool"])
 def test_request_names_round_trip(name):
-    assert P.Request.parse(name).name == name
+    assert probe.Request.parse(name).name == name
 
 
 def test_request_names_are_checked():
     for bad in ("all_reduce max", "all_reduce maximum int32", "all_gather int33", "broadcast sum float32 x"):
         with pytest.raises(ValueError, match="cannot read a request"):
-            P.Request.parse(bad)
+            probe.Request.parse(bad)
 
 
 def _python_reduce(values, op, bits, signed):
@@ -263,36 +263,36 @@ def _ints(t):
 @pytest.mark.parametrize("op", ["sum", "product", "min", "max", "band", "bor", "bxor"])
 def test_probe_reference_matches_python_integers(dtype, op):
     n = 3
-    req = P.Request("all_reduce", ReduceOp(op), dtype)
-    xs = [P._values(req, r, n, 3 * n) for r in range(n)]
-    bits = P._BITS[dtype]
+    req = probe.Request("all_reduce", ReduceOp(op), dtype)
+    xs = [probe._values(req, r, n, 3 * n) for r in range(n)]
+    bits = probe._BITS[dtype]
     signed = dtype not in (torch.uint8, torch.uint32, torch.uint64)
     want = _python_reduce([_ints(x) for x in xs], op, bits, signed)
-    ref = P._reduce_ref(torch.stack(xs), req, n)
-    assert _ints(P._wrap(ref, dtype)) == want
-    assert P._mismatch(P._wrap(ref, dtype), ref, req) is None
+    ref = probe._reduce_ref(torch.stack(xs), req, n)
+    assert _ints(probe._wrap(ref, dtype)) == want
+    assert probe._mismatch(probe._wrap(ref, dtype), ref, req) is None
     # and the inputs tell the op apart: another op's result is a mismatch
-    other = P.Request("all_reduce", ReduceOp("sum" if op != "sum" else "max"), dtype)
-    wrong = P._reduce_ref(torch.stack(xs), other, n)
-    assert P._mismatch(P._wrap(wrong, dtype), ref, req) is not None
+    other = probe.Request("all_reduce", ReduceOp("sum" if op != "sum" else "max"), dtype)
+    wrong = probe._reduce_ref(torch.stack(xs), other, n)
+    assert probe._mismatch(probe._wrap(wrong, dtype), ref, req) is not None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_probe_reference_floats_and_avg_divided_twice_is_caught(dtype):
     n = 2
-    req = P.Request("all_reduce", ReduceOp.AVG, dtype)
-    xs = [P._values(req, r, n, 3 * n) for r in range(n)]
+    req = probe.Request("all_reduce", ReduceOp.AVG, dtype)
+    xs = [probe._values(req, r, n, 3 * n) for r in range(n)]
     want = [sum(col) / n for col in zip(*[x.double().tolist() for x in xs])]
-    ref = P._reduce_ref(torch.stack(xs), req, n)
+    ref = probe._reduce_ref(torch.stack(xs), req, n)
     assert ref.tolist() == want
     right = (xs[0].double() + xs[1].double()).div(n).to(dtype)
-    assert P._mismatch(right, ref, req) is None
-    assert P._mismatch(right.double().div(n).to(dtype), ref, req) is not None  # AVG divided twice
+    assert probe._mismatch(right, ref, req) is None
+    assert probe._mismatch(right.double().div(n).to(dtype), ref, req) is not None  # AVG divided twice
 
 
 def test_demotions():
     caps = profile("gloo")
-    new, demoted, unfixable = P.demote(caps, {"all_reduce max int32": "x", "reduce sum float32": "y",
+    new, demoted, unfixable = probe.demote(caps, {"all_reduce max int32": "x", "reduce sum float32": "y",
                                               "all_to_all uneven float32": "z", "broadcast bool": "w",
                                               "all_gather float32": "v"})
     assert (ReduceOp.MAX, torch.int32) in new.refused_pairs and not new.reduces("all_reduce", ReduceOp.MAX,
@@ -304,19 +304,19 @@ def test_demotions():
     assert unfixable == ["all_gather float32"]  # funcoll reduces float32: it cannot move it as something else
     assert len(demoted) == 4 and new.name == "gloo+probe"
     assert new.sources["probe.all_reduce max int32"].startswith("wrong native result on this machine (x)")
-    assert P.demote(caps, {}) == (caps, [], [])
+    assert probe.demote(caps, {}) == (caps, [], [])
     # a dtype funcoll only moves can be moved as the raw bits of another
     xccl = profile("xccl")
-    new, demoted, unfixable = P.demote(xccl, {"all_gather float8_e4m3fn": "v"})
+    new, demoted, unfixable = probe.demote(xccl, {"all_gather float8_e4m3fn": "v"})
     assert unfixable == [] and torch.float8_e4m3fn not in new.dtypes and torch.float8_e4m3fn in xccl.dtypes
     assert demoted == ["all_gather float8_e4m3fn -> float8_e4m3fn: moved as the raw bits of another dtype"]
 
 
 def test_requests_follow_the_table():
     xccl = profile("gloo").restrict(profile("xccl"))
-    names = {r.name for r in P.requests(xccl, 2)}
+    names = {r.name for r in probe.requests(xccl, 2)}
     assert "all_reduce max float32" in names and "all_reduce max int32" not in names  # refused: never probed
     assert "all_reduce avg float32" not in names and "all_reduce bxor int32" not in names
     assert not any(n.startswith("all_to_all uneven") for n in names)  # the xccl table pads
     assert "all_to_all float32" in names and "all_reduce sum bool" not in names
-    assert not any(n.startswith("all_to_all uneven") for n in (r.name for r in P.requests(profile("gloo"), 1)))
+    assert not any(n.startswith("all_to_all uneven") for n in (r.name for r in probe.requests(profile("gloo"), 1)))

@@ -1,12 +1,13 @@
 """Pure checks of the semantics layer and the capability table (no processes)."""
 
 import os
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import funcoll
-from funcoll import semantics as S
+from funcoll import semantics
 from funcoll.semantics import ReduceOp, Reduction
 from funcoll.transport import PROFILES, active_profile_name
 
@@ -17,20 +18,20 @@ from funcoll.transport import PROFILES, active_profile_name
     (dist.ReduceOp.RedOpType.MIN, Reduction(ReduceOp.MIN)), (ReduceOp.BOR, Reduction(ReduceOp.BOR)),
 ])
 def test_parse_reduction(given, want):
-    assert S.parse_reduction(given, "all_reduce") == want
+    assert semantics.parse_reduction(given, "all_reduce") == want
 
 
 def test_premul_sum_factor_is_read_from_the_c10d_reduce_op():
-    red = S.parse_reduction(dist._make_nccl_premul_sum(0.25), "all_reduce")
+    red = semantics.parse_reduction(dist._make_nccl_premul_sum(0.25), "all_reduce")
     assert red.op is ReduceOp.PREMUL_SUM and red.factor == 0.25
-    red = S.parse_reduction(dist._make_nccl_premul_sum(torch.tensor([3.0])), "all_reduce")
+    red = semantics.parse_reduction(dist._make_nccl_premul_sum(torch.tensor([3.0])), "all_reduce")
     assert torch.equal(red.factor, torch.tensor([3.0]))
 
 
 def test_premul_sum_without_factor():
     with pytest.raises(ValueError, match=r"funcoll.all_reduce: reduce op premul_sum needs a factor; build it with "
                                          r"torch.distributed._make_nccl_premul_sum\(factor\)"):
-        S.parse_reduction("premul_sum", "all_reduce")
+        semantics.parse_reduction("premul_sum", "all_reduce")
 
 
 @pytest.mark.parametrize("op,dtype,msg", [
@@ -43,35 +44,35 @@ def test_premul_sum_without_factor():
 ])
 def test_reduce_op_invalid_for_dtype(op, dtype, msg):
     with pytest.raises(TypeError) as e:
-        S.check_reduction("reduce_scatter_tensor", S.parse_reduction(op, "x"), dtype)
+        semantics.check_reduction("reduce_scatter_tensor", semantics.parse_reduction(op, "x"), dtype)
     assert str(e.value).startswith("funcoll.reduce_scatter_tensor: ") and msg in str(e.value)
 
 
 def test_valid_pairs_do_not_raise():
     for dtype in (torch.float32, torch.int8, torch.uint32, torch.bool, torch.complex128):
         for op in ("sum", "max", "bxor", "avg"):
-            kind = S.dtype_kind(dtype)
+            kind = semantics.dtype_kind(dtype)
             bad = (kind == "float" and op == "bxor") or (kind == "complex" and op in ("max", "bxor")) or \
                   (kind == "bool" and op == "avg")
             if not bad:
-                S.check_reduction("all_reduce", S.parse_reduction(op, "x"), dtype)
+                semantics.check_reduction("all_reduce", semantics.parse_reduction(op, "x"), dtype)
 
 
 def test_shape_rules():
     x = torch.ones(6, 2)
-    assert S.check_reduce_scatter("rs", None, x, 3) == (2, 2)
+    assert semantics.check_reduce_scatter("rs", None, x, 3) == (2, 2)
     with pytest.raises(ValueError, match=r"funcoll.rs: input dim 0 \(6\) must be divisible by the group size "
                                          r"\(4\); pad the input to a multiple of 4"):
-        S.check_reduce_scatter("rs", None, x, 4)
-    assert S.check_all_to_all("a2a", torch.empty(3, 2), x, [1, 2], [6, 0], 2) == ([1, 2], [6, 0])
-    assert S.check_all_to_all("a2a", torch.empty(6, 2), x, None, None, 3) == ([2, 2, 2], [2, 2, 2])
+        semantics.check_reduce_scatter("rs", None, x, 4)
+    assert semantics.check_all_to_all("a2a", torch.empty(3, 2), x, [1, 2], [6, 0], 2) == ([1, 2], [6, 0])
+    assert semantics.check_all_to_all("a2a", torch.empty(6, 2), x, None, None, 3) == ([2, 2, 2], [2, 2, 2])
     with pytest.raises(ValueError, match=r"output shape \(6, 3\) and input shape \(6, 2\) must agree after dim 0"):
-        S.check_all_to_all("a2a", torch.empty(6, 3), x, None, None, 3)
+        semantics.check_all_to_all("a2a", torch.empty(6, 3), x, None, None, 3)
     with pytest.raises(ValueError, match=r"input dim 0 \(6\) is not divisible by the group size \(4\) and no "
                                          r"input_split_sizes were given"):
-        S.check_all_to_all("a2a", torch.empty(8, 2), x, None, None, 4)
+        semantics.check_all_to_all("a2a", torch.empty(8, 2), x, None, None, 4)
     with pytest.raises(ValueError, match=r"funcoll.bc: src=True is outside the group"):
-        S.check_root("bc", "src", True, 2)
+        semantics.check_root("bc", "src", True, 2)
 
 
 def test_profiles_table():
@@ -108,7 +109,7 @@ def test_import_registers_the_backend_and_overrides_nothing():
     assert funcoll.installed() == []
     dump = torch._C._dispatch_dump("_c10d_functional::all_reduce")
     pkg = os.path.dirname(funcoll.__file__)  # no kernel registered from funcoll's own files
-    assert pkg not in dump and "funcoll/kernels.py" not in dump and "funcoll/lowering" not in dump
+    assert pkg not in dump and "funcoll/entry/kernels.py" not in dump and "funcoll/lowering" not in dump
 
 
 def test_install_cpu_and_uninstall_restore_the_dispatch_table():

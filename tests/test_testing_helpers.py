@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from funcoll import testing as T
+from funcoll import testing
 
 
 # -- graph breaks and recompilations ----------------------------------------------------------------
@@ -30,7 +30,7 @@ def sine(x):
 
 
 def test_count_compiles_on_a_function_that_breaks():
-    c = T.count_compiles(breaks_twice, torch.ones(3), torch.ones(3), torch.ones(3))
+    c = testing.count_compiles(breaks_twice, torch.ones(3), torch.ones(3), torch.ones(3))
     # three graphs (before the break, between the breaks, after the .item()), compiled once: the second and
     # third calls hit the cache
     assert (c.graphs, c.graph_breaks, c.recompiles) == (3, 2, 0)
@@ -39,28 +39,28 @@ def test_count_compiles_on_a_function_that_breaks():
 
 
 def test_count_compiles_counts_recompilations_and_says_why():
-    c = T.count_compiles(scaled, (torch.ones(3), 2), (torch.ones(3), 2), (torch.ones(3), 3))
+    c = testing.count_compiles(scaled, (torch.ones(3), 2), (torch.ones(3), 2), (torch.ones(3), 3))
     assert (c.graphs, c.graph_breaks, c.recompiles) == (2, 0, 1)
     assert c.recompile_reasons == ["k == 2 # return x * k # test_testing_helpers.py:25 in scaled"]
     # a new shape recompiles; without dynamic=False the second recompile is dynamic and covers the third
     shapes = [torch.ones(3), torch.ones(4), torch.ones(5)]
-    static = T.count_compiles(sine, *shapes, dynamic=False)
+    static = testing.count_compiles(sine, *shapes, dynamic=False)
     assert (static.graphs, static.recompiles) == (3, 2)
     assert static.recompile_reasons[0] == "tensor 'x' size mismatch at index 0. expected 3, actual 4"
     with torch._dynamo.config.patch(automatic_dynamic_shapes=True):  # torch_xla's import turns it off
-        auto = T.count_compiles(sine, *shapes)
+        auto = testing.count_compiles(sine, *shapes)
     assert (auto.graphs, auto.recompiles) == (2, 1)
 
 
 def test_count_compiles_without_break_or_recompile():
-    c = T.count_compiles(scaled, *[(torch.full((3,), float(i)), 2) for i in range(4)], backend="aot_eager")
+    c = testing.count_compiles(scaled, *[(torch.full((3,), float(i)), 2) for i in range(4)], backend="aot_eager")
     assert (c.graphs, c.graph_breaks, c.break_reasons, c.recompiles) == (1, 0, [], 0)
 
 
 def test_compile_counts_block_counts_every_compiled_function():
     torch._dynamo.reset()
     f, g = torch.compile(breaks_twice, backend="eager"), torch.compile(scaled, backend="eager")
-    with T.compile_counts() as c:
+    with testing.compile_counts() as c:
         f(torch.ones(2))
         g(torch.ones(2), 5)
         g(torch.ones(2), 6)
@@ -70,7 +70,7 @@ def test_compile_counts_block_counts_every_compiled_function():
 # -- normalisation ----------------------------------------------------------------------------------
 def test_normalize_text_removes_addresses_and_directories():
     text = 'at 0x7f3a2b10 in File "/home/ci/venv/lib/torch/nn/modules.py", line 3 and C:\\src\\m.py:4'
-    assert T.normalize_text(text) == 'at 0x? in File "modules.py", line 3 and m.py:4'
+    assert testing.normalize_text(text) == 'at 0x? in File "modules.py", line 3 and m.py:4'
 
 
 # -- rendering and listing ---------------------------------------------------------------------------
@@ -102,17 +102,17 @@ class TestRender(expecttest.TestCase):
     def trace(self):
         with FakeTensorMode():
             args = (torch.empty(2, 3, device="xpu"), torch.empty(3, 5, device="xpu"))
-        return T.trace_fake(lambda x, w: tp_step(x, w, self.pair), *args)
+        return testing.trace_fake(lambda x, w: tp_step(x, w, self.pair), *args)
 
     def test_group_labels_are_ranks_not_names(self):
-        assert T.group_label(dist.group.WORLD.group_name) == "<world>"
-        assert T.group_label(self.pair.group_name) == "<group 2,3>"
+        assert testing.group_label(dist.group.WORLD.group_name) == "<world>"
+        assert testing.group_label(self.pair.group_name) == "<group 2,3>"
         assert self.pair.group_name != "1"  # the name is a counter, the label is not
-        assert T.group_label("no such group") == "no such group"
-        assert T.group_label(self.pair.group_name, {self.pair.group_name: "<tp>"}) == "<tp>"
+        assert testing.group_label("no such group") == "no such group"
+        assert testing.group_label(self.pair.group_name, {self.pair.group_name: "<tp>"}) == "<tp>"
 
     def test_render_graph_of_a_fake_xpu_trace(self):
-        self.assertExpectedInline(T.render_graph(self.trace()), """\
+        self.assertExpectedInline(testing.render_graph(self.trace()), """\
 x_1: float32[2, 3]@xpu
 w_1: float32[3, 5]@xpu
 all_gather_into_tensor = c10d.all_gather_into_tensor(x_1, 4, <world>) -> float32[8, 3]@xpu
@@ -127,7 +127,7 @@ return wait_tensor_2""")
     def test_render_graph_of_a_dynamo_graph(self):
         with FakeTensorMode():
             args = (torch.empty(2, 3), torch.empty(3, 5))
-        cap = T.capture_graphs(lambda x, w: tp_step(x, w, self.pair), *args, backend="eager")
+        cap = testing.capture_graphs(lambda x, w: tp_step(x, w, self.pair), *args, backend="eager")
         self.assertExpectedInline(cap.text("dynamo"), """\
 l_x_: float32[2, 3]@cpu
 l_w_: float32[3, 5]@cpu
@@ -143,13 +143,13 @@ return [wait_tensor_2]""")
 
     def test_collectives_lists_op_reduce_op_group_and_shapes(self):
         f32 = torch.float32
-        got = T.collectives(self.trace())
+        got = testing.collectives(self.trace())
         assert got == [
-            T.Collective("all_gather_into_tensor", None, (0, 1, 2, 3), ((f32, (2, 3)),), ((f32, (8, 3)),),
+            testing.Collective("all_gather_into_tensor", None, (0, 1, 2, 3), ((f32, (2, 3)),), ((f32, (8, 3)),),
                          (("group_size", 4),)),
-            T.Collective("reduce_scatter_tensor", "avg", (2, 3), ((f32, (8, 5)),), ((f32, (4, 5)),),
+            testing.Collective("reduce_scatter_tensor", "avg", (2, 3), ((f32, (8, 5)),), ((f32, (4, 5)),),
                          (("group_size", 2),)),
-            T.Collective("all_to_all_single", None, (2, 3), ((f32, (4, 5)),), ((f32, (4, 5)),),
+            testing.Collective("all_to_all_single", None, (2, 3), ((f32, (4, 5)),), ((f32, (4, 5)),),
                          (("output_split_sizes", [3, 1]), ("input_split_sizes", [2, 2]))),
         ]
         self.assertExpectedInline("\n".join(map(str, got)), """\

@@ -14,11 +14,10 @@ from datetime import timedelta
 import pytest
 import torch
 
-from funcoll import algorithms as A
-from funcoll import debug as D
-from funcoll import flight_recorder as fr
+from funcoll import algorithms
+from funcoll.entry import debug, flight_recorder
+from funcoll.entry.work import CollectiveError, CollectiveTimeoutError, FuncollWork
 from funcoll.launch import run_world
-from funcoll.work import CollectiveError, CollectiveTimeoutError, FuncollWork
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -54,12 +53,12 @@ class Handle:
 
 
 def _work(group_timeout=5.0):
-    trace = fr.GroupTrace("g", (0, 1), 0, 2, maxlen=8)
+    trace = flight_recorder.GroupTrace("g", (0, 1), 0, 2, maxlen=8)
     call = trace.number(trace.call("all_reduce", "allreduce", {"op": "all_reduce", "reduce_op": "sum",
                                                                "tensors": [["float32", [4]]]}))
     call.timeout = group_timeout
     h, steps = Handle(), []
-    work = FuncollWork(A.Pending([h], then=lambda: steps.append("scaled")), [torch.ones(4)])
+    work = FuncollWork(algorithms.Pending([h], then=lambda: steps.append("scaled")), [torch.ones(4)])
     work._attach(call, trace)
     return work, h, call, steps
 
@@ -149,18 +148,18 @@ def _ar(shape, dtype="float32", red="sum"):
 
 
 def test_compare_agrees_and_names_what_differs():
-    assert D.compare([_ar([4]), _ar([4]), _ar([4])], 3, "g") is None
-    msg = D.compare([_ar([4]), _ar([5]), _ar([4])], 3, "g", (0, 1, 2))
+    assert debug.compare([_ar([4]), _ar([4]), _ar([4])], 3, "g") is None
+    msg = debug.compare([_ar([4]), _ar([5]), _ar([4])], 3, "g", (0, 1, 2))
     assert msg.startswith("funcoll: detected mismatch between collectives on group 'g' (global ranks 0-2) at "
                           "sequence number 3: they differ in the shapes.\n"
                           "  ranks 0,2: all_reduce(reduce_op=sum, float32[4])\n"
                           "  rank 1: all_reduce(reduce_op=sum, float32[5])\n"), msg
     # sub-group ranks are named with their global ranks
-    msg = D.compare([_ar([4]), _ar([4], "int64", "max")], 0, "sub", (2, 5))
+    msg = debug.compare([_ar([4]), _ar([4], "int64", "max")], 0, "sub", (2, 5))
     assert "they differ in the reduce op, the dtypes.\n  rank 0 (global 2): " in msg
     assert "\n  rank 1 (global 5): all_reduce(reduce_op=max, int64[4])\n" in msg
     bc = {"op": "broadcast", "root": 0, "tensors": [["float32", [4]]], "device": "cpu"}
-    assert "they differ in the collective." in D.compare([_ar([4]), bc], 0, "g")
+    assert "they differ in the collective." in debug.compare([_ar([4]), bc], 0, "g")
 
 
 def test_compare_cross_checks_per_peer_arguments():
@@ -169,8 +168,8 @@ def test_compare_cross_checks_per_peer_arguments():
                 "input_split_sizes": ins, "output_split_sizes": outs}
 
     # rank r's output split from q must be rank q's input split to r: legitimately different per rank
-    assert D.compare([a2a([1, 3], [1, 2]), a2a([2, 2], [3, 2])], 0, "g") is None
-    msg = D.compare([a2a([1, 3], [1, 1]), a2a([2, 2], [3, 2])], 0, "g")
+    assert debug.compare([a2a([1, 3], [1, 2]), a2a([2, 2], [3, 2])], 0, "g") is None
+    msg = debug.compare([a2a([1, 3], [1, 1]), a2a([2, 2], [3, 2])], 0, "g")
     assert "the split sizes do not match: rank 1 sends 2 rows to rank 0 (input_split_sizes=[2, 2]) but rank 0 " \
            "expects 1 from rank 1 (output_split_sizes=[1, 1])" in msg
 
@@ -180,14 +179,14 @@ def test_compare_cross_checks_per_peer_arguments():
             fp["root_outputs"] = root_outputs
         return fp
 
-    assert D.compare([gather([2], [[2], [2]]), gather([2])], 0, "g") is None
-    msg = D.compare([gather([2], [[2], [3]]), gather([2])], 0, "g")
+    assert debug.compare([gather([2], [[2], [2]]), gather([2])], 0, "g") is None
+    msg = debug.compare([gather([2], [[2], [3]]), gather([2])], 0, "g")
     assert "the root (rank 0) would receive a tensor of shape [3] from rank 1, whose tensor has shape [2]" in msg
 
 
 def test_compare_gives_the_same_message_whichever_rank_computes_it():
     fps = [_ar([4]), _ar([5])]
-    assert D.compare(list(fps), 1, "g") == D.compare([dict(f) for f in fps], 1, "g")
+    assert debug.compare(list(fps), 1, "g") == debug.compare([dict(f) for f in fps], 1, "g")
 
 
 def test_fingerprints_of_process_group_methods():
@@ -202,16 +201,16 @@ def test_fingerprints_of_process_group_methods():
 
     o = dist.AllreduceOptions()
     o.reduceOp = dist.ReduceOp.AVG
-    assert D.fingerprint(PG(), "allreduce", ([torch.ones(2, 3)], o), {}) == \
+    assert debug.fingerprint(PG(), "allreduce", ([torch.ones(2, 3)], o), {}) == \
         {"op": "all_reduce", "reduce_op": "avg", "tensors": [["float32", [2, 3]]], "device": "cpu"}
-    fp = D.fingerprint(PG(), "alltoall_base", (torch.empty(4, 2), torch.ones(4, 2), [], [1, 3]), {})
+    fp = debug.fingerprint(PG(), "alltoall_base", (torch.empty(4, 2), torch.ones(4, 2), [], [1, 3]), {})
     assert fp["input_split_sizes"] == [1, 3] and fp["output_split_sizes"] == [2, 2]
-    assert fr.describe(fp).startswith("all_to_all_single(float32[2], outputs=[[2]]")
-    assert D.fingerprint(PG(), "allreduce", (None,), {}) == {"op": "all_reduce", "malformed": True}
+    assert flight_recorder.describe(fp).startswith("all_to_all_single(float32[2], outputs=[[2]]")
+    assert debug.fingerprint(PG(), "allreduce", (None,), {}) == {"op": "all_reduce", "malformed": True}
 
 
 def test_every_collective_method_is_instrumented():
-    from funcoll.process_group import ProcessGroupFuncoll
+    from funcoll.entry.process_group import ProcessGroupFuncoll
 
     for name in ("allreduce", "broadcast", "alltoall_base", "_allgather_base", "_reduce_scatter_base", "barrier",
                  "gather", "scatter", "send", "recv", "allgather_coalesced", "allreduce_coalesced"):
@@ -243,7 +242,7 @@ def _rank_trace(rank, n):
     entries = funcoll.flight_recorder.entries()
     return {"rows": [(c.number(), c.op, c.state, c.strategies, c.describe()) for c in entries],
             "pending_state": pending_state, "format": funcoll.flight_recorder.format(),
-            "dump": json.dumps(funcoll.flight_recorder.dump()), "seq": D.sequence_number(dist.group.WORLD)}
+            "dump": json.dumps(funcoll.flight_recorder.dump()), "seq": debug.sequence_number(dist.group.WORLD)}
 
 
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["native", "xccl"])

@@ -20,7 +20,7 @@ import torch_xla  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
 
 import funcoll  # noqa: E402
-from funcoll.lowering import xla as X  # noqa: E402
+from funcoll import xla  # noqa: E402
 from tests import reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.xla
@@ -137,7 +137,7 @@ def _eager_calls():
             if bound is None:
                 dist.all_to_all_single(o, x, splits, splits)
             else:
-                with X.static_split_bound(bound):
+                with xla.static_split_bound(bound):
                     dist.all_to_all_single(o, x, splits, splits)
             return [o]
         return run
@@ -216,10 +216,10 @@ def test_eager_broadcast_is_bit_exact(group):
 
 def test_eager_uneven_split_bound_is_checked_locally(group):
     x = torch.arange(4.0).to(dev())
-    with X.static_split_bound(3), pytest.raises(ValueError) as e:
+    with xla.static_split_bound(3), pytest.raises(ValueError) as e:
         dist.all_to_all_single(torch.empty(4, device=dev()), x, [4], [4])
     assert str(e.value) == ("funcoll.all_to_all_single: a split size (4) exceeds the static split bound 3 promised "
-                            "by funcoll.lowering.xla.static_split_bound; raise the bound")
+                            "by funcoll.xla.static_split_bound; raise the bound")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -340,15 +340,15 @@ def test_compiled_graph_holds_funcoll_collectives_not_fallbacks(group):
 @pytest.mark.parametrize("spec", [None, 0, "0", " 0 ", "xla", "xla:0", torch.device("xla"), torch.device("xla", 0)],
                          ids=repr)
 def test_device_index_accepts_every_spelling(spec):
-    assert X.device_index(spec) == 0
-    assert X.normalize_device(spec) == torch.device("xla", 0)
+    assert xla.device_index(spec) == 0
+    assert xla.normalize_device(spec) == torch.device("xla", 0)
 
 
 def test_local_rank_is_not_an_xla_device_index(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     for spec in (3, os.environ["LOCAL_RANK"], "xla:3", torch.device("xla", 3)):
         with pytest.raises(ValueError) as e:
-            X.normalize_device(spec)
+            xla.normalize_device(spec)
         assert str(e.value) == ("funcoll.xla: xla:3 is not addressable in this process (it has 1 XLA device: "
                                 "xla:0..xla:0); a rank or LOCAL_RANK is not an XLA device index, use "
                                 "torch_xla.device() (or index 0) in each process")
@@ -366,7 +366,7 @@ def test_local_rank_is_not_an_xla_device_index(monkeypatch):
 ])
 def test_device_index_rejects_with_the_fix(spec, exc, message):
     with pytest.raises(exc) as e:
-        X.device_index(spec)
+        xla.device_index(spec)
     assert str(e.value) == message
 
 
@@ -385,7 +385,7 @@ def test_install_twice_is_harmless_and_uninstall_restores_torch_xla(group):
     x = cpu_input(torch.float32).to(dev())
     with pytest.raises(RuntimeError, match="Unknown AllReduce type: avg"):
         F.all_reduce(x, "avg", group.group_name)
-    X.reset_token()
+    xla.reset_token()
 
     funcoll.install(["xla"])
     first = {op: _xla_lines(op) for op in OPS + ["wait_tensor"]}
@@ -393,24 +393,24 @@ def test_install_twice_is_harmless_and_uninstall_restores_torch_xla(group):
     assert {op: _xla_lines(op) for op in OPS + ["wait_tensor"]} == first
     for op in OPS + ["wait_tensor"]:
         active = [line for line in first[op] if line.startswith("XLA:")]
-        assert len(active) == 1 and "funcoll/kernels.py" in active[0], (op, first[op])
+        assert len(active) == 1 and "funcoll/entry/kernels.py" in active[0], (op, first[op])
     for op in kernel_ops_with_functionalize():
-        assert any(line.startswith("Functionalize:") and "funcoll/kernels.py" in line for line in first[op]), op
+        assert any(line.startswith("Functionalize:") and "funcoll/entry/kernels.py" in line for line in first[op]), op
     assert "XLA (inactive)" in "\n".join(first["all_reduce"])  # torch_xla's, overridden
     assert same(F.wait_tensor(F.all_reduce(x, "avg", group.group_name)), ref.reduce(R.AVG, [cpu_input(torch.float32)]))
 
     funcoll.uninstall(["xla"])
     funcoll.uninstall(["xla"])  # twice is harmless too
     assert {op: _xla_lines(op) for op in OPS + ["wait_tensor"]} == original
-    assert all("funcoll/kernels.py" not in line for op in OPS for line in _xla_lines(op))
+    assert all("funcoll/entry/kernels.py" not in line for op in OPS for line in _xla_lines(op))
     with pytest.raises(RuntimeError, match="Unknown AllReduce type: avg"):
         F.all_reduce(x, "avg", group.group_name)
-    X.reset_token()
+    xla.reset_token()
     funcoll.install(["xla"])  # the module's other tests run installed
 
 
 def kernel_ops_with_functionalize():
-    from funcoll import kernels
+    from funcoll.entry import kernels
 
     return sorted(kernels.FUNCTIONALIZE)
 

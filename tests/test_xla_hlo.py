@@ -191,7 +191,7 @@ slice(f32[12]) -> f32[3]  slice={[9:12]}
 concatenate(f32[3], f32[1], f32[2], f32[3]) -> f32[9]  dimensions={0}""")
 
     def test_uneven_all_to_all_without_a_bound_on_a_virtual_world_is_a_clear_error(self):
-        self.assertExpectedInline(world(4)["world all_to_all uneven, no bound"], """raises ValueError: funcoll.all_to_all_single: split sizes on a virtual XLA world (4 ranks in a process whose XLA runtime has fewer replicas) need a static bound: wrap the call in funcoll.lowering.xla.static_split_bound(bound). Without one, the ranks agree on the largest split with a collective that must run, and a virtual world cannot run collectives""")
+        self.assertExpectedInline(world(4)["world all_to_all uneven, no bound"], """raises ValueError: funcoll.all_to_all_single: split sizes on a virtual XLA world (4 ranks in a process whose XLA runtime has fewer replicas) need a static bound: wrap the call in funcoll.xla.static_split_bound(bound). Without one, the ranks agree on the largest split with a collective that must run, and a virtual world cannot run collectives""")
 
     def test_coalesced_all_reduce_is_one_all_reduce_per_dtype(self):
         self.assertExpectedInline(show(

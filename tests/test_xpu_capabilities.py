@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import funcoll
-from funcoll.lowering import xpu
-from funcoll.semantics import FLOAT8, ReduceOp as R
-from funcoll.transport import ALL_DTYPES, PROFILES, REDUCING
+from funcoll.semantics import FLOAT8
+from funcoll.semantics import ReduceOp as R
+from funcoll.transport import ALL_DTYPES, PROFILES, REDUCING, xpu
 
 OPS = list(R)
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool]

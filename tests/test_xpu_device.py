@@ -18,9 +18,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from funcoll import algorithms as A
-from funcoll.lowering import xpu
-from funcoll.transport import Done
+from funcoll import algorithms
+from funcoll.transport import Done, xpu
 
 DEV = torch.device("meta")
 
@@ -78,26 +77,26 @@ def premul():
 
 
 CASES = {
-    "avg f32": (lambda tp, t, o, _: A.all_reduce(tp, t, "avg").wait(), torch.float32, (6,)),
-    "avg bf16": (lambda tp, t, o, _: A.all_reduce(tp, t, "avg").wait(), torch.bfloat16, (6,)),
-    "avg int32": (lambda tp, t, o, _: A.all_reduce(tp, t, "avg").wait(), torch.int32, (6,)),
-    "avg complex": (lambda tp, t, o, _: A.all_reduce(tp, t, "avg").wait(), torch.complex64, (6,)),
-    "premul_sum": (lambda tp, t, o, _: A.all_reduce(tp, t, premul()).wait(), torch.float32, (6,)),
-    "band int32": (lambda tp, t, o, _: A.all_reduce(tp, t, "band").wait(), torch.int32, (6,)),
-    "bxor bool": (lambda tp, t, o, _: A.all_reduce(tp, t, "bxor").wait(), torch.bool, (6,)),
-    "max int64": (lambda tp, t, o, _: A.all_reduce(tp, t, "max").wait(), torch.int64, (6,)),
-    "sum int16": (lambda tp, t, o, _: A.all_reduce(tp, t, "sum").wait(), torch.int16, (6,)),
-    "min uint16": (lambda tp, t, o, _: A.all_reduce(tp, t, "min").wait(), torch.uint16, (6,)),
-    "max uint64": (lambda tp, t, o, _: A.all_reduce(tp, t, "max").wait(), torch.uint64, (6,)),
-    "rs avg": (lambda tp, t, o, _: A.reduce_scatter(tp, o[:6 // tp.size], t, "avg").wait(), torch.float32, (6,)),
-    "rs bxor": (lambda tp, t, o, _: A.reduce_scatter(tp, o[:6 // tp.size], t, "bxor").wait(), torch.int32, (6,)),
-    "rs min uint32": (lambda tp, t, o, _: A.reduce_scatter(tp, o[:6 // tp.size], t, "min").wait(), torch.uint32, (6,)),
-    "ag int16": (lambda tp, t, o, _: A.all_gather(tp, torch.cat([o, o]), t).wait(), torch.int16, (6,)),
-    "ag fp8": (lambda tp, t, o, _: A.all_gather(tp, torch.cat([o, o]), t).wait(), torch.float8_e4m3fn, (6,)),
-    "bcast fp8": (lambda tp, t, o, _: A.broadcast(tp, t, 1).wait(), torch.float8_e5m2, (6,)),
-    "a2a even fp8": (lambda tp, t, o, _: A.all_to_all(tp, o, t).wait(), torch.float8_e5m2, (6,)),
-    "reduce avg": (lambda tp, t, o, _: A.reduce(tp, t, 0, "avg").wait(), torch.float32, (6,)),
-    "coalesced avg": (lambda tp, t, o, u: A.all_reduce_coalesced(tp, [t, o, u.to(torch.bfloat16)], "avg").wait(),
+    "avg f32": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "avg").wait(), torch.float32, (6,)),
+    "avg bf16": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "avg").wait(), torch.bfloat16, (6,)),
+    "avg int32": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "avg").wait(), torch.int32, (6,)),
+    "avg complex": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "avg").wait(), torch.complex64, (6,)),
+    "premul_sum": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, premul()).wait(), torch.float32, (6,)),
+    "band int32": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "band").wait(), torch.int32, (6,)),
+    "bxor bool": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "bxor").wait(), torch.bool, (6,)),
+    "max int64": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "max").wait(), torch.int64, (6,)),
+    "sum int16": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "sum").wait(), torch.int16, (6,)),
+    "min uint16": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "min").wait(), torch.uint16, (6,)),
+    "max uint64": (lambda tp, t, o, _: algorithms.all_reduce(tp, t, "max").wait(), torch.uint64, (6,)),
+    "rs avg": (lambda tp, t, o, _: algorithms.reduce_scatter_tensor(tp, o[:6 // tp.size], t, "avg").wait(), torch.float32, (6,)),
+    "rs bxor": (lambda tp, t, o, _: algorithms.reduce_scatter_tensor(tp, o[:6 // tp.size], t, "bxor").wait(), torch.int32, (6,)),
+    "rs min uint32": (lambda tp, t, o, _: algorithms.reduce_scatter_tensor(tp, o[:6 // tp.size], t, "min").wait(), torch.uint32, (6,)),
+    "ag int16": (lambda tp, t, o, _: algorithms.all_gather_into_tensor(tp, torch.cat([o, o]), t).wait(), torch.int16, (6,)),
+    "ag fp8": (lambda tp, t, o, _: algorithms.all_gather_into_tensor(tp, torch.cat([o, o]), t).wait(), torch.float8_e4m3fn, (6,)),
+    "bcast fp8": (lambda tp, t, o, _: algorithms.broadcast(tp, t, 1).wait(), torch.float8_e5m2, (6,)),
+    "a2a even fp8": (lambda tp, t, o, _: algorithms.all_to_all_single(tp, o, t).wait(), torch.float8_e5m2, (6,)),
+    "reduce avg": (lambda tp, t, o, _: algorithms.reduce(tp, t, 0, "avg").wait(), torch.float32, (6,)),
+    "coalesced avg": (lambda tp, t, o, u: algorithms.all_reduce_coalesced(tp, [t, o, u.to(torch.bfloat16)], "avg").wait(),
                       torch.float32, (6,)),
 }
 
@@ -146,7 +145,7 @@ def test_the_spy_sees_host_tensors_the_uneven_split_agreement():
     tp = xpu.XcclTransport(rec, replace(caps, primitives=caps.primitives - {"send_recv"}), device=DEV)
     x, out = torch.empty((6, 2), device=DEV), torch.empty((4, 2), device=DEV)
     with DeviceSpy() as spy, pytest.raises(NotImplementedError, match="meta"):
-        A.all_to_all(tp, out, x, [2, 2], [2, 4]).wait()
+        algorithms.all_to_all_single(tp, out, x, [2, 2], [2, 4]).wait()
     assert [m for m, _, _ in rec.log] == ["_allgather_base"]  # the agreement: on the device, int64
     assert rec.log[0][1:] == ({DEV}, {torch.int64})
     # the local split sizes, built from Python ints on the host and moved to the device; the gathered 2n values

@@ -16,7 +16,8 @@ import torch.distributed._functional_collectives as funcol
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import funcoll
-from funcoll.testing import render_graph as render, trace_fake
+from funcoll.testing import render_graph as render
+from funcoll.testing import trace_fake
 
 C = torch.ops._c10d_functional
 WORLD_SIZE = 4
@@ -112,4 +113,4 @@ class TestXpuGraphs(expecttest.TestCase):
     def test_every_op_of_the_surface_is_in_the_graph(self):
         targets = {n.target.__name__.split(".")[0] for n in trace("xpu").graph.nodes
                    if n.op == "call_function" and "c10d_functional" in str(n.target)}
-        assert targets == set(funcoll.kernels.OPS) | {"wait_tensor"}
+        assert targets == set(funcoll.entry.kernels.OPS) | {"wait_tensor"}

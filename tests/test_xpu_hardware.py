@@ -12,7 +12,7 @@ import torch.distributed as dist
 import funcoll
 from funcoll.launch import run_world
 from tests import reference as ref
-from tests import xpu_cases as X
+from tests import xpu_cases
 
 
 def _why_skip():
@@ -34,22 +34,22 @@ def hardware_eager(rank, n):
     dev = torch.device("xpu", rank)
     out = {}
     with funcoll.record() as log:
-        for salt, (op, dtype, _) in enumerate(X.ALL_REDUCE):
-            ins = X.inputs(n, dtype, (X.N_ELEM,), salt)
+        for salt, (op, dtype, _) in enumerate(xpu_cases.ALL_REDUCE):
+            ins = xpu_cases.inputs(n, dtype, (xpu_cases.N_ELEM,), salt)
             t = ins[rank].to(dev)
             dist.all_reduce(t, op=ref.c10d_op(op))
-            out[("all_reduce", op, str(dtype))] = X.check(t, ref.reduce(op, ins), n, op)
+            out[("all_reduce", op, str(dtype))] = xpu_cases.check(t, ref.reduce(op, ins), n, op)
             assert t.device == dev
-        send, recv = X.splits(n, rank)
-        x = X.make(torch.float32, (sum(send), 3), rank, 300).to(dev)
+        send, recv = xpu_cases.splits(n, rank)
+        x = xpu_cases.make(torch.float32, (sum(send), 3), rank, 300).to(dev)
         o = torch.empty((sum(recv), 3), device=dev)
         dist.all_to_all_single(o, x, recv, send)
-        out[("all_to_all_uneven",)] = X.check(o, torch.cat([X.rows_from(n, j, rank, torch.float32, 300)
+        out[("all_to_all_uneven",)] = xpu_cases.check(o, torch.cat([xpu_cases.rows_from(n, j, rank, torch.float32, 300)
                                                             for j in range(n)]), n)
-        ins = X.inputs(n, torch.float8_e4m3fn, (2, 3), 200)
+        ins = xpu_cases.inputs(n, torch.float8_e4m3fn, (2, 3), 200)
         g = torch.empty((2 * n, 3), dtype=torch.float8_e4m3fn, device=dev)
         dist.all_gather_into_tensor(g, ins[rank].to(dev))
-        out[("all_gather", "float8")] = X.check(g, torch.cat(ins), n)
+        out[("all_gather", "float8")] = xpu_cases.check(g, torch.cat(ins), n)
     tp = dist.group.WORLD.transport("xpu")
     return {"results": out, "notes": [s for _, ss in log for s in ss], "caps": tp.caps.name,
             "calls": {(p, o, str(d)): v for (p, o, d), v in tp.calls.items()}}
@@ -70,16 +70,16 @@ def hardware_compiled(rank, n, backend="inductor"):
         d = fc.all_gather_tensor(z, 0, group)
         return a * 1, b + 0, c, d
 
-    x = X.make(torch.float32, (2 * n, 4), rank, 1).to(dev)
-    y = X.make(torch.int32, (8,), rank, 2).to(dev)
-    z = X.make(torch.float8_e5m2, (2, 4), rank, 3).to(dev)
+    x = xpu_cases.make(torch.float32, (2 * n, 4), rank, 1).to(dev)
+    y = xpu_cases.make(torch.int32, (8,), rank, 2).to(dev)
+    z = xpu_cases.make(torch.float8_e5m2, (2, 4), rank, 3).to(dev)
     with funcoll.record() as log:
         a, b, c, d = torch.compile(step, fullgraph=True, backend=backend)(x, y, z)
-    xs = X.inputs(n, torch.float32, (2 * n, 4), 1)
-    res = {"avg": X.check(a, ref.reduce("avg", xs), n, "avg"),
-           "bxor": X.check(b, ref.reduce("bxor", X.inputs(n, torch.int32, (8,), 2)), n, "bxor"),
-           "rs_max": X.check(c, ref.reduce("max", xs)[2 * rank:2 * rank + 2], n, "max"),
-           "ag_fp8": X.check(d, torch.cat(X.inputs(n, torch.float8_e5m2, (2, 4), 3)), n),
+    xs = xpu_cases.inputs(n, torch.float32, (2 * n, 4), 1)
+    res = {"avg": xpu_cases.check(a, ref.reduce("avg", xs), n, "avg"),
+           "bxor": xpu_cases.check(b, ref.reduce("bxor", xpu_cases.inputs(n, torch.int32, (8,), 2)), n, "bxor"),
+           "rs_max": xpu_cases.check(c, ref.reduce("max", xs)[2 * rank:2 * rank + 2], n, "max"),
+           "ag_fp8": xpu_cases.check(d, torch.cat(xpu_cases.inputs(n, torch.float8_e5m2, (2, 4), 3)), n),
            "on_device": all(t.device == dev for t in (a, b, c, d))}
     funcoll.uninstall()
     return {"results": res, "notes": [s for _, ss in log for s in ss]}

@@ -1,6 +1,6 @@
 """funcoll's kernels on the XPU dispatch key, on a machine without an XPU: registered by install(["xpu"]), gone
 after uninstall(), skipped by install() when torch.xpu.is_available() is false, and none of it (nor importing
-funcoll.lowering.xpu, nor reading its capabilities) touches the XPU runtime."""
+funcoll.transport.xpu, nor reading its capabilities) touches the XPU runtime."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import funcoll
-from funcoll import kernels
+from funcoll.entry import kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = sorted(kernels.OPS)
@@ -49,7 +49,7 @@ def test_install_registers_on_the_xpu_key_and_uninstall_removes(clean):
     assert [op for op in NOT_ON_XPU if has_xpu_kernel(op)] == []
     dump = torch._C._dispatch_dump("_c10d_functional::all_reduce")
     xpu_lines = [line for line in dump.splitlines() if line.startswith("XPU:")]
-    assert len(xpu_lines) == 1 and "funcoll/kernels.py" in xpu_lines[0]
+    assert len(xpu_lines) == 1 and "funcoll/entry/kernels.py" in xpu_lines[0]
     # idempotent, and no other key was touched
     assert funcoll.install("xpu") == ["xpu"]
     assert others == {(op, key): torch._C._dispatch_has_kernel_for_dispatch_key(f"_c10d_functional::{op}", key)
@@ -89,7 +89,7 @@ def boom(*a, **k):
     raise AssertionError("XPU runtime touched")
 for name in ("_lazy_init", "init", "current_device", "device_count", "set_device", "synchronize", "get_device_name"):
     setattr(torch.xpu, name, boom)
-import funcoll, funcoll.lowering.xpu as x
+import funcoll, funcoll.transport.xpu as x
 assert funcoll.install(["xpu"]) == ["xpu"]
 caps = funcoll.capabilities("xpu")
 funcoll.uninstall()
@@ -105,7 +105,7 @@ print(caps.name, torch.xpu.is_initialized())
 
 def test_a_group_without_an_xpu_backend_gets_a_clear_error():
     """The c10d factory, for a group whose XPU backend lookup fails (as c10d's does for a gloo-only group)."""
-    from funcoll.lowering import xpu
+    from funcoll.transport import xpu
 
     class FakePG:
         group_name = "g0"
@@ -120,7 +120,7 @@ def test_a_group_without_an_xpu_backend_gets_a_clear_error():
 
 
 def test_no_xccl_in_this_torch_is_a_clear_error():
-    from funcoll.lowering import xpu
+    from funcoll.transport import xpu
 
     with pytest.raises(RuntimeError) as e:
         xpu._xccl_class()

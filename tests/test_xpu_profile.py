@@ -15,7 +15,7 @@ import torch.distributed as dist
 import funcoll
 from funcoll.launch import run_world
 from funcoll.semantics import FLOAT8
-from tests import xpu_cases as X
+from tests import xpu_cases
 
 UNCARRIED = {str(d) for d in (torch.int16, torch.uint16, torch.uint32, torch.uint64)} | {str(d) for d in FLOAT8}
 INT_NAMES = {str(d) for d in (torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)}
@@ -28,11 +28,11 @@ def world(request):
 
 def expected_cases(n):
     keys = []
-    for op, dtype, note in X.ALL_REDUCE:
+    for op, dtype, note in xpu_cases.ALL_REDUCE:
         for path in ("eager", "xpu_tp", "xpu_key"):
             if not (path == "xpu_key" and op == "premul_sum"):
                 keys.append((("all_reduce", op, str(dtype), path), note))
-    for op, dtype, note in X.REDUCE_SCATTER:
+    for op, dtype, note in xpu_cases.REDUCE_SCATTER:
         for path in ("eager", "xpu_tp", "xpu_key"):
             if not (path == "xpu_key" and op == "premul_sum"):
                 keys.append((("reduce_scatter", op, str(dtype), path), note))
@@ -44,7 +44,7 @@ def test_every_result_equals_the_independent_reference(world):
     bad = [(r, k, d) for r, res in enumerate(results) for k, (ok, d) in res["results"].items() if not ok]
     assert not bad, "\n".join(f"rank {r} {k}: {d}" for r, k, d in bad)
     # every case ran on every rank (all_reduce/reduce_scatter x 3 paths, moves, all_to_all, reduce, coalesced)
-    n_cases = len(expected_cases(n)) + len(X.MOVED) * 6 + 4 * 3 + 1 + 2 + 2
+    n_cases = len(expected_cases(n)) + len(xpu_cases.MOVED) * 6 + 4 * 3 + 1 + 2 + 2
     assert [len(r["results"]) for r in results] == [n_cases] * n
 
 
@@ -57,7 +57,7 @@ def test_each_gap_is_filled_by_the_named_strategy(world):
                 assert notes == ["native"], (r, key, notes)
             else:
                 assert any(note in s for s in notes), (r, key, note, notes)
-        for dtype in X.MOVED:
+        for dtype in xpu_cases.MOVED:
             for kind in ("all_gather", "broadcast"):
                 notes = res["notes"][(kind, "", str(dtype), "xpu_tp")]
                 # the first same-width dtype XCCL carries (no 16-bit integer: float16 bits)

@@ -19,15 +19,15 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 import torch_xla  # noqa: F401
+
 import funcoll
-from funcoll.lowering import xla as X
+from funcoll import testing, xla
 from funcoll.testing import xla_collectives
 
 R = dist.ReduceOp
 F = torch.ops._c10d_functional
-WITH_SCALE = X.COLLECTIVE_OPCODES + ("multiply", "divide")
+WITH_SCALE = testing.COLLECTIVE_OPCODES + ("multiply", "divide")
 
 
 def dev():
@@ -65,17 +65,17 @@ def _step_tensors():
 
 
 def _hlo(fn, keep=None):
-    X.reset_token()
+    xla.reset_token()
     _step_tensors()
     try:
         out = fn()
     except Exception as e:  # noqa: BLE001 - the error is the case's result
-        X.reset_token()
+        xla.reset_token()
         _step_tensors()
         return f"raises {type(e).__name__}: {_first_line(e)}"
     out = ([out] if isinstance(out, torch.Tensor) else list(out)) + _step_tensors()
     text = xla_collectives(out, keep)
-    X.reset_token()
+    xla.reset_token()
     return text or "(no collective)"
 
 
@@ -136,12 +136,12 @@ def funcoll_cases(world: int, rank: int) -> dict:
     def a2a():
         outs, ins = a2a_splits(world, rank)
         inp, o = vec(sum(ins)), torch.empty(sum(outs), device=dev())
-        with X.static_split_bound(3):
+        with xla.static_split_bound(3):
             dist.all_to_all_single(o, inp, outs, ins)
         return o
     case("world all_to_all uneven (static bound 3)", a2a)
     if world == 4:
-        case("world all_to_all uneven (static bound 3), pad/slice", a2a, X.COLLECTIVE_OPCODES + ("concatenate", "slice"))
+        case("world all_to_all uneven (static bound 3), pad/slice", a2a, testing.COLLECTIVE_OPCODES + ("concatenate", "slice"))
 
     def a2a_no_bound():
         outs, ins = a2a_splits(world, rank)
@@ -181,7 +181,7 @@ def funcoll_cases(world: int, rank: int) -> dict:
 
     def functional_a2a():
         outs, ins = a2a_splits(world, rank)
-        with X.static_split_bound(3):
+        with xla.static_split_bound(3):
             return F.wait_tensor(F.all_to_all_single(vec(sum(ins)), outs, ins, W.group_name))
     case("functional all_to_all uneven (static bound 3)", functional_a2a)
 
@@ -281,7 +281,7 @@ def side_by_side(world: int, rank: int) -> dict:
 
 def _a2a_functional(world, rank, group_name):
     outs, ins = a2a_splits(world, rank)
-    with X.static_split_bound(3):  # funcoll's kernel needs it on a virtual world; torch_xla's ignores it
+    with xla.static_split_bound(3):  # funcoll's kernel needs it on a virtual world; torch_xla's ignores it
         return F.all_to_all_single(vec(sum(ins)), outs, ins, group_name)
 
 
@@ -331,7 +331,7 @@ def process_group_xla() -> dict:
 
 
 def _bounded(fn):
-    with X.static_split_bound(4):
+    with xla.static_split_bound(4):
         return fn()
 
 

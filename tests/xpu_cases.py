@@ -3,8 +3,8 @@
 Three entry paths are exercised in one world (FUNCOLL_PROFILE=xccl):
 
 * ``eager``:   ``torch.distributed.*`` on the funcoll process group (its CPU transport runs under the xccl profile);
-* ``xpu_tp``:  funcoll's algorithms over :class:`funcoll.lowering.xpu.XcclTransport` - the XPU transport class itself,
-               with the capabilities derived by ``funcoll.lowering.xpu.derive`` - driving a real ProcessGroupGloo
+* ``xpu_tp``:  funcoll's algorithms over :class:`funcoll.transport.xpu.XcclTransport` - the XPU transport class itself,
+               with the capabilities derived by ``funcoll.transport.xpu.derive`` - driving a real ProcessGroupGloo
                wrapped in a spy that logs every native call the backend receives;
 * ``xpu_key``: the ``_c10d_functional`` kernels funcoll registers on the **XPU dispatch key**, reached by
                redispatching to that key (CPU tensors, a c10d gloo group).
@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as C
 
 import funcoll
-from funcoll import algorithms as A
-from funcoll.lowering import xpu
+from funcoll import algorithms
 from funcoll.semantics import FLOAT8, ReduceOp
+from funcoll.transport import xpu
 from tests import reference as ref
 
 
@@ -151,10 +151,10 @@ def _eager(kind, t, op, out=None):
 def _xpu_tp(tp, kind, t, op, out=None):
     o = op if op != "premul_sum" else ref.c10d_op(op)
     if kind == "all_reduce":
-        A.all_reduce(tp, t, o).wait()
+        algorithms.all_reduce(tp, t, o).wait()
         return t
     if kind == "reduce_scatter":
-        A.reduce_scatter(tp, out, t, o).wait()
+        algorithms.reduce_scatter_tensor(tp, out, t, o).wait()
         return out
     raise ValueError(kind)
 
@@ -220,7 +220,7 @@ def gaps(rank, n, oneccl=None):
             if path == "eager":
                 fn = lambda: (dist.all_gather_into_tensor(out, ins[rank]), out)[1]
             elif path == "xpu_tp":
-                fn = lambda: (A.all_gather(tp, out, ins[rank]).wait(), out)[1]
+                fn = lambda: (algorithms.all_gather_into_tensor(tp, out, ins[rank]).wait(), out)[1]
             else:
                 c = torch.ops._c10d_functional
                 fn = lambda: c.wait_tensor(c.all_gather_into_tensor.default.redispatch(
@@ -231,7 +231,7 @@ def gaps(rank, n, oneccl=None):
             if path == "eager":
                 fn = lambda: (dist.broadcast(t, src=src), t)[1]
             elif path == "xpu_tp":
-                fn = lambda: (A.broadcast(tp, t, src).wait(), t)[1]
+                fn = lambda: (algorithms.broadcast(tp, t, src).wait(), t)[1]
             else:
                 c = torch.ops._c10d_functional
                 fn = lambda: c.wait_tensor(c.broadcast.default.redispatch(XPU_KEY, t, src, c10d_group.group_name))
@@ -245,7 +245,7 @@ def gaps(rank, n, oneccl=None):
             if path == "eager":
                 fn = lambda: (dist.all_to_all_single(out, x, recv, send), out)[1]
             elif path == "xpu_tp":
-                fn = lambda: (A.all_to_all(tp, out, x, recv, send).wait(), out)[1]
+                fn = lambda: (algorithms.all_to_all_single(tp, out, x, recv, send).wait(), out)[1]
             else:
                 c = torch.ops._c10d_functional
                 fn = lambda: c.wait_tensor(c.all_to_all_single.default.redispatch(
@@ -257,7 +257,7 @@ def gaps(rank, n, oneccl=None):
             ref_e = torch.cat([make(dtype, (2 * n, 2), j, salt + 50)[2 * rank:2 * rank + 2] for j in range(n)])
             oute = torch.empty_like(xe)
             record(("all_to_all_even", "", str(dtype), "xpu_tp"),
-                   lambda: (A.all_to_all(tp, oute, xe).wait(), (oute, ref_e))[1])
+                   lambda: (algorithms.all_to_all_single(tp, oute, xe).wait(), (oute, ref_e))[1])
     # reduce (AVG to one rank) and a coalesced all_reduce with two dtypes
     ins = inputs(n, torch.float32, (N_ELEM,), 400)
     for path in ("eager", "xpu_tp"):
@@ -265,7 +265,7 @@ def gaps(rank, n, oneccl=None):
         if path == "eager":
             fn = lambda: dist.reduce(t, dst=0, op=dist.ReduceOp.AVG)
         else:
-            fn = lambda: A.reduce(tp, t, 0, "avg").wait()
+            fn = lambda: algorithms.reduce(tp, t, 0, "avg").wait()
         record(("reduce", "avg", "torch.float32", path),
                lambda: (fn(), (t, ref.reduce("avg", ins) if rank == 0 else ins[rank]))[1])
     ins16 = inputs(n, torch.bfloat16, (5,), 401)
@@ -276,7 +276,7 @@ def gaps(rank, n, oneccl=None):
             o.reduceOp = dist.ReduceOp.AVG
             fn = lambda: dist.group.WORLD.allreduce_coalesced(ts, o).wait()  # mixed dtypes: the c10d method
         else:
-            fn = lambda: A.all_reduce_coalesced(tp, ts, "avg").wait()
+            fn = lambda: algorithms.all_reduce_coalesced(tp, ts, "avg").wait()
         refs = [ref.reduce("avg", ins), ref.reduce("avg", [i * 2 for i in ins]), ref.reduce("avg", ins16)]
         record(("all_reduce_coalesced", "avg", "float32+bfloat16", path),
                lambda: (fn(), (torch.cat([t.float() for t in ts]), torch.cat([r.float() for r in refs])))[1])

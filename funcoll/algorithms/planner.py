@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .semantics import ReduceOp
+from funcoll.semantics import ReduceOp
 
 __all__ = ["Step", "Plan", "plan", "REDUCING"]
 
@@ -143,7 +143,8 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
         inner = plan(caps, "all_reduce", op, dtype, size)
         return Plan("reduce", (Step(VIA_ALL_REDUCE, op, dtype, "reduce=all_reduce"),) + inner.steps)
     if primitive not in ("all_reduce", "reduce_scatter"):
-        raise ValueError(f"funcoll.planner: {primitive!r} is not a reducing primitive; use one of {REDUCING}")
+        raise ValueError(f"funcoll.algorithms.planner: {primitive!r} is not a reducing primitive; "
+                         f"use one of {REDUCING}")
     steps = []
     # canonical forms: complex as its real view, bool as a logical op or a uint8 view
     if dtype.is_complex:

@@ -101,7 +101,7 @@ def group_label(tp) -> str:
     if name is None:
         name = getattr(tp, "group_name", None)
         if name is None:  # a transport lent by a group of another backend (the dispatch-key kernels)
-            from .lowering import _c10d_cache
+            from funcoll.transport.registry import _c10d_cache
 
             name = next((k[0] for k, v in list(_c10d_cache.items()) if v is tp), "?")
         try:
@@ -130,7 +130,7 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
         if val is None or (isinstance(val, (list, tuple)) and not val):
             continue
         if name == "op":
-            from .semantics import parse_reduction
+            from funcoll.semantics import parse_reduction
 
             try:
                 red = str(parse_reduction(val, op))
@@ -262,7 +262,7 @@ class Scope(list):
 
 
 # ---------------------------------------------------------------------------------------------------
-# hooks of the dispatch-key kernels (the process group's are in funcoll.group_hooks)
+# hooks of the dispatch-key kernels (the process group's are in funcoll.entry.group_hooks)
 # ---------------------------------------------------------------------------------------------------
 def on_install(device_type: str, key: str, n_kernels: int) -> None:
     LOG.info("install: %d funcoll kernels for _c10d_functional on dispatch key %s (%s)", n_kernels, key,

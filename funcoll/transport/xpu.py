@@ -1,6 +1,6 @@
 """The XPU transport: funcoll's algorithms over the group's XCCL (oneCCL) c10d backend.
 
-* Primitives: :class:`XcclTransport` is the CPU reference :class:`~funcoll.lowering.gloo.C10dTransport` driving a
+* Primitives: :class:`XcclTransport` is the CPU reference :class:`~funcoll.transport.gloo.C10dTransport` driving a
   ``ProcessGroupXCCL`` instead of a ``ProcessGroupGloo``; tensors are handed to it on the device and stay there.
 * Capabilities: derived from the running stack, by :func:`derive`, a pure function of
   ``(torch version, oneCCL version, override)`` over the fact table :data:`XCCL_FACTS` (the only place XCCL facts
@@ -23,11 +23,11 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
-from ..semantics import ReduceOp
-from ..transport import PRIMITIVES, Capabilities, active_profile_name
-from ..transport import profile as _named_profile
-from . import GroupContext, register_device
-from .gloo import C10dTransport
+from funcoll.semantics import FLOAT8, ReduceOp
+from funcoll.transport import PRIMITIVES, Capabilities, active_profile_name
+from funcoll.transport import profile as _named_profile
+from funcoll.transport.gloo import C10dTransport
+from funcoll.transport.registry import GroupContext, register_device
 
 __all__ = ["XCCL_FACTS", "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
            "stack_versions", "parse_override", "parse_topology", "measure_topology", "ENV_OVERRIDE",
@@ -307,6 +307,16 @@ def derive(torch_version, oneccl_version, override=None, topology=None) -> XcclC
         sources={f"xccl.{k}": f"{used[k]}: {f.source}" for k, f in XCCL_FACTS.items()},
         versions={"torch": tstr, "oneccl": ostr, "topology": topo},
     )
+
+
+def conservative_profile() -> Capabilities:
+    """``PROFILES["xccl"]`` (what ``FUNCOLL_PROFILE=xccl`` imposes on another transport): the row :func:`derive` gives
+    for an unknown oneCCL on the scale-out path, as plain :class:`Capabilities`, plus float8 moved as bytes."""
+    d = derive(None, None, "", None)
+    kw = {f.name: getattr(d, f.name) for f in fields(Capabilities)}
+    kw.update(name="xccl", dtypes=d.dtypes | FLOAT8,
+              sources={**d.sources, "xccl.fp8": "fp8 reductions raise (DESIGN.md section 1); fp8 is moved as bytes"})
+    return Capabilities(**kw)
 
 
 # ------------------------------------------------------------------------------------------------------

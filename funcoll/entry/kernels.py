@@ -19,9 +19,8 @@ from typing import Dict, Iterable, List, Optional
 import torch
 from torch._C._distributed_c10d import _register_work
 
-from . import algorithms as A
-from . import semantics as S
-from .lowering import transport_for
+from funcoll import algorithms, semantics
+from funcoll.transport.registry import transport_for
 
 __all__ = ["install", "uninstall", "installed", "OPS", "DISPATCH_KEYS"]
 
@@ -37,11 +36,11 @@ def _check_size(opname: str, tp, group_size: int, group_name: str) -> None:
                          f"{tp.size} ranks; pass the group's size")
 
 
-def _finish(pending: A.Pending, outputs: List[torch.Tensor], tp) -> None:
+def _finish(pending: algorithms.Pending, outputs: List[torch.Tensor], tp) -> None:
     if not tp.caps.is_async or pending.is_completed():
         pending.wait()
         return
-    from .process_group import FuncollWork
+    from funcoll.entry.process_group import FuncollWork
 
     work = FuncollWork(pending, outputs)
     for out in outputs:
@@ -58,7 +57,7 @@ def _finish_native(handle, output: torch.Tensor, tp) -> None:
 
 def all_reduce(input, reduce_op, group_name):
     tp = transport_for(group_name, input.device)
-    red = A.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
+    red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
     if red is not None:  # native: one cached lookup, one backend call
         out, handle = tp.all_reduce_functional(input.contiguous(), red)
         _finish_native(handle, out, tp)
@@ -69,11 +68,11 @@ def all_reduce(input, reduce_op, group_name):
 
 def all_reduce_(input, reduce_op, group_name):
     tp = transport_for(group_name, input.device)
-    red = A.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() and input.is_contiguous() else None
+    red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() and input.is_contiguous() else None
     if red is not None:
         _finish_native(tp.all_reduce(input, red), input, tp)
         return input
-    _finish(A.all_reduce(tp, input, reduce_op), [input], tp)
+    _finish(algorithms.all_reduce(tp, input, reduce_op), [input], tp)
     return input
 
 
@@ -86,7 +85,7 @@ def all_reduce_coalesced_(inputs, reduce_op, group_name):
     if not inputs:
         return inputs
     tp = transport_for(group_name, inputs[0].device)
-    _finish(A.all_reduce_coalesced(tp, list(inputs), reduce_op), list(inputs), tp)
+    _finish(algorithms.all_reduce_coalesced(tp, list(inputs), reduce_op), list(inputs), tp)
     return inputs
 
 
@@ -102,7 +101,7 @@ def all_gather_into_tensor(input, group_size, group_name):
 def all_gather_into_tensor_out(input, group_size, group_name, *, out):
     tp = transport_for(group_name, input.device)
     _check_size("all_gather_into_tensor", tp, group_size, group_name)
-    _finish(A.all_gather(tp, out, input), [out], tp)
+    _finish(algorithms.all_gather_into_tensor(tp, out, input), [out], tp)
     return out
 
 
@@ -112,16 +111,16 @@ def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
     tp = transport_for(group_name, inputs[0].device)
     _check_size("all_gather_into_tensor_coalesced", tp, group_size, group_name)
     outs = [_gather_out(t, group_size) for t in inputs]
-    _finish(A.all_gather_coalesced(tp, outs, list(inputs)), outs, tp)
+    _finish(algorithms.all_gather_into_tensor_coalesced(tp, outs, list(inputs)), outs, tp)
     return outs
 
 
 def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
     tp = transport_for(group_name, input.device)
     _check_size("reduce_scatter_tensor", tp, group_size, group_name)
-    shape = S.check_reduce_scatter("reduce_scatter_tensor", None, input, group_size)
+    shape = semantics.check_reduce_scatter("reduce_scatter_tensor", None, input, group_size)
     out = input.new_empty(shape)
-    _finish(A.reduce_scatter(tp, out, input, reduce_op), [out], tp)
+    _finish(algorithms.reduce_scatter_tensor(tp, out, input, reduce_op), [out], tp)
     return out
 
 
@@ -130,9 +129,9 @@ def reduce_scatter_tensor_coalesced(inputs, reduce_op, group_size, group_name):
         return []
     tp = transport_for(group_name, inputs[0].device)
     _check_size("reduce_scatter_tensor_coalesced", tp, group_size, group_name)
-    outs = [t.new_empty(S.check_reduce_scatter("reduce_scatter_tensor_coalesced", None, t, group_size))
+    outs = [t.new_empty(semantics.check_reduce_scatter("reduce_scatter_tensor_coalesced", None, t, group_size))
             for t in inputs]
-    _finish(A.reduce_scatter_coalesced(tp, outs, list(inputs), reduce_op), outs, tp)
+    _finish(algorithms.reduce_scatter_tensor_coalesced(tp, outs, list(inputs), reduce_op), outs, tp)
     return outs
 
 
@@ -141,7 +140,7 @@ def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
     out_splits = [int(s) for s in output_split_sizes]
     rows = sum(out_splits) if out_splits else input.shape[0]
     out = input.new_empty((rows,) + tuple(input.shape[1:]))
-    _finish(A.all_to_all(tp, out, input, out_splits, [int(s) for s in input_split_sizes]), [out], tp)
+    _finish(algorithms.all_to_all_single(tp, out, input, out_splits, [int(s) for s in input_split_sizes]), [out], tp)
     return out
 
 
@@ -152,7 +151,7 @@ def broadcast(input, src, group_name):
 
 def broadcast_(input, src, group_name):
     tp = transport_for(group_name, input.device)
-    _finish(A.broadcast(tp, input, src), [input], tp)
+    _finish(algorithms.broadcast(tp, input, src), [input], tp)
     return input
 
 
@@ -284,7 +283,7 @@ def _xla_all_reduce(input, reduce_op, group_name):
     """The native fast path first (below functionalization, as torch_xla's own kernel: one lazy all-reduce), the
     functionalized generic kernel for everything funcoll fills."""
     tp = transport_for(group_name, input.device)
-    red = A.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
+    red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
     if red is not None:
         return tp.all_reduce_functional(input, red)[0]
     return _XLA_GENERIC_ALL_REDUCE(input, reduce_op, group_name)
@@ -330,7 +329,7 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                 raise ValueError(f"funcoll.install: unknown device type {dt!r}; use one of "
                                  f"{', '.join(DISPATCH_KEYS)}")
             if dt not in _libs:
-                from .lowering import _ensure_loaded
+                from funcoll.transport.registry import _ensure_loaded
 
                 _ensure_loaded(dt)
                 lib = torch.library.Library("_c10d_functional", "IMPL")
@@ -351,7 +350,7 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                     lib._destroy()  # no half-installed kernels
                     raise
                 _libs[dt] = lib
-                from .observe import on_install
+                from funcoll.algorithms.observe import on_install
 
                 on_install(dt, key, len(kernels))  # TORCH_LOGS=funcoll
             done.append(dt)
@@ -365,7 +364,7 @@ def uninstall(device_types: Optional[Iterable[str]] = None) -> None:
             lib = _libs.pop(dt, None)
             if lib is not None:
                 lib._destroy()
-                from .observe import on_uninstall
+                from funcoll.algorithms.observe import on_uninstall
 
                 on_uninstall(dt)  # TORCH_LOGS=funcoll
 

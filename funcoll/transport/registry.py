@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from ..groups import resolve
-from ..transport import Transport
+from funcoll.semantics.groups import resolve
+from funcoll.transport import Transport
 
 __all__ = ["GroupContext", "register_device", "device_types", "transport_for", "funcoll_factory"]
 
@@ -66,10 +66,14 @@ def _ensure_loaded(device_type: str) -> None:
         return
     import importlib
 
+    module = f"{__name__.rpartition('.')[0]}.{device_type}"  # funcoll.transport.<device type>
     try:
-        importlib.import_module(f"{__name__}.{device_type}")
-    except ImportError:
-        pass
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        # no transport for this device type, or its library (torch_xla) is not installed: funcoll leaves its tensors
+        # alone. Any other error (a torch_xla that is installed but broken) is raised, not read as "no transport".
+        if e.name != module and (e.name or "").split(".")[0] != "torch_xla":
+            raise
 
 
 # (group name, device type) -> (process group, transport): the dispatch-key kernels look a group up by name for every
@@ -101,7 +105,7 @@ def _transport_for(group, device) -> Transport:
         try:
             pg = resolve(group)
         except RuntimeError:
-            from ..groups import lookup
+            from funcoll.semantics.groups import lookup
 
             lookup(group)  # raises the ValueError naming the fix
             raise
@@ -139,7 +143,7 @@ def forget(group_name: str) -> None:
 def _cpu_funcoll(ctx: GroupContext) -> Transport:
     from torch.distributed import PrefixStore
 
-    from . import gloo
+    from funcoll.transport import gloo
 
     return gloo.create(PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
 
@@ -147,7 +151,7 @@ def _cpu_funcoll(ctx: GroupContext) -> Transport:
 def _cpu_c10d(pg, device) -> Transport:
     import torch.distributed as dist
 
-    from . import gloo
+    from funcoll.transport import gloo
 
     backend = pg._get_backend(torch.device("cpu"))
     if not isinstance(backend, dist.ProcessGroupGloo):

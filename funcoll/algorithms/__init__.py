@@ -28,21 +28,26 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 import time
 from datetime import timedelta
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+import torch.autograd.profiler as _profiler
 
-from . import planner as P
-from . import semantics as S
-from .semantics import ReduceOp, Reduction
-from .transport import Handle, Transport
+from funcoll import semantics
+from funcoll.algorithms import planner
+from funcoll.algorithms.observe import LOG as _LOG
+from funcoll.algorithms.observe import Scope
+from funcoll.semantics import ReduceOp, Reduction
+from funcoll.transport import Handle, Transport
 
-__all__ = [
-    "Pending", "record", "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_coalesced",
-    "reduce_scatter", "reduce_scatter_coalesced", "all_to_all", "broadcast", "reduce", "gather",
-    "scatter", "send", "recv", "barrier",
+__all__ = [  # one function per op, named as the op (dist.<op> / _c10d_functional.<op>)
+    "Pending", "record", "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+    "all_to_all_single", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+    "send", "recv", "barrier",
 ]
 
 R = ReduceOp
@@ -127,7 +132,16 @@ class Pending(Handle):
 DONE = Pending()
 
 _recorders: List[list] = []
-_current: Optional[list] = None
+
+
+class _Current(threading.local):
+    """The strategy notes of the collective running on this thread (None outside one): two threads running
+    collectives at once each note their own strategies."""
+
+    notes: Optional[list] = None
+
+
+_current = _Current()
 
 
 @contextlib.contextmanager
@@ -154,41 +168,41 @@ def _forget(log: list) -> None:
 
 
 def _note(strategy: str) -> None:
-    if _current is not None:
-        _current.append(strategy)
+    notes = _current.notes
+    if notes is not None:
+        notes.append(strategy)
 
 
-def _entry(op: str):
-    """Marks a public algorithm: runs it without autograd and records its strategies; while a profiler records or
-    the funcoll log is at DEBUG, funcoll.observe opens its ranges and logs its strategy decision."""
-    import torch.autograd.profiler as prof
+def _observed() -> bool:
+    """A profiler records or the funcoll log is at DEBUG: collectives open ranges and log their decisions."""
+    return bool(_profiler._is_profiler_enabled) or _LOG.isEnabledFor(10)
 
-    from .observe import LOG, Scope
 
-    def deco(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            global _current
-            observed = prof._is_profiler_enabled or LOG.isEnabledFor(10)
-            if _current is not None or not (_recorders or observed):
-                with torch.no_grad():
-                    return fn(*args, **kwargs)
-            # observed: a list of strategies that also opens profiler ranges / logs the decision (funcoll.observe)
-            _current = notes = Scope(op, fn, args, kwargs) if observed else []
-            try:
-                with torch.no_grad():
-                    return fn(*(notes.args if observed else args), **kwargs)
-            finally:
-                _current = None
-                if observed:
-                    notes.close(args)
-                notes = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
-                for log in _recorders:
-                    log.append((op, notes))
+def _entry(fn):
+    """Marks a public algorithm, named after the op it implements (the name ``record()`` reports): runs it without
+    autograd and records its strategies; while :func:`_observed`, :mod:`funcoll.algorithms.observe` opens its ranges
+    and logs its strategy decision."""
+    op = fn.__name__
 
-        return wrapper
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        observed = _observed()
+        if _current.notes is not None or not (_recorders or observed):  # nested, or nobody listens
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+        _current.notes = notes = Scope(op, fn, args, kwargs) if observed else []
+        try:
+            with torch.no_grad():
+                return fn(*(notes.args if observed else args), **kwargs)
+        finally:
+            _current.notes = None
+            if observed:
+                notes.close(args)
+            notes = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
+            for log in _recorders:
+                log.append((op, notes))
 
-    return deco
+    return wrapper
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -202,7 +216,7 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
     funcoll's semantics (the planner's plan is one native call); None when it is not, when the request is invalid
     (the full path raises the error), or while ``record()``, a profiler or the funcoll debug log observe (the full
     path reports to them). Validated once per (capabilities, op, dtype, group size), never skipped for a new one."""
-    if _recorders or _current is not None or _observed():
+    if _recorders or _current.notes is not None or _observed():
         return None
     try:
         key = (tp.caps, op, dtype, tp.size)
@@ -212,22 +226,14 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
     except TypeError:  # an unhashable op (a premul_sum factor tensor): the full path
         return None
     try:
-        red = S.parse_reduction(op, "all_reduce")
-        S.check_reduction("all_reduce", red, dtype)
+        red = semantics.parse_reduction(op, "all_reduce")
+        semantics.check_reduction("all_reduce", red, dtype)
     except (ValueError, TypeError):
         return None  # not cached: the full path raises the error, every time
-    native = P.plan(tp.caps, "all_reduce", red.op, dtype, tp.size).native and red.op is not R.PREMUL_SUM
+    native = planner.plan(tp.caps, "all_reduce", red.op, dtype, tp.size).native and red.op is not R.PREMUL_SUM
     _native_cache[key] = red if native else None
     return _native_cache[key]
 
-
-def _observed() -> bool:
-    return bool(_profiler._is_profiler_enabled) or _LOG.isEnabledFor(10)
-
-
-import torch.autograd.profiler as _profiler  # noqa: E402
-
-from .observe import LOG as _LOG  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
@@ -297,9 +303,9 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
 
 def _count_to_bool(kind: str, count: torch.Tensor, n: int) -> torch.Tensor:
     """A count of the Trues of every rank, back to the bool result of any / all / parity."""
-    if kind == P.BOOL_ANY:
+    if kind == planner.BOOL_ANY:
         return count != 0
-    if kind == P.BOOL_ALL:
+    if kind == planner.BOOL_ALL:
         return count == n
     return count.bitwise_and(1) != 0
 
@@ -339,7 +345,7 @@ def _trunc_div(w: torch.Tensor, n: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
     """In-place all_reduce of contiguous ``t`` (already validated): the planner's plan for the request, run."""
-    return _run_ar(tp, t, red, P.plan(tp.caps, "all_reduce", red.op, t.dtype, tp.size).steps)
+    return _run_ar(tp, t, red, planner.plan(tp.caps, "all_reduce", red.op, t.dtype, tp.size).steps)
 
 
 def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
@@ -347,38 +353,38 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
     if step.note:
         _note(step.note)
     kind = step.kind
-    if kind == P.NATIVE:
+    if kind == planner.NATIVE:
         return Pending([tp.all_reduce(t, red if step.op is red.op else Reduction(step.op))])
-    if kind == P.REAL_VIEW:
+    if kind == planner.REAL_VIEW:
         return _run_ar(tp, torch.view_as_real(_flat(t)), red, rest)
-    if kind == P.BOOL_OP:
+    if kind == planner.BOOL_OP:
         return _run_ar(tp, t, Reduction(step.op), rest)
-    if kind == P.BOOL_UINT8:
+    if kind == planner.BOOL_UINT8:
         return _run_ar(tp, t.view(torch.uint8), Reduction(step.op), rest)
-    if kind == P.AVG_FLOAT32:
+    if kind == planner.AVG_FLOAT32:
         w = t.float()
         return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(w.div_(n)))
-    if kind == P.AVG_FLOAT:
+    if kind == planner.AVG_FLOAT:
         return _run_ar(tp, t, Reduction(R.SUM), rest).and_then(lambda: t.div_(n))
-    if kind == P.AVG_INT:
+    if kind == planner.AVG_INT:
         w = t.to(torch.int64)
         return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_trunc_div(w, n)))
-    if kind == P.PREMUL:
+    if kind == planner.PREMUL:
         t.mul_(_factor(red, t))
         return _run_ar(tp, t, Reduction(R.SUM), rest)
-    if kind == P.SIGNED_FLIP:
-        w, bit = t.view(step.dtype), P.SIGN_BIT[step.dtype]
+    if kind == planner.SIGNED_FLIP:
+        w, bit = t.view(step.dtype), planner.SIGN_BIT[step.dtype]
         w.bitwise_xor_(bit)
         return _run_ar(tp, w, red, rest).and_then(lambda: w.bitwise_xor_(bit))
-    if kind == P.SIGNED:
+    if kind == planner.SIGNED:
         return _run_ar(tp, t.view(step.dtype), red, rest)
-    if kind == P.WIDEN:
+    if kind == planner.WIDEN:
         w = t.to(step.dtype)
         return _run_ar(tp, w, red, rest).and_then(lambda: t.copy_(w))
-    if kind in (P.BOOL_ANY, P.BOOL_ALL, P.BOOL_PARITY):
+    if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
         w = t.to(step.dtype)
         return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_count_to_bool(kind, w, n)))
-    if kind == P.RS_AG_LOCAL:
+    if kind == planner.RS_AG_LOCAL:
         # all_to_all (this rank receives every rank's copy of its block), reduce the block locally in rank order,
         # all_gather the blocks straight into the result: 2(n-1)/n of the tensor sent, one extra buffer
         flat = _padded_flat(t, n)
@@ -389,7 +395,7 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
         if flat.data_ptr() == t.data_ptr():  # no padding: the all_gather wrote into t itself
             return p
         return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
-    if kind == P.AVG_RS_AG:
+    if kind == planner.AVG_RS_AG:
         # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and rounds
         # its block to t's dtype, all_gather in t's dtype: 1.5x the bytes of a native all_reduce instead of 2x
         flat = _padded_flat(t, n)
@@ -400,18 +406,18 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
         if flat.data_ptr() == t.data_ptr():
             return p
         return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
-    if kind == P.GATHER_LOCAL:
+    if kind == planner.GATHER_LOCAL:
         flat = t.reshape(-1)
         g = flat.new_empty((n * flat.numel(),))
         return _ag(tp, g, flat).and_then(lambda: flat.copy_(_local_reduce(g.view(n, -1), step.op)))
     raise NotImplementedError(f"funcoll.all_reduce: the {tp.caps.name} transport cannot reduce {t.dtype}")
 
 
-@_entry("all_reduce")
+@_entry
 def all_reduce(tp: Transport, tensor: torch.Tensor, op="sum") -> Pending:
     """In-place all_reduce of ``tensor`` over the transport's group."""
-    red = S.parse_reduction(op, "all_reduce")
-    S.check_reduction("all_reduce", red, tensor.dtype)
+    red = semantics.parse_reduction(op, "all_reduce")
+    semantics.check_reduction("all_reduce", red, tensor.dtype)
     if tensor.numel() == 0:
         return DONE
     return _with_contig_out(tensor, lambda t: _ar(tp, t, red))
@@ -432,12 +438,12 @@ def _by_dtype_pairs(outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]):
             yield [outs[i] for i in keep], [inps[i] for i in keep]
 
 
-@_entry("all_reduce_coalesced")
+@_entry
 def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum") -> Pending:
     """In-place all_reduce of several tensors: one tuple op where native, else one flat buffer per dtype."""
-    red = S.parse_reduction(op, "all_reduce_coalesced")
+    red = semantics.parse_reduction(op, "all_reduce_coalesced")
     for t in tensors:
-        S.check_reduction("all_reduce_coalesced", red, t.dtype)
+        semantics.check_reduction("all_reduce_coalesced", red, t.dtype)
     tensors = [t for t in tensors if t.numel()]
     if not tensors:
         return DONE
@@ -475,10 +481,10 @@ def _summable(t: torch.Tensor, caps) -> torch.Tensor:
     view where none is needed: on XLA a view is a CPU fallback)."""
     if t.dtype.is_complex:
         return torch.view_as_real(_flat(t))
-    if t.dtype in S.FLOAT8:
+    if t.dtype in semantics.FLOAT8:
         return t.view(torch.uint8)
-    if t.dtype in P.SIGNED_OF and not caps.reduces("all_reduce", R.SUM, t.dtype):
-        return t.view(P.SIGNED_OF[t.dtype])
+    if t.dtype in planner.SIGNED_OF and not caps.reduces("all_reduce", R.SUM, t.dtype):
+        return t.view(planner.SIGNED_OF[t.dtype])
     return t
 
 
@@ -515,22 +521,23 @@ def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
     return _masked_sum(tp, rows, tp.rank_mask(flat).unsqueeze(1), dest.copy_, flat=True)
 
 
-@_entry("all_gather_into_tensor")
-def all_gather(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
-    shape = S.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
+@_entry
+def all_gather_into_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+    shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
     if out.numel() == 0:
         return DONE
     inp = _flat(_contig_in(inp))
     return _with_contig_out(out, lambda o: _ag(tp, o.view(shape), inp))
 
 
-@_entry("all_gather_into_tensor_coalesced")
-def all_gather_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]) -> Pending:
+@_entry
+def all_gather_into_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor],
+                                     inps: Sequence[torch.Tensor]) -> Pending:
     """One flat buffer per dtype, one all_gather each."""
     if len(outs) != len(inps):
         raise ValueError(f"funcoll.all_gather_into_tensor_coalesced: {len(outs)} outputs for {len(inps)} inputs")
     for o, i in zip(outs, inps):
-        S.check_all_gather("all_gather_into_tensor_coalesced", o, i, tp.size)
+        semantics.check_all_gather("all_gather_into_tensor_coalesced", o, i, tp.size)
     n = tp.size
     pendings = []
     for os_, ins in _by_dtype_pairs(outs, inps):
@@ -557,7 +564,7 @@ def all_gather_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequ
 # ---------------------------------------------------------------------------------------------------
 def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Pending:
     """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated): the planner's plan, run."""
-    return _run_rs(tp, out, inp, red, P.plan(tp.caps, "reduce_scatter", red.op, inp.dtype, tp.size).steps)
+    return _run_rs(tp, out, inp, red, planner.plan(tp.caps, "reduce_scatter", red.op, inp.dtype, tp.size).steps)
 
 
 def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
@@ -565,42 +572,42 @@ def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction,
     if step.note:
         _note(step.note)
     kind = step.kind
-    if kind == P.NATIVE:
+    if kind == planner.NATIVE:
         return Pending([tp.reduce_scatter(out, inp, red if step.op is red.op else Reduction(step.op))])
-    if kind == P.REAL_VIEW:
+    if kind == planner.REAL_VIEW:
         return _run_rs(tp, torch.view_as_real(_flat(out)), torch.view_as_real(_flat(inp)), red, rest)
-    if kind == P.BOOL_OP:
+    if kind == planner.BOOL_OP:
         return _run_rs(tp, out, inp, Reduction(step.op), rest)
-    if kind == P.BOOL_UINT8:
+    if kind == planner.BOOL_UINT8:
         return _run_rs(tp, out.view(torch.uint8), inp.view(torch.uint8), Reduction(step.op), rest)
-    if kind == P.AVG_FLOAT32:
+    if kind == planner.AVG_FLOAT32:
         wo = out.float()
         return _run_rs(tp, wo, inp.float(), Reduction(R.SUM), rest).and_then(lambda: out.copy_(wo.div_(n)))
-    if kind == P.AVG_FLOAT:
+    if kind == planner.AVG_FLOAT:
         return _run_rs(tp, out, inp, Reduction(R.SUM), rest).and_then(lambda: out.div_(n))
-    if kind == P.AVG_INT:
+    if kind == planner.AVG_INT:
         wo = out.to(torch.int64)
         return _run_rs(tp, wo, inp.to(torch.int64), Reduction(R.SUM), rest).and_then(
             lambda: out.copy_(_trunc_div(wo, n)))
-    if kind == P.PREMUL:
+    if kind == planner.PREMUL:
         return _run_rs(tp, out, inp * _factor(red, inp), Reduction(R.SUM), rest)
-    if kind == P.SIGNED_FLIP:
-        wo, bit = out.view(step.dtype), P.SIGN_BIT[step.dtype]
+    if kind == planner.SIGNED_FLIP:
+        wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
         return _run_rs(tp, wo, inp.view(step.dtype) ^ bit, red, rest).and_then(lambda: wo.bitwise_xor_(bit))
-    if kind == P.SIGNED:
+    if kind == planner.SIGNED:
         return _run_rs(tp, out.view(step.dtype), inp.view(step.dtype), red, rest)
-    if kind == P.WIDEN:
+    if kind == planner.WIDEN:
         wo = out.to(step.dtype)
         return _run_rs(tp, wo, inp.to(step.dtype), red, rest).and_then(lambda: out.copy_(wo))
-    if kind in (P.BOOL_ANY, P.BOOL_ALL, P.BOOL_PARITY):
+    if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
         wo = out.to(step.dtype)
         return _run_rs(tp, wo, inp.to(step.dtype), Reduction(R.SUM), rest).and_then(
             lambda: out.copy_(_count_to_bool(kind, wo, n)))
-    if kind == P.A2A_LOCAL:
+    if kind == planner.A2A_LOCAL:
         buf = torch.empty_like(inp)
         return _a2a_even(tp, buf, inp).and_then(
             lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
-    if kind == P.ALL_REDUCE_SLICE:  # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
+    if kind == planner.ALL_REDUCE_SLICE:  # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
         w = inp.clone()
         return _ar(tp, w, Reduction(step.op, red.factor)).and_then(lambda: out.copy_(
             w.view((n,) + tuple(out.shape)).index_select(0, tp.rank_index(w)).view(out.shape)))
@@ -608,27 +615,27 @@ def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction,
                               f"{inp.dtype}")
 
 
-@_entry("reduce_scatter_tensor")
-def reduce_scatter(tp: Transport, out: torch.Tensor, inp: torch.Tensor, op="sum") -> Pending:
-    red = S.parse_reduction(op, "reduce_scatter_tensor")
-    S.check_reduction("reduce_scatter_tensor", red, inp.dtype)
-    S.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
+@_entry
+def reduce_scatter_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor, op="sum") -> Pending:
+    red = semantics.parse_reduction(op, "reduce_scatter_tensor")
+    semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
+    semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
     if out.numel() == 0:
         return DONE
     inp = _contig_in(inp).reshape((-1,) + tuple(out.shape[1:]))  # the stacked input form as its concatenation
     return _with_contig_out(out, lambda o: _rs(tp, o, inp, red))
 
 
-@_entry("reduce_scatter_tensor_coalesced")
-def reduce_scatter_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+@_entry
+def reduce_scatter_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
                              op="sum") -> Pending:
     """One flat buffer per dtype (each input's n chunks interleaved rank-major), one reduce_scatter each."""
-    red = S.parse_reduction(op, "reduce_scatter_tensor_coalesced")
+    red = semantics.parse_reduction(op, "reduce_scatter_tensor_coalesced")
     if len(outs) != len(inps):
         raise ValueError(f"funcoll.reduce_scatter_tensor_coalesced: {len(outs)} outputs for {len(inps)} inputs")
     for o, i in zip(outs, inps):
-        S.check_reduction("reduce_scatter_tensor_coalesced", red, i.dtype)
-        S.check_reduce_scatter("reduce_scatter_tensor_coalesced", o, i, tp.size)
+        semantics.check_reduction("reduce_scatter_tensor_coalesced", red, i.dtype)
+        semantics.check_reduce_scatter("reduce_scatter_tensor_coalesced", o, i, tp.size)
     n = tp.size
     pendings = []
     for os_, ins in _by_dtype_pairs(outs, inps):
@@ -701,7 +708,7 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
     if bound is not None:
         if max(local) > bound:
             raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
-                             f"bound {bound} promised by funcoll.lowering.xla.static_split_bound; raise the bound")
+                             f"bound {bound} promised by funcoll.xla.static_split_bound; raise the bound")
         _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
         return _padded_a2a(tp, out, inp, out_splits, in_splits, bound)
     if tp.virtual:
@@ -709,7 +716,7 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
         raise ValueError(
             f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({world} ranks in a "
             f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
-            f"funcoll.lowering.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
+            f"funcoll.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
             f"split with a collective that must run, and a virtual world cannot run collectives")
     agreed = _agree(tp, [max(local), -min(local)])
     chunk, smallest = int(agreed[:, 0].max()), -int(agreed[:, 1].max())
@@ -782,11 +789,11 @@ def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> P
     return _a2a_even(tp, recv, padded).and_then(unpad)
 
 
-@_entry("all_to_all_single")
-def all_to_all(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None,
+@_entry
+def all_to_all_single(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None,
                input_split_sizes=None) -> Pending:
     given = bool(output_split_sizes) or bool(input_split_sizes)
-    out_splits, in_splits = S.check_all_to_all("all_to_all_single", out, inp, output_split_sizes,
+    out_splits, in_splits = semantics.check_all_to_all("all_to_all_single", out, inp, output_split_sizes,
                                                input_split_sizes, tp.size)
     inp = _contig_in(inp)
     return _with_contig_out(out, lambda o: _a2a(tp, o, inp, out_splits, in_splits, given))
@@ -806,24 +813,24 @@ def _bc(tp: Transport, t: torch.Tensor, src: int) -> Pending:
     return _masked_sum(tp, b, tp.rank_is(src, b), b.copy_)
 
 
-@_entry("broadcast")
+@_entry
 def broadcast(tp: Transport, tensor: torch.Tensor, src: int) -> Pending:
-    S.check_root("broadcast", "src", src, tp.size)
+    semantics.check_root("broadcast", "src", src, tp.size)
     if tensor.numel() == 0:
         return DONE
     return _with_contig_out(tensor, lambda t: _bc(tp, t, src))
 
 
-@_entry("reduce")
+@_entry
 def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     """The result lands in ``tensor`` on ``dst``; other ranks' tensors are left unchanged."""
-    red = S.parse_reduction(op, "reduce")
-    S.check_reduction("reduce", red, tensor.dtype)
-    S.check_root("reduce", "dst", dst, tp.size)
+    red = semantics.parse_reduction(op, "reduce")
+    semantics.check_reduction("reduce", red, tensor.dtype)
+    semantics.check_root("reduce", "dst", dst, tp.size)
     if tensor.numel() == 0:
         return DONE
-    steps = P.plan(tp.caps, "reduce", red.op, tensor.dtype, tp.size).steps
-    if steps[0].kind == P.NATIVE:
+    steps = planner.plan(tp.caps, "reduce", red.op, tensor.dtype, tp.size).steps
+    if steps[0].kind == planner.NATIVE:
         if tp.rank == dst:
             return _with_contig_out(tensor, lambda t: Pending([tp.reduce(t, dst, red)]))
         return Pending([tp.reduce(tensor.contiguous().clone() if not tensor.is_contiguous() else tensor.clone(),
@@ -837,15 +844,15 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     return p
 
 
-@_entry("gather")
+@_entry
 def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Tensor, dst: int) -> Pending:
-    S.check_root("gather", "dst", dst, tp.size)
+    semantics.check_root("gather", "dst", dst, tp.size)
     if tp.rank == dst:
         if outs is None or len(outs) != tp.size:
             raise ValueError(f"funcoll.gather: the destination rank needs a list of {tp.size} output "
                              f"tensors, got {None if outs is None else len(outs)}")
         for i, o in enumerate(outs):
-            S.check_same_tensor("gather", f"output[{i}]", o, inp, inp.shape)
+            semantics.check_same_tensor("gather", f"output[{i}]", o, inp, inp.shape)
     inp = _contig_in(inp)
     caps = tp.caps
     outs = list(outs) if tp.rank == dst and outs is not None else []
@@ -866,15 +873,15 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
     return p.and_then(place)
 
 
-@_entry("scatter")
+@_entry
 def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tensor]], src: int) -> Pending:
-    S.check_root("scatter", "src", src, tp.size)
+    semantics.check_root("scatter", "src", src, tp.size)
     if tp.rank == src:
         if inps is None or len(inps) != tp.size:
             raise ValueError(f"funcoll.scatter: the source rank needs a list of {tp.size} input tensors, "
                              f"got {None if inps is None else len(inps)}")
         for i, t in enumerate(inps):
-            S.check_same_tensor("scatter", f"input[{i}]", t, out, out.shape)
+            semantics.check_same_tensor("scatter", f"input[{i}]", t, out, out.shape)
     caps = tp.caps
     if caps.has("scatter") and caps.moves(out.dtype):
         ins = [_contig_in(t) for t in inps] if tp.rank == src and inps is not None else None
@@ -889,23 +896,23 @@ def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tens
 # ---------------------------------------------------------------------------------------------------
 # point-to-point and barrier
 # ---------------------------------------------------------------------------------------------------
-@_entry("send")
+@_entry
 def send(tp: Transport, tensor: torch.Tensor, dst: int, tag: int = 0) -> Pending:
-    S.check_root("send", "dst", dst, tp.size)
+    semantics.check_root("send", "dst", dst, tp.size)
     if dst == tp.rank:
         raise ValueError(f"funcoll.send: dst={dst} is the calling rank; send to another rank")
     return Pending([tp.send(_bits(_contig_in(tensor), tp.caps), dst, tag)])
 
 
-@_entry("recv")
+@_entry
 def recv(tp: Transport, tensor: torch.Tensor, src: int, tag: int = 0) -> Pending:
-    S.check_root("recv", "src", src, tp.size)
+    semantics.check_root("recv", "src", src, tp.size)
     if src == tp.rank:
         raise ValueError(f"funcoll.recv: src={src} is the calling rank; receive from another rank")
     return _with_contig_out(tensor, lambda t: Pending([tp.recv(_bits(t, tp.caps), src, tag)]))
 
 
-@_entry("barrier")
+@_entry
 def barrier(tp: Transport) -> Pending:
     if tp.caps.has("barrier"):
         return Pending([tp.barrier()])
@@ -920,13 +927,13 @@ def barrier(tp: Transport) -> Pending:
 # ---------------------------------------------------------------------------------------------------
 # list forms of the eager API (allgather, reduce_scatter, alltoall with tensor lists)
 # ---------------------------------------------------------------------------------------------------
-@_entry("all_gather")
-def gather_list(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> Pending:
+@_entry
+def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> Pending:
     """``dist.all_gather``: every rank's ``inp`` lands in ``outs[rank]``."""
     if len(outs) != tp.size:
         raise ValueError(f"funcoll.all_gather: expected {tp.size} output tensors, got {len(outs)}")
     for i, o in enumerate(outs):
-        S.check_same_tensor("all_gather", f"output[{i}]", o, inp, inp.shape)
+        semantics.check_same_tensor("all_gather", f"output[{i}]", o, inp, inp.shape)
     flat = _flat(_contig_in(inp)).reshape(-1)
     g = flat.new_empty((tp.size * flat.numel(),))
 
@@ -937,23 +944,23 @@ def gather_list(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) 
     return _ag(tp, g, flat).and_then(place)
 
 
-@_entry("reduce_scatter")
-def reduce_scatter_list(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], op="sum") -> Pending:
+@_entry
+def reduce_scatter(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], op="sum") -> Pending:
     """``dist.reduce_scatter``: ``inps[r]`` of every rank is reduced into ``out`` on rank r."""
-    red = S.parse_reduction(op, "reduce_scatter")
-    S.check_reduction("reduce_scatter", red, out.dtype)
+    red = semantics.parse_reduction(op, "reduce_scatter")
+    semantics.check_reduction("reduce_scatter", red, out.dtype)
     if len(inps) != tp.size:
         raise ValueError(f"funcoll.reduce_scatter: expected {tp.size} input tensors, got {len(inps)}")
     for i, t in enumerate(inps):
-        S.check_same_tensor("reduce_scatter", f"input[{i}]", t, out, out.shape)
+        semantics.check_same_tensor("reduce_scatter", f"input[{i}]", t, out, out.shape)
     if out.numel() == 0:
         return DONE
     flat = torch.cat([t.reshape(-1) for t in inps])
     return _with_contig_out(out, lambda o: _rs(tp, o.view(-1), flat, red))
 
 
-@_entry("all_to_all")
-def all_to_all_list(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]) -> Pending:
+@_entry
+def all_to_all(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]) -> Pending:
     """``dist.all_to_all``: ``inps[j]`` goes to rank j and lands in its ``outs[rank]``; sizes may differ."""
     n = tp.size
     if len(outs) != n or len(inps) != n:

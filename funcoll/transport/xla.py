@@ -6,10 +6,10 @@ registry gives for the group (:func:`funcoll.groups.replica_groups`): the whole 
 block of one (DeviceMesh dims, ``new_subgroups``, ``split_group``), else the group padded with singletons.
 The whole world is never implied: even the world group is spelled out.
 
-Ranks and world size come from the process group (the :class:`~funcoll.lowering.GroupContext` or the c10d
+Ranks and world size come from the process group (the :class:`~funcoll.transport.registry.GroupContext` or the c10d
 group), never from ``torch_xla.runtime.world_size()``. A funcoll world of any size can therefore be built in
 one process (``init_process_group("funcoll", store=dist.HashStore(), rank=r, world_size=8)``) to read the HLO
-that rank of an 8-chip job would compile; :func:`collective_hlo_lines` prints its collectives readably.
+that rank of an 8-chip job would compile; :func:`funcoll.testing.xla_collectives` prints its collectives readably.
 
 Rules every primitive follows (all found by experiment on torch_xla 2.9, see docs/xla.md):
 
@@ -28,21 +28,18 @@ Rules every primitive follows (all found by experiment on torch_xla 2.9, see doc
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 from dataclasses import replace
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
 
-from .. import groups as G
-from ..semantics import ReduceOp, Reduction
-from ..transport import Capabilities, Done, Transport, active_profile_name, profile
-from . import GroupContext, register_device
+from funcoll.semantics import ReduceOp, Reduction, groups
+from funcoll.transport import Capabilities, Done, Transport, active_profile_name, profile
+from funcoll.transport.registry import GroupContext, register_device
 
-__all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "collective_hlo_lines",
-           "hlo_lines", "reset_token", "static_split_bound", "COLLECTIVE_OPCODES"]
+__all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "reset_token", "static_split_bound"]
 
 _X = torch_xla._XLAC
 R = ReduceOp
@@ -212,14 +209,14 @@ class XlaTransport(Transport):
         """The replica groups for a collective over this group, as every rank of the world emits them
         (:func:`funcoll.groups.blocks_for`, cached until a partition is registered: a partition may be registered
         after the group was created), with this group's block in group-rank order."""
-        key = G.partitions_version()
+        key = groups.partitions_version()
         cached = self._groups_cache
         if cached is None or cached[0] != key:
-            blocks = G.blocks_for(self.global_ranks, self.world_size)
+            blocks = groups.blocks_for(self.global_ranks, self.world_size)
             # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
             mine = set(self.global_ranks)
-            groups = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
-            cached = self._groups_cache = (key, groups, _uniform(groups, self.size, self.world_size))
+            replica = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
+            cached = self._groups_cache = (key, replica, _uniform(replica, self.size, self.world_size))
         return cached[1]
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
@@ -334,7 +331,7 @@ class XlaTransport(Transport):
     # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
     @property
     def caps(self) -> Capabilities:
-        key = G.partitions_version()
+        key = groups.partitions_version()
         cached = self._caps_cache
         if cached is None or cached[0] != key:
             caps = self._caps
@@ -393,136 +390,8 @@ def _c10d_factory(pg, device) -> XlaTransport:
 register_device("xla", funcoll=_funcoll_factory, c10d=_c10d_factory)
 
 
-# ---------------------------------------------------------------------------------------------------
-# reading HLO
-# ---------------------------------------------------------------------------------------------------
-COLLECTIVE_OPCODES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                      "collective-broadcast", "send", "recv", "all-reduce-start", "all-gather-start",
-                      "collective-permute-start")
-_KEEP_ATTRS = ("replica_groups", "dimensions", "source_target_pairs", "to_apply", "slice", "padding",
-               "direction")
-_LAYOUT = re.compile(r"(\])\{[0-9,]*(?::[^}]*)?\}")
-
-
 def reset_token(device=None) -> None:
     """Starts a fresh ordering token for ``device``: the next collective's HLO no longer includes the earlier
     collectives it would otherwise be chained to (torch_xla threads one pseudo token through all of them
     until the next step). Nothing is executed."""
     _X._set_all_reduce_token(str(normalize_device(device)), None)
-
-
-def _split_top(text: str, sep: str = ",") -> List[str]:
-    out: List[str] = []
-    depth = 0
-    cur: List[str] = []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == sep and depth == 0:
-            out.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        out.append("".join(cur).strip())
-    return out
-
-
-def _parse_instruction(line: str):
-    """``%name = SHAPE opcode(OPERANDS), attrs`` -> (name, shape, opcode, operands, attrs) or None."""
-    m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
-    if not m:
-        return None
-    name, rest = m.group(1), m.group(2)
-    # the shape: a tuple "(...)" or one token
-    if rest.startswith("("):
-        depth = 0
-        for i, ch in enumerate(rest):  # noqa: B007 - i is read after the loop
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                break
-        shape, rest = rest[:i + 1], rest[i + 1:].lstrip()
-    else:
-        shape, _, rest = rest.partition(" ")
-    m = re.match(r"([a-z][\w\-]*)\(", rest)
-    if not m:
-        return None
-    opcode = m.group(1)
-    depth = 0
-    start = len(opcode)
-    for i in range(start, len(rest)):
-        depth += rest[i] == "("
-        depth -= rest[i] == ")"
-        if depth == 0:
-            break
-    operands = rest[start + 1:i]
-    attrs = rest[i + 1:].lstrip(", ")
-    return name, shape, opcode, operands, attrs
-
-
-_INDEX_COMMENT = re.compile(r"/\*index=\d+\*/")
-
-
-def _norm_shape(shape: str) -> str:
-    return _INDEX_COMMENT.sub("", _LAYOUT.sub(r"\1", shape)).replace(" ", "")
-
-
-def _computation_roots(hlo: str) -> Dict[str, str]:
-    """Computation name -> the opcode of its ROOT (e.g. %AddComputation.4 -> add)."""
-    roots, current = {}, None
-    for line in hlo.splitlines():
-        m = re.match(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{\s*$", line)
-        if m:
-            current = m.group(1)
-            continue
-        if current and line.strip().startswith("ROOT"):
-            ins = _parse_instruction(line)
-            if ins:
-                roots[current] = ins[2]
-    return roots
-
-
-def hlo_lines(hlo: str, keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
-    """The instructions of the ENTRY computation of ``hlo`` whose opcode is in ``keep``, one normalised line
-    each: ``opcode(operand shapes) -> result shape  attr=... `` with names, ids, layouts and metadata removed,
-    ``to_apply`` shown as the reduction's opcode (add, multiply, minimum, maximum, and, or)."""
-    keep = tuple(keep)
-    roots = _computation_roots(hlo)
-    out, in_entry = [], False
-    for line in hlo.splitlines():
-        if line.startswith("ENTRY "):
-            in_entry = True
-            continue
-        if in_entry and line.startswith("}"):
-            break
-        if not in_entry:
-            continue
-        ins = _parse_instruction(line)
-        if ins is None or ins[2] not in keep:
-            continue
-        _, shape, opcode, operands, attrs = ins
-        ops = [_norm_shape(o.rsplit(" ", 1)[0]) if "%" in o else _norm_shape(o) for o in _split_top(operands)]
-        kept = []
-        for a in _split_top(attrs):
-            key, _, val = a.partition("=")
-            if key not in _KEEP_ATTRS:
-                continue
-            if key == "to_apply":
-                val = roots.get(val.lstrip("%"), val)
-            kept.append(f"{key}={val}")
-        text = f"{opcode}({', '.join(ops)}) -> {_norm_shape(shape)}"
-        out.append(text + ("  " + " ".join(kept) if kept else ""))
-    return out
-
-
-def collective_hlo_lines(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
-                         keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
-    """The normalised HLO lines (see :func:`hlo_lines`) of the computation producing ``tensors`` (lazy XLA
-    tensors), by default only the collectives. Nothing is executed, so replica groups of a virtual world
-    larger than this machine are fine."""
-    if isinstance(tensors, torch.Tensor):
-        tensors = [tensors]
-    return hlo_lines(_X._get_xla_tensors_hlo(list(tensors)), keep)

@@ -15,11 +15,13 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
-from . import algorithms as A
-from . import groups
-from .lowering import GroupContext, funcoll_factory
-from .transport import Transport
-from .work import FuncollWork  # the Work of every collective (exception(), futures, timeouts: funcoll.work)
+from funcoll import algorithms
+from funcoll.entry.work import (
+    FuncollWork,  # the Work of every collective (exception(), futures, timeouts: funcoll.entry.work)
+)
+from funcoll.semantics import groups
+from funcoll.transport import Transport
+from funcoll.transport.registry import GroupContext, funcoll_factory
 
 __all__ = ["ProcessGroupFuncoll", "Options", "FuncollWork", "BACKEND_NAME"]
 
@@ -84,7 +86,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         lazy = self._options.lazy_cpu
         if lazy is None:
             lazy = isinstance(_unwrap_store(store), _LOCAL_STORES)
-        from .group_hooks import on_group
+        from funcoll.entry.group_hooks import on_group
 
         on_group(self, store, lazy)  # TORCH_LOGS=funcoll
         if not lazy:
@@ -133,13 +135,13 @@ class ProcessGroupFuncoll(ProcessGroup):
                                    self.rank(), self.size(), self._timeout, self._global_ranks,
                                    self._world_size)
                 if device_type == "cpu" and self._options.profile is not None:
-                    from .lowering import gloo
+                    from funcoll.transport import gloo
 
                     tp = gloo.create(dist.PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size,
                                      ctx.timeout, self._options.profile)
                 else:
                     tp = funcoll_factory(device_type)(ctx)
-                from .group_hooks import on_transport
+                from funcoll.entry.group_hooks import on_transport
 
                 tp = on_transport(self, device_type, tp)  # TORCH_LOGS=funcoll; FUNCOLL_PROBE=1 verifies it
                 self._transports[device_type] = tp
@@ -161,7 +163,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             raise ValueError(f"funcoll.{opname}: expects exactly one tensor per call, got {len(tensors)}")
         return tensors[0]
 
-    def _work(self, pending: A.Pending, result=()) -> FuncollWork:
+    def _work(self, pending: algorithms.Pending, result=()) -> FuncollWork:
         work = FuncollWork(pending, result)
         if self._coalesced is not None:  # between _start_coalescing and _end_coalescing
             self._coalesced.append(work)
@@ -174,24 +176,25 @@ class ProcessGroupFuncoll(ProcessGroup):
         else:
             op = opts.reduceOp
         t = self._one("all_reduce", tensors)
-        return self._work(A.all_reduce(self._tp(t), t, op), tensors)
+        return self._work(algorithms.all_reduce(self._tp(t), t, op), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
-        return self._work(A.all_reduce_coalesced(self._tp(tensors), list(tensors), op), tensors)
+        return self._work(algorithms.all_reduce_coalesced(self._tp(tensors), list(tensors), op), tensors)
 
     def _allgather_base(self, output, input, opts=None):
-        return self._work(A.all_gather(self._tp(input), output, input), [output])
+        return self._work(algorithms.all_gather_into_tensor(self._tp(input), output, input), [output])
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         inp = self._one("all_gather", input_tensors)
         outs = output_tensors[0]
         if len(outs) != self.size():
             raise ValueError(f"funcoll.all_gather: expected {self.size()} output tensors, got {len(outs)}")
-        return self._work(A.gather_list(self._tp(inp), list(outs), inp), outs)
+        return self._work(algorithms.all_gather(self._tp(inp), list(outs), inp), outs)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._work(A.all_gather_coalesced(self._tp(inputs), list(outputs), list(inputs)), outputs)
+        return self._work(algorithms.all_gather_into_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs)),
+                          outputs)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """``dist.all_gather_coalesced``: ``output_lists[r][i]`` receives rank r's ``input_list[i]``."""
@@ -199,12 +202,12 @@ class ProcessGroupFuncoll(ProcessGroup):
         if len(output_lists) != self.size() or any(len(outs) != len(input_list) for outs in output_lists):
             raise ValueError(f"funcoll.all_gather_coalesced: expected {self.size()} output lists (one per rank) of "
                              f"{len(input_list)} tensors (one per input), got {[len(o) for o in output_lists]}")
-        return self._work(A.Pending([A.gather_list(tp, [outs[i] for outs in output_lists], inp)
+        return self._work(algorithms.Pending([algorithms.all_gather(tp, [outs[i] for outs in output_lists], inp)
                                      for i, inp in enumerate(input_list)]), output_lists)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
-        return self._work(A.reduce_scatter(self._tp(input), output, input, op), [output])
+        return self._work(algorithms.reduce_scatter_tensor(self._tp(input), output, input, op), [output])
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
@@ -212,47 +215,47 @@ class ProcessGroupFuncoll(ProcessGroup):
         ins = input_tensors[0]
         if len(ins) != self.size():
             raise ValueError(f"funcoll.reduce_scatter: expected {self.size()} input tensors, got {len(ins)}")
-        return self._work(A.reduce_scatter_list(self._tp(out), out, list(ins), op), [out])
+        return self._work(algorithms.reduce_scatter(self._tp(out), out, list(ins), op), [out])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
-        return self._work(A.reduce_scatter_coalesced(self._tp(inputs), list(outputs), list(inputs), op),
+        return self._work(algorithms.reduce_scatter_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs), op),
                           outputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        return self._work(A.all_to_all(self._tp(input), output, input, list(output_split_sizes or []),
+        return self._work(algorithms.all_to_all_single(self._tp(input), output, input, list(output_split_sizes or []),
                                        list(input_split_sizes or [])), [output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._work(A.all_to_all_list(self._tp(input_tensors), list(output_tensors),
+        return self._work(algorithms.all_to_all(self._tp(input_tensors), list(output_tensors),
                                             list(input_tensors)), output_tensors)
 
     def broadcast(self, tensors, opts=None):
         src = opts.rootRank if opts is not None else 0
         t = self._one("broadcast", tensors)
-        return self._work(A.broadcast(self._tp(t), t, src), tensors)
+        return self._work(algorithms.broadcast(self._tp(t), t, src), tensors)
 
     def reduce(self, tensors, opts=None):
         t = self._one("reduce", tensors)
-        return self._work(A.reduce(self._tp(t), t, opts.rootRank, opts.reduceOp), tensors)
+        return self._work(algorithms.reduce(self._tp(t), t, opts.rootRank, opts.reduceOp), tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         inp = self._one("gather", input_tensors)
         outs = output_tensors[0] if output_tensors else None
-        return self._work(A.gather(self._tp(inp), outs, inp, opts.rootRank), outs or [])
+        return self._work(algorithms.gather(self._tp(inp), outs, inp, opts.rootRank), outs or [])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         out = self._one("scatter", output_tensors)
         ins = input_tensors[0] if input_tensors else None
-        return self._work(A.scatter(self._tp(out), out, ins, opts.rootRank), [out])
+        return self._work(algorithms.scatter(self._tp(out), out, ins, opts.rootRank), [out])
 
     def send(self, tensors, dstRank, tag=0):
         t = self._one("send", tensors)
-        return self._work(A.send(self._tp(t), t, dstRank, tag))
+        return self._work(algorithms.send(self._tp(t), t, dstRank, tag))
 
     def recv(self, tensors, srcRank, tag=0):
         t = self._one("recv", tensors)
-        return self._work(A.recv(self._tp(t), t, srcRank, tag), tensors)
+        return self._work(algorithms.recv(self._tp(t), t, srcRank, tag), tensors)
 
     # -- the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones) ------
     # Each is the same algorithm as its older twin; the C++ defaults would look for a per-device backend, which a
@@ -285,7 +288,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             if not output.is_contiguous():
                 raise ValueError("funcoll.gather_single: output must be contiguous")
             outs = list(output.view((n,) + tuple(input.shape)).unbind(0))
-        return self._work(A.gather(self._tp(input), outs, input, root), [output])
+        return self._work(algorithms.gather(self._tp(input), outs, input, root), [output])
 
     def gather_into_tensor(self, output, input, opts=None):
         return self.gather_single(output, input, opts)
@@ -297,11 +300,11 @@ class ProcessGroupFuncoll(ProcessGroup):
         device = "cpu"
         if self._transports and "cpu" not in self._transports:
             device = next(iter(self._transports))
-        return self._work(A.barrier(self.transport(device)))
+        return self._work(algorithms.barrier(self.transport(device)))
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """gloo's monitored barrier on the CPU transport: names the ranks that did not arrive (funcoll.debug)."""
-        from .debug import monitored_barrier
+        from funcoll.entry.debug import monitored_barrier
 
         return monitored_barrier(self, timeout, wait_all_ranks)
 
@@ -364,7 +367,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         if self._coalesced is None:
             raise RuntimeError(f"funcoll: _end_coalescing on group {self._group_name!r} without _start_coalescing")
         works, self._coalesced = self._coalesced, None
-        return FuncollWork(A.Pending([w._pending for w in works]),
+        return FuncollWork(algorithms.Pending([w._pending for w in works]),
                            [t for w in works for t in w._result])
 
     def _wait_for_pending_works(self) -> None:
@@ -411,7 +414,7 @@ class ProcessGroupFuncoll(ProcessGroup):
 
 
 # the one hook every collective passes through: sequence numbers, flight recorder, debug-mode check (funcoll.debug)
-from .debug import instrument as _instrument  # noqa: E402
+from funcoll.entry.debug import instrument as _instrument  # noqa: E402
 
 _instrument(ProcessGroupFuncoll)
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Work
 
-from . import flight_recorder as fr
+from funcoll.entry import flight_recorder
 
 __all__ = ["FuncollWork", "CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError"]
 
@@ -61,10 +61,10 @@ def _pending_native_done(p) -> bool:
     return True
 
 
-def _recent(call: Optional[fr.Call], trace: Optional[fr.GroupTrace], dump: bool) -> str:
+def _recent(call: Optional[flight_recorder.Call], trace: Optional[flight_recorder.GroupTrace], dump: bool) -> str:
     if trace is None:
         return ""
-    path = fr.dump_on_timeout(trace) if dump else None
+    path = flight_recorder.dump_on_timeout(trace) if dump else None
     last = [c for c in trace.entries() if c is not call][-4:]
     text = ""
     if last:
@@ -107,8 +107,8 @@ class FuncollWork(Work):
     """A Work whose ``wait()`` waits on the transport's native handles, then runs the algorithm's finishing
     steps. Asynchronous where the transport is (gloo, XCCL); complete at once on XLA."""
 
-    def __init__(self, pending, result: Sequence[torch.Tensor] = (), call: Optional[fr.Call] = None,
-                 trace: Optional[fr.GroupTrace] = None):
+    def __init__(self, pending, result: Sequence[torch.Tensor] = (), call: Optional[flight_recorder.Call] = None,
+                 trace: Optional[flight_recorder.GroupTrace] = None):
         super().__init__()
         self._pending = pending
         self._result = list(result)
@@ -119,7 +119,7 @@ class FuncollWork(Work):
         self._fut: Optional[torch.futures.Future] = None
         self._lock = threading.RLock()
 
-    def _attach(self, call: fr.Call, trace: fr.GroupTrace) -> "FuncollWork":
+    def _attach(self, call: flight_recorder.Call, trace: flight_recorder.GroupTrace) -> "FuncollWork":
         """Called by the collective entry (:func:`funcoll.debug.instrument`) with the call's flight-recorder entry."""
         self._call, self._trace = call, trace
         if self._done:

@@ -11,8 +11,8 @@ from typing import Optional
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
-from ..semantics import ReduceOp, Reduction
-from ..transport import Capabilities, Transport, active_profile_name, profile
+from funcoll.semantics import ReduceOp, Reduction
+from funcoll.transport import Capabilities, Transport, active_profile_name, profile
 
 _C10D_OP = {
     ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,

@@ -1,6 +1,6 @@
 """The capability probe: verify, on the live group, that what the capability table calls native is right.
 
-The capability tables (:mod:`funcoll.transport`, the XCCL fact table of :mod:`funcoll.lowering.xpu`) are beliefs
+The capability tables (:mod:`funcoll.transport`, the XCCL fact table of :mod:`funcoll.transport.xpu`) are beliefs
 about library versions; XCCL and torch_xla have shipped wrong results on some paths (integer MIN/MAX,
 double-divided AVG, uneven all_to_all on some GPUs), and a version table cannot catch a bug nobody has reported.
 :func:`probe` runs, on the group's own transport, a tiny collective for every request the table calls native:
@@ -51,11 +51,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import algorithms as A
-from . import semantics as S
-from .observe import LOG, group_label
-from .semantics import FLOAT8, ReduceOp, Reduction
-from .transport import Capabilities
+from funcoll import algorithms, semantics
+from funcoll.algorithms.observe import LOG, group_label
+from funcoll.semantics import FLOAT8, ReduceOp, Reduction
+from funcoll.transport import Capabilities
 
 __all__ = ["probe", "probe_transport", "ProbeResult", "Request", "requests", "demote", "results", "cache_dir",
            "inject_wrong"]
@@ -66,7 +65,7 @@ _REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
 _BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
 _BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
          torch.int64: 64, torch.uint64: 64}
-_UNSIGNED = S.UNSIGNED
+_UNSIGNED = semantics.UNSIGNED
 _TOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 _PREMUL = 0.5
 _BATCH_BYTES = 16 << 20  # gathered bytes per batch (group size x this rank's inputs)
@@ -134,7 +133,7 @@ def requests(caps: Capabilities, size: int) -> List[Request]:
                 if not caps.reduces(prim, op, dt) or (dt == torch.bool and op not in _BOOL_NATIVE):
                     continue
                 try:
-                    S.check_reduction(prim, Reduction(op, _PREMUL if op is R.PREMUL_SUM else None), dt)
+                    semantics.check_reduction(prim, Reduction(op, _PREMUL if op is R.PREMUL_SUM else None), dt)
                 except TypeError:
                     continue
                 out.append(Request(prim, op, dt))
@@ -176,12 +175,12 @@ def _values(req: Request, rank: int, n: int, numel: int) -> torch.Tensor:
     dt, op = req.dtype, req.op
     g = _gen(req, rank, numel)
     i = torch.arange(numel, dtype=torch.int64)
-    kind = S.dtype_kind(dt)
+    kind = semantics.dtype_kind(dt)
     if kind == "bool":
         return torch.randint(0, 2, (numel,), generator=g).bool()
     if kind == "float8":
         return torch.randn(numel, generator=g).to(dt)
-    if op is None or op in S.BITWISE:  # moved bits, or bitwise ops: the full width
+    if op is None or op in semantics.BITWISE:  # moved bits, or bitwise ops: the full width
         if kind == "float":
             return (torch.randn(numel, generator=g) * 4).to(dt)
         return _wrap(torch.randint(-(1 << 62), 1 << 62, (numel,), generator=g) * 2 + (i & 1), dt)
@@ -506,7 +505,7 @@ def _device_name(device_type: str, dev) -> str:
 
 def _library(tp, device_type: str) -> str:
     if device_type == "xpu":
-        from .lowering.xpu import stack_versions
+        from funcoll.transport.xpu import stack_versions
 
         return f"oneCCL {stack_versions(True)[1] or 'unknown'}"
     if device_type == "xla":
@@ -586,7 +585,7 @@ def _sync(tp) -> None:
 def _recover(tp) -> None:
     """After a failed graph on XLA: later collectives must not stay chained to the failed one by the token."""
     if getattr(tp, "device_type", "cpu") == "xla":
-        from .lowering.xla import reset_token
+        from funcoll.transport.xla import reset_token
 
         reset_token(_device_of(tp))
 
@@ -609,7 +608,7 @@ def _all_gather_bytes(tp, mine: torch.Tensor, dev) -> torch.Tensor:
     """[n, len] uint8 (CPU): every rank's ``mine`` (same length everywhere), by funcoll's all_gather."""
     d = mine.to(dev)
     g = d.new_empty((tp.size * d.numel(),))
-    A.all_gather(tp, g, d).wait()
+    algorithms.all_gather_into_tensor(tp, g, d).wait()
     _sync(tp)
     return g.cpu().view(tp.size, -1)
 
@@ -625,7 +624,7 @@ def _issue(tp, cases: List[_Case], my_inputs: List[torch.Tensor], mine: torch.Te
     n = tp.size
     d = mine.to(dev)
     gathered = d.new_empty((n * d.numel(),))
-    ref = A.all_gather(tp, gathered, d)
+    ref = algorithms.all_gather_into_tensor(tp, gathered, d)
     issued: List[Tuple[Any, List[torch.Tensor], Optional[str]]] = []
     for c, x in zip(cases, my_inputs):
         try:
@@ -818,7 +817,7 @@ def probe(group=None, device: Optional[str] = None, *, cache: bool = True) -> Pr
     where an XPU is available, else "cpu"). ``cache=False`` ignores and does not write the disk cache."""
     import torch.distributed as dist
 
-    from .lowering import transport_for
+    from funcoll.transport.registry import transport_for
 
     if group is None:
         group = dist.group.WORLD
@@ -832,7 +831,7 @@ def probe(group=None, device: Optional[str] = None, *, cache: bool = True) -> Pr
 def at_creation(pg, device_type: str, tp) -> None:
     """``FUNCOLL_PROBE=1``: probes a transport a funcoll group just created (not in a virtual world: a group built
     in one process over a HashStore/FakeStore cannot run collectives)."""
-    from .process_group import _LOCAL_STORES, _unwrap_store
+    from funcoll.entry.process_group import _LOCAL_STORES, _unwrap_store
 
     if isinstance(_unwrap_store(pg._store), _LOCAL_STORES) or getattr(tp, "virtual", False):
         LOG.info("funcoll.probe: group %s %s: not probed (a virtual group)", pg.group_name, device_type)

@@ -1,6 +1,6 @@
 """The flight recorder: the last N collectives of every funcoll group on this rank, like NCCL's trace buffer.
 
-Every collective a :class:`~funcoll.process_group.ProcessGroupFuncoll` runs gets a :class:`Call` entry: its
+Every collective a :class:`~funcoll.entry.process_group.ProcessGroupFuncoll` runs gets a :class:`Call` entry: its
 sequence number in the group, the op, the strategies funcoll chose, the shapes and dtypes, the reduce op / root /
 peer / split sizes, and its state (``issued`` -> ``completed``, or ``failed`` / ``invalid``), with timestamps.
 Point-to-point ops get their own counter (``p2p_seq``): they involve two ranks, not the group, so they do not
@@ -206,10 +206,10 @@ _traces: "weakref.WeakValueDictionary[int, GroupTrace]" = weakref.WeakValueDicti
 
 def trace_of(group) -> GroupTrace:
     """The trace of a funcoll group (a ProcessGroupFuncoll or its name)."""
-    from .debug import state_of
+    from funcoll.entry.debug import state_of
 
     if isinstance(group, str):
-        from .groups import resolve
+        from funcoll.semantics.groups import resolve
 
         group = resolve(group)
     elif group is None:

@@ -7,7 +7,7 @@ import logging
 import os
 import weakref
 
-from .observe import LOG, _ranks
+from funcoll.algorithms.observe import LOG, _ranks
 
 __all__ = ["on_group", "on_transport"]
 
@@ -16,7 +16,7 @@ def on_group(pg, store, lazy: bool) -> None:
     """``ProcessGroupFuncoll.__init__``: a funcoll group was created."""
     if LOG.isEnabledFor(logging.INFO):
         kind = type(store).__name__
-        from .process_group import _unwrap_store
+        from funcoll.entry.process_group import _unwrap_store
 
         LOG.info("group %s created: rank %d of %d, global ranks %s, world size %d, store %s, CPU transport %s",
                  pg.group_name or "(unnamed)", pg.rank(), pg.size(), _ranks(pg._global_ranks), pg._world_size,
@@ -39,7 +39,7 @@ def on_transport(pg, device_type: str, tp):
         LOG.info("group %s rank %d/%d: %s transport %s, capabilities %s (%s)", pg.group_name or "(unnamed)",
                  pg.rank(), pg.size(), device_type, type(tp).__name__, tp.caps.name, why)
     if os.environ.get("FUNCOLL_PROBE", "").strip().lower() in ("1", "true", "yes", "on"):
-        from . import probe
+        from funcoll.entry import probe
 
         probe.at_creation(pg, device_type, tp)
     return tp

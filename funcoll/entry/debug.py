@@ -1,19 +1,19 @@
 """Every eager collective's entry: sequence numbers, the flight recorder, and the debug mode's cross-rank check.
 
-:func:`instrument` wraps each collective method of :class:`~funcoll.process_group.ProcessGroupFuncoll` once, at
+:func:`instrument` wraps each collective method of :class:`~funcoll.entry.process_group.ProcessGroupFuncoll` once, at
 import. Per call it
 
 1. describes the call as a *fingerprint*: op, reduce op, root, dtypes, shapes, split sizes / per-peer shapes;
 2. gives it the group's next sequence number (point-to-point ops have their own counter) and a flight-recorder
    entry (:mod:`funcoll.flight_recorder`);
 3. in debug mode, checks the fingerprints of every rank of the group *before anything is sent*
-   (:func:`check`); a mismatch raises :class:`~funcoll.work.CollectiveMismatchError` on every rank, with the
+   (:func:`check`); a mismatch raises :class:`~funcoll.entry.work.CollectiveMismatchError` on every rank, with the
    same message; a rank that does not arrive within the group's timeout is named
-   (:class:`~funcoll.work.CollectiveTimeoutError`);
+   (:class:`~funcoll.entry.work.CollectiveTimeoutError`);
 4. runs the method; an error the backend raises while issuing is re-raised naming the collective
-   (:class:`~funcoll.work.CollectiveError`); funcoll's own validation errors (ValueError, TypeError) pass
+   (:class:`~funcoll.entry.work.CollectiveError`); funcoll's own validation errors (ValueError, TypeError) pass
    unchanged;
-5. hands the entry to the returned :class:`~funcoll.work.FuncollWork`, which completes or fails it.
+5. hands the entry to the returned :class:`~funcoll.entry.work.FuncollWork`, which completes or fails it.
 
 Debug mode: ``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (``FUNCOLL_DEBUG=0`` turns it off under
 DETAIL), read when a group first runs a collective; :func:`set_debug` per group. The check goes through the
@@ -41,9 +41,9 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import flight_recorder as fr
-from .semantics import check_layout
-from .work import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, FuncollWork
+from funcoll.entry import flight_recorder
+from funcoll.entry.work import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, FuncollWork
+from funcoll.semantics import check_layout
 
 __all__ = ["instrument", "state_of", "set_debug", "debug_enabled", "sequence_number", "check", "fingerprint",
            "monitored_barrier", "patch_monitored_barrier", "compare"]
@@ -71,12 +71,12 @@ class GroupState:
     """Sequence numbers, flight recorder and debug switch of one funcoll group."""
 
     def __init__(self, pg):
-        from .process_group import _LOCAL_STORES, _unwrap_store
+        from funcoll.entry.process_group import _LOCAL_STORES, _unwrap_store
 
         self._pg = weakref.ref(pg)
         self.store = pg._store
         self.local_store = isinstance(_unwrap_store(pg._store), _LOCAL_STORES)
-        self.trace = fr.GroupTrace(pg.group_name or "(unnamed)", pg._global_ranks, pg.rank(), pg.size())
+        self.trace = flight_recorder.GroupTrace(pg.group_name or "(unnamed)", pg._global_ranks, pg.rank(), pg.size())
         self.debug = debug_from_env() and not self.local_store and pg.size() > 1
 
     def timeout_s(self) -> float:
@@ -154,7 +154,7 @@ def _reduce_op(opts, opname: str) -> Optional[str]:
         if kind != _PREMUL:
             return kind.name.lower()
     try:
-        from .semantics import parse_reduction
+        from funcoll.semantics import parse_reduction
 
         red = parse_reduction(op, opname)
     except Exception:  # noqa: BLE001 - validation is the algorithm's job; describe what was given
@@ -490,9 +490,9 @@ def compare(fps: List[dict], seq: int, group: str, global_ranks=None) -> Optiona
         why = cross
     by_desc: Dict[str, List[int]] = {}
     for r, fp in enumerate(fps):
-        by_desc.setdefault(fr.describe(fp), []).append(r)
+        by_desc.setdefault(flight_recorder.describe(fp), []).append(r)
     lines = [f"  {_who(ranks, global_ranks)}: {desc}" for desc, ranks in by_desc.items()]
-    gr = "" if global_ranks is None else f" (global ranks {fr._ranks(global_ranks)})"
+    gr = "" if global_ranks is None else f" (global ranks {flight_recorder._ranks(global_ranks)})"
     return (f"funcoll: detected mismatch between collectives on group {group!r}{gr} at sequence number {seq}: "
             f"{why}.\n" + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives in the same "
             "order, with the same op, reduce op, root, dtypes and shapes, and matching split sizes. Nothing of this "
@@ -505,7 +505,7 @@ def compare(fps: List[dict], seq: int, group: str, global_ranks=None) -> Optiona
 _KEY = "funcoll-check/{seq}/{rank}"
 
 
-def check(pg, st: GroupState, call: fr.Call) -> None:
+def check(pg, st: GroupState, call: flight_recorder.Call) -> None:
     """Publishes this rank's fingerprint of ``call`` in the group's store, waits (group timeout) for every other
     rank's, compares. Raises CollectiveMismatchError (same message on every rank) or CollectiveTimeoutError
     naming the ranks that did not arrive."""
@@ -533,7 +533,7 @@ def check(pg, st: GroupState, call: fr.Call) -> None:
                 err = CollectiveTimeoutError(
                     f"funcoll: {call.label()}: {_who(missing, st.trace.global_ranks)} did not reach this collective "
                     f"within {timeout:g} s (debug check of every collective: the rank is behind, skipped the call, "
-                    f"hangs in another call, or died). This rank called {fr.describe(call.fingerprint)}."
+                    f"hangs in another call, or died). This rank called {flight_recorder.describe(call.fingerprint)}."
                     + _recent(st, call))
                 raise err from e
             raise CollectiveError(f"funcoll: {call.label()}: the debug check could not reach the group's store: "
@@ -559,7 +559,7 @@ def check(pg, st: GroupState, call: fr.Call) -> None:
 
 
 def _recent(st: GroupState, call) -> str:
-    from .work import _recent as recent
+    from funcoll.entry.work import _recent as recent
 
     return recent(call, st.trace, dump=True)
 
@@ -585,8 +585,8 @@ class _StrategyLog(list):
 
 
 def _wrap(method: str, fn: Callable, spec: Spec) -> Callable:
-    from . import algorithms as A
-    from .transport import before_send
+    from funcoll import algorithms
+    from funcoll.transport import before_send
 
     @functools.wraps(fn)
     def collective(self, *args, **kwargs):
@@ -597,7 +597,7 @@ def _wrap(method: str, fn: Callable, spec: Spec) -> Callable:
         try:
             check_layout(spec.op, _flat(list(args) + list(kwargs.values())))
         except TypeError as e:  # a sparse tensor: rejected here, for every op (semantics.check_layout)
-            call.failed(e, fr.INVALID)
+            call.failed(e, flight_recorder.INVALID)
             st.trace.keep(call)
             raise
         call.timeout = st.timeout_s()
@@ -614,12 +614,12 @@ def _wrap(method: str, fn: Callable, spec: Spec) -> Callable:
         before_send(start)
         try:
             if log is not None:
-                A._recorders.append(log)
+                algorithms._recorders.append(log)
             try:
                 work = fn(self, *args, **kwargs)
             finally:
                 if log is not None:
-                    A._forget(log)  # by identity: the user's record() log may hold equal contents
+                    algorithms._forget(log)  # by identity: the user's record() log may hold equal contents
             before_send(None)
             if not numbered:  # nothing to send on this rank (empty tensors, a lazy transport): counted all the same
                 start()
@@ -627,7 +627,7 @@ def _wrap(method: str, fn: Callable, spec: Spec) -> Callable:
             if numbered:
                 call.failed(e)
             else:  # funcoll's validation: nothing was sent, no sequence number was used
-                call.failed(e, fr.INVALID)
+                call.failed(e, flight_recorder.INVALID)
                 st.trace.keep(call)
             raise
         except CollectiveError as e:
@@ -687,7 +687,7 @@ def monitored_barrier(pg, timeout: Optional[timedelta] = None, wait_all_ranks: b
     except RuntimeError as e:
         call.failed(e)
         raise CollectiveError(f"funcoll: monitored_barrier on group {st.trace.group!r} (global ranks "
-                              f"{fr._ranks(st.trace.global_ranks)}): {str(e).strip()}") from e
+                              f"{flight_recorder._ranks(st.trace.global_ranks)}): {str(e).strip()}") from e
     call.completed()
 
 
@@ -705,7 +705,7 @@ def patch_monitored_barrier() -> bool:
 
     @functools.wraps(orig)
     def monitored_barrier_(group=None, timeout=None, wait_all_ranks=False):
-        from .process_group import ProcessGroupFuncoll
+        from funcoll.entry.process_group import ProcessGroupFuncoll
 
         pg = group if group is not None else (c10d._get_default_group() if c10d.is_initialized() else None)
         if not isinstance(pg, ProcessGroupFuncoll) or c10d._rank_not_in_group(group):

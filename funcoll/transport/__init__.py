@@ -4,7 +4,8 @@ which of them are native.
 A transport never fills a gap: when the algorithms ask it for something its capabilities do not list, that
 is a bug in funcoll, and the transport raises :class:`NativeRefused` instead of sending anything.
 
-Capability facts live in one table here (``PROFILES``), each with its source. ``FUNCOLL_PROFILE=<name>``
+Capability facts live in one table per device, each with its source: gloo's and XLA's here (``PROFILES``), XCCL's
+in :mod:`funcoll.transport.xpu` (``PROFILES["xccl"]`` is derived from it). ``FUNCOLL_PROFILE=<name>``
 intersects the running transport's own capabilities with a named profile, so that, e.g., the XCCL
 gap-filling paths run for real over gloo on any CPU machine.
 """
@@ -15,11 +16,11 @@ import collections
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .semantics import FLOAT8, ReduceOp, Reduction
+from funcoll.semantics import FLOAT8, ReduceOp, Reduction
 
 __all__ = ["Capabilities", "Handle", "Done", "Transport", "NativeRefused", "PROFILES", "profile",
            "active_profile_name"]
@@ -92,9 +93,10 @@ def _pairs(ops: Iterable[ReduceOp], dtypes: Iterable[torch.dtype]) -> frozenset:
 _GLOO_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                           torch.uint8, torch.int32, torch.int64, torch.bool})
 
-# The capability table. Each fact has a source: "probe" means measured on torch 2.9.0 by
-# scripts/probe_gloo.py (re-run it on a new torch); DESIGN.md section 1 collects the XCCL and XLA facts.
-PROFILES: dict = {
+# The capability table of gloo and XLA. Each fact has a source: "probe" means measured on torch 2.9.0 (funcoll.probe
+# re-checks them on the running torch); DESIGN.md section 1 collects the XLA facts. XCCL's facts live in one table,
+# funcoll.transport.xpu.XCCL_FACTS; its profile here is derived from them (see _Profiles).
+_STATIC_PROFILES: Dict[str, Capabilities] = {
     "gloo": Capabilities(
         name="gloo",
         primitives=frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -110,27 +112,6 @@ PROFILES: dict = {
             "gloo.premul_sum": "gloo has no PREMUL_SUM (ProcessGroupGloo.cpp, torch 2.9.0)",
             "gloo.coalesced": "ProcessGroupGloo exposes allreduce_coalesced only; no "
                               "allgather_into_tensor_coalesced / reduce_scatter_tensor_coalesced (probe)",
-        },
-    ),
-    "xccl": Capabilities(
-        name="xccl",
-        primitives=frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-                              "reduce", "gather", "scatter", "send_recv", "barrier"}),
-        reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX}),
-        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
-                          torch.uint8, torch.int32, torch.int64, torch.bool}) | FLOAT8,
-        reduce_dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                                 torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
-        refused_pairs=_pairs([R.MIN, R.MAX], _INTS | {torch.bool}),
-        uneven_all_to_all=False,
-        sources={
-            "xccl.avg": "AVG missing or wrong on some oneCCL paths (DESIGN.md section 1; verl XPU port, seed 002)",
-            "xccl.premul_sum": "PREMUL_SUM raises in ProcessGroupXCCL up to torch 2.10 (DESIGN.md section 1)",
-            "xccl.bitwise": "BAND/BOR/BXOR always raise in ProcessGroupXCCL (DESIGN.md section 1)",
-            "xccl.dtypes": "int16/uint16/uint32/uint64 raise in ProcessGroupXCCL (DESIGN.md section 1)",
-            "xccl.int_minmax": "integer MIN/MAX have returned wrong results (DESIGN.md section 1; seed 002)",
-            "xccl.uneven_a2a": "uneven all_to_all_single has returned wrong results on some GPUs (DESIGN.md)",
-            "xccl.fp8": "fp8 reductions raise (DESIGN.md section 1); fp8 is moved as bytes",
         },
     ),
     "xla": Capabilities(
@@ -166,6 +147,34 @@ PROFILES: dict = {
         },
     ),
 }
+
+
+class _Profiles(Mapping):
+    """name -> Capabilities. ``"xccl"`` is derived on first use from the XCCL fact table
+    (:func:`funcoll.transport.xpu.conservative_profile`: an unknown oneCCL on the scale-out path), so that XCCL's facts
+    have one source; importing that module touches no XPU runtime."""
+
+    _DERIVED = {"xccl": ("funcoll.transport.xpu", "conservative_profile")}
+
+    def __init__(self, static: Dict[str, Capabilities]):
+        self._rows = dict(static)
+
+    def __getitem__(self, name: str) -> Capabilities:
+        if name not in self._rows and name in self._DERIVED:
+            import importlib
+
+            module, fn = self._DERIVED[name]
+            self._rows[name] = getattr(importlib.import_module(module), fn)()
+        return self._rows[name]
+
+    def __iter__(self):
+        return iter(sorted(set(self._rows) | set(self._DERIVED)))
+
+    def __len__(self) -> int:
+        return len(set(self._rows) | set(self._DERIVED))
+
+
+PROFILES: Mapping[str, Capabilities] = _Profiles(_STATIC_PROFILES)
 
 
 def profile(name: str) -> Capabilities:
