@@ -64,21 +64,20 @@ def _child(rank, world, port, target, args, profile, backend, q, coll_timeout, p
 @contextlib.contextmanager
 def _environment(env: Optional[Mapping[str, Optional[str]]]):
     """Sets (None: removes) environment variables for the block: spawned ranks inherit them at start."""
+    def apply(values: Mapping[str, Optional[str]]) -> None:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
     env = dict(env or {})
     old = {k: os.environ.get(k) for k in env}
     try:
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply(env)
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply(old)
 
 
 def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),

@@ -9,13 +9,13 @@ from funcoll.semantics import FLOAT8
 from funcoll.semantics import ReduceOp as R
 from funcoll.transport import ALL_DTYPES, PROFILES, REDUCING, xpu
 
-OPS = list(R)
+REDUCE_OPS = list(R)
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
 def native_reductions(caps):
-    return {(p, o, d) for p in REDUCING for o in OPS for d in ALL_DTYPES if caps.reduces(p, o, d)}
+    return {(p, o, d) for p in REDUCING for o in REDUCE_OPS for d in ALL_DTYPES if caps.reduces(p, o, d)}
 
 
 def test_unknown_oneccl_is_the_conservative_table():

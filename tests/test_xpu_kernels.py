@@ -13,7 +13,7 @@ import funcoll
 from funcoll.entry import kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OPS = sorted(kernels.OPS)
+OPS = sorted(kernels.KERNELS)
 # wait_tensor keeps its upstream (composite) kernel: it waits on the Work funcoll's kernels register.
 NOT_ON_XPU = ["wait_tensor"]
 

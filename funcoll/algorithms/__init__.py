@@ -129,7 +129,6 @@ class Pending(Handle):
         return not self._then and all(h.is_completed() for h in self._handles)
 
 
-DONE = Pending()
 
 _recorders: List[list] = []
 
@@ -419,7 +418,7 @@ def all_reduce(tp: Transport, tensor: torch.Tensor, op="sum") -> Pending:
     red = semantics.parse_reduction(op, "all_reduce")
     semantics.check_reduction("all_reduce", red, tensor.dtype)
     if tensor.numel() == 0:
-        return DONE
+        return Pending()  # nothing to send: complete at once
     return _with_contig_out(tensor, lambda t: _ar(tp, t, red))
 
 
@@ -446,7 +445,7 @@ def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum
         semantics.check_reduction("all_reduce_coalesced", red, t.dtype)
     tensors = [t for t in tensors if t.numel()]
     if not tensors:
-        return DONE
+        return Pending()  # nothing to send: complete at once
     caps = tp.caps
     if caps.has("all_reduce_coalesced") and all(
             t.is_contiguous() and caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
@@ -525,7 +524,7 @@ def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
 def all_gather_into_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
     shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
     if out.numel() == 0:
-        return DONE
+        return Pending()  # nothing to send: complete at once
     inp = _flat(_contig_in(inp))
     return _with_contig_out(out, lambda o: _ag(tp, o.view(shape), inp))
 
@@ -621,7 +620,7 @@ def reduce_scatter_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor, o
     semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
     semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
     if out.numel() == 0:
-        return DONE
+        return Pending()  # nothing to send: complete at once
     inp = _contig_in(inp).reshape((-1,) + tuple(out.shape[1:]))  # the stacked input form as its concatenation
     return _with_contig_out(out, lambda o: _rs(tp, o, inp, red))
 
@@ -817,7 +816,7 @@ def _bc(tp: Transport, t: torch.Tensor, src: int) -> Pending:
 def broadcast(tp: Transport, tensor: torch.Tensor, src: int) -> Pending:
     semantics.check_root("broadcast", "src", src, tp.size)
     if tensor.numel() == 0:
-        return DONE
+        return Pending()  # nothing to send: complete at once
     return _with_contig_out(tensor, lambda t: _bc(tp, t, src))
 
 
@@ -828,7 +827,7 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     semantics.check_reduction("reduce", red, tensor.dtype)
     semantics.check_root("reduce", "dst", dst, tp.size)
     if tensor.numel() == 0:
-        return DONE
+        return Pending()  # nothing to send: complete at once
     steps = planner.plan(tp.caps, "reduce", red.op, tensor.dtype, tp.size).steps
     if steps[0].kind == planner.NATIVE:
         if tp.rank == dst:
@@ -848,11 +847,7 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
 def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Tensor, dst: int) -> Pending:
     semantics.check_root("gather", "dst", dst, tp.size)
     if tp.rank == dst:
-        if outs is None or len(outs) != tp.size:
-            raise ValueError(f"funcoll.gather: the destination rank needs a list of {tp.size} output "
-                             f"tensors, got {None if outs is None else len(outs)}")
-        for i, o in enumerate(outs):
-            semantics.check_same_tensor("gather", f"output[{i}]", o, inp, inp.shape)
+        semantics.check_root_list("gather", "output", outs, inp, tp.size)
     inp = _contig_in(inp)
     caps = tp.caps
     outs = list(outs) if tp.rank == dst and outs is not None else []
@@ -877,11 +872,7 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
 def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tensor]], src: int) -> Pending:
     semantics.check_root("scatter", "src", src, tp.size)
     if tp.rank == src:
-        if inps is None or len(inps) != tp.size:
-            raise ValueError(f"funcoll.scatter: the source rank needs a list of {tp.size} input tensors, "
-                             f"got {None if inps is None else len(inps)}")
-        for i, t in enumerate(inps):
-            semantics.check_same_tensor("scatter", f"input[{i}]", t, out, out.shape)
+        semantics.check_root_list("scatter", "input", inps, out, tp.size)
     caps = tp.caps
     if caps.has("scatter") and caps.moves(out.dtype):
         ins = [_contig_in(t) for t in inps] if tp.rank == src and inps is not None else None
@@ -954,7 +945,7 @@ def reduce_scatter(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor
     for i, t in enumerate(inps):
         semantics.check_same_tensor("reduce_scatter", f"input[{i}]", t, out, out.shape)
     if out.numel() == 0:
-        return DONE
+        return Pending()  # nothing to send: complete at once
     flat = torch.cat([t.reshape(-1) for t in inps])
     return _with_contig_out(out, lambda o: _rs(tp, o.view(-1), flat, red))
 

@@ -22,7 +22,7 @@ from torch._C._distributed_c10d import _register_work
 from funcoll import algorithms, semantics
 from funcoll.transport.registry import transport_for
 
-__all__ = ["install", "uninstall", "installed", "OPS", "DISPATCH_KEYS"]
+__all__ = ["install", "uninstall", "installed", "KERNELS", "DISPATCH_KEYS"]
 
 DISPATCH_KEYS = {"cpu": "CPU", "xla": "XLA", "xpu": "XPU"}
 
@@ -155,7 +155,7 @@ def broadcast_(input, src, group_name):
     return input
 
 
-OPS = {
+KERNELS = {  # op -> kernel, one flat table (the same kernel on every dispatch key, except _EXTRA)
     "all_reduce": all_reduce,
     "all_reduce_": all_reduce_,
     "all_reduce_coalesced": all_reduce_coalesced,
@@ -292,7 +292,7 @@ def _xla_all_reduce(input, reduce_op, group_name):
 _XLA_GENERIC_ALL_REDUCE = _functionalized("all_reduce", all_reduce)
 # XLA tensors are functional wrappers: the in-place/out variants need a Functionalize kernel to be callable
 _EXTRA["xla"] = {
-    **{(name, "XLA"): _functionalized(name, fn) for name, fn in OPS.items()},
+    **{(name, "XLA"): _functionalized(name, fn) for name, fn in KERNELS.items()},
     ("all_reduce", "XLA"): _xla_all_reduce,
     ("wait_tensor", "XLA"): _wait_tensor,
     **{(name, "Functionalize"): fn for name, fn in FUNCTIONALIZE.items()},
@@ -338,7 +338,7 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                 # torch_xla/_internal/c10d_registration.py): torch.library refuses to override them unless
                 # allowed, and would forget their registration when this library goes; keep it theirs.
                 owned = {k for k in torch.library._impls if k.startswith("_c10d_functional/")}
-                kernels = {**{(name, key): fn for name, fn in OPS.items()}, **_EXTRA.get(dt, {})}
+                kernels = {**{(name, key): fn for name, fn in KERNELS.items()}, **_EXTRA.get(dt, {})}
                 try:
                     with warnings.catch_warnings():
                         # overriding torch_xla's kernels is the point of install(); uninstall() restores them

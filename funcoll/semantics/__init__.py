@@ -289,5 +289,15 @@ def check_root(opname: str, arg: str, root: int, group_size: int) -> None:
         )
 
 
+def check_root_list(opname: str, role: str, tensors, like, group_size: int) -> None:
+    """The root of gather (``role="output"``) / scatter (``"input"``) passes one tensor per rank, each like ``like``."""
+    side = "destination" if role == "output" else "source"
+    if tensors is None or len(tensors) != group_size:
+        raise ValueError(f"funcoll.{opname}: the {side} rank needs a list of {group_size} {role} tensors, "
+                         f"got {None if tensors is None else len(tensors)}")
+    for i, t in enumerate(tensors):
+        check_same_tensor(opname, f"{role}[{i}]", t, like, like.shape)
+
+
 def numel_of(shape) -> int:
     return math.prod(shape)

@@ -36,14 +36,13 @@ import torch
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
 
 from funcoll.semantics import ReduceOp, Reduction, groups
-from funcoll.transport import Capabilities, Done, Transport, active_profile_name, profile
+from funcoll.transport import DONE, Capabilities, Transport, active_profile_name, profile
 from funcoll.transport.registry import GroupContext, register_device
 
 __all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "reset_token", "static_split_bound"]
 
 _X = torch_xla._XLAC
 R = ReduceOp
-DONE = Done()
 
 # funcoll reduce op -> the reduce type string of torch_xla's cross-replica ops (cross_replica_reduces.cpp
 # GetReduceType: sum, mul, and, or, min, max).
