@@ -1,7 +1,10 @@
 """The CPU parts of ``./dev bench``: funcoll against the raw path in the same processes, alternating blocks.
 
-* eager, world 1 and 2: per-call cost of ``dist.*`` on a funcoll group vs a plain gloo group (``new_group(backend=
-  "gloo")``), 4 B to 1 MiB, blocking; the async issue time (until ``async_op=True`` returns);
+* eager, world 1 and 2: per-call cost of ``dist.*`` (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
+  all_to_all_single, broadcast) on a funcoll group vs a plain gloo group (``new_group(backend="gloo")``), 4 B to
+  1 MiB, blocking, with one "pooled" row per op (the median of all its per-block ratios over the sizes); the async
+  issue time of all_reduce (until ``async_op=True`` returns; the waits are not timed). World 1 runs pinned to one
+  CPU (rows marked "(1 CPU)"; ``FUNCOLL_BENCH_PIN=0`` to keep the machine's scheduling): see ``_pin_process``;
 * compiled, world 1: one step of 10 small functional all_reduces, funcoll's CPU kernels vs upstream's;
 * gap-filling, world 2, 16 MiB, under the xccl profile: BXOR / integer MAX / bool any, AVG bf16 and an uneven
   all_to_all (splits 10:1) vs the native op, with the peak extra memory each needs (from torch.profiler's memory
@@ -36,88 +39,156 @@ def _block(fn, k) -> float:
     return (time.perf_counter() - t0) / k
 
 
-def paired(raw, ours, blocks: int, k: int = BLOCK) -> dict:
+def _summary(tr, to, ratios) -> dict:
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"raw_us": statistics.median(tr) * 1e6, "funcoll_us": statistics.median(to) * 1e6,
+            "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2], "ratios": ratios}
+
+
+def paired(raw, ours, blocks: int, k: int = BLOCK, timed=_block) -> dict:
     """Alternating blocks of ``k`` calls; per-call medians and the median (and quartiles) of the per-block ratios."""
     raw()
     ours()  # warm up: connections, caches, buffers
     tr, to, ratios = [], [], []
     for i in range(blocks):
         if i % 2:  # alternate which side goes first
-            b = _block(raw, k)
-            o = _block(ours, k)
+            b = timed(raw, k)
+            o = timed(ours, k)
         else:
-            o = _block(ours, k)
-            b = _block(raw, k)
+            o = timed(ours, k)
+            b = timed(raw, k)
         tr.append(b)
         to.append(o)
         ratios.append(o / b)
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    return {"raw_us": statistics.median(tr) * 1e6, "funcoll_us": statistics.median(to) * 1e6,
-            "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2]}
+    return _summary(tr, to, ratios)
+
+
+def pooled(case: str, rows: list, n: int) -> dict:
+    """One row over several sizes: the median (and quartiles) of all their per-block ratios."""
+    ratios = [x for r in rows for x in r["ratios"]]
+    q = statistics.quantiles(ratios, n=4)
+    return {"case": case, "bytes": 0, "world": n, "raw_us": statistics.median(r["raw_us"] for r in rows),
+            "funcoll_us": statistics.median(r["funcoll_us"] for r in rows), "ratio": statistics.median(ratios),
+            "q1": q[0], "q3": q[2]}
 
 
 SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 1 << 20]
+OTHER_SIZES = [4, 1 << 10, 64 << 10, 1 << 20]  # all_gather, reduce_scatter, all_to_all, broadcast (bytes per rank)
 
 
 def _label(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
 
 
+def _issue_block(fn, k) -> float:
+    """``fn()`` issues one async collective and returns its Work: the time until the calls return, per call; the
+    waits come after, untimed."""
+    works = []
+    t0 = time.perf_counter()
+    for _ in range(k):
+        works.append(fn())
+    dt = time.perf_counter() - t0
+    for w in works:
+        w.wait()
+    return dt / k
+
+
+def _pin_process(cpu: int):
+    """Pins every thread of this process (the caller's and the gloo backends' workers) to one CPU; returns the previous
+    affinity of each, to restore. On world 1 the blocking call of each side is a hand-off between this thread and a
+    gloo worker thread: on 2 shared vCPUs, whether the worker wakes on the other vCPU (tens of µs, varying per backend
+    instance and over time) decides the ratio more than the software does. On one CPU both sides pay the same
+    hand-off, and the ratio is the software's. ``FUNCOLL_BENCH_PIN=0`` keeps the machine's scheduling."""
+    old = {}
+    if os.environ.get("FUNCOLL_BENCH_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return old
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            old[int(tid)] = os.sched_getaffinity(int(tid))
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            pass
+    return old
+
+
+def _unpin(old) -> None:
+    for tid, cpus in old.items():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+
+
 def eager(rank: int, n: int, blocks: int) -> list:
+    if n != 1:
+        return _eager(rank, n, blocks)
+    old = _pin_process(0)
+    try:
+        return _eager(rank, n, blocks, pinned=bool(old))
+    finally:
+        _unpin(old)
+
+
+def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
+    """Per-call cost of each native collective, funcoll group vs plain gloo group, 4 B to 1 MiB per rank (blocking),
+    then one row per op pooling its sizes (what issue 11's target reads: the median of the paired ratios), and the
+    async issue time of all_reduce (``async_op=True`` until it returns)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     raw = dist.new_group(backend="gloo")
     ours = dist.group.WORLD
-    rows = []
+    if pinned:  # the new group's worker threads too
+        _pin_process(0)
+    rows: list = []
 
     def ar(group, numel):
         t = torch.ones(numel)
         return lambda: dist.all_reduce(t, group=group)
 
-    for nbytes in SIZES:
-        if rank == 0:
-            progress(f"world {n}: all_reduce {_label(nbytes)}")
-        r = paired(ar(raw, max(1, nbytes // 4)), ar(ours, max(1, nbytes // 4)), blocks)
-        rows.append({"case": f"all_reduce {_label(nbytes)}", "bytes": nbytes, "world": n, **r})
-
-    numel = 256  # 1 KiB of f32 per rank
-    inp, big = torch.ones(numel), torch.ones(numel * n)
-
-    def ag(group):
-        out = torch.empty(numel * n)
+    def ag(group, numel):
+        inp, out = torch.ones(numel), torch.empty(numel * n)
         return lambda: dist.all_gather_into_tensor(out, inp, group=group)
 
-    def rs(group):
-        out = torch.empty(numel)
+    def rs(group, numel):
+        big, out = torch.ones(numel * n), torch.empty(numel)
         return lambda: dist.reduce_scatter_tensor(out, big, group=group)
 
-    def a2a(group):
-        out = torch.empty(numel * n)
-        return lambda: dist.all_to_all_single(out, big, group=group)
+    def a2a(group, numel):
+        inp, out = torch.ones(numel * n), torch.empty(numel * n)
+        return lambda: dist.all_to_all_single(out, inp, group=group)
 
-    def bc(group):
+    def bc(group, numel):
         t = torch.ones(numel)
         return lambda: dist.broadcast(t, src=0, group=group)
 
+    for name, make, sizes in (("all_reduce", ar, SIZES), ("all_gather_into_tensor", ag, OTHER_SIZES),
+                              ("reduce_scatter_tensor", rs, OTHER_SIZES), ("all_to_all_single", a2a, OTHER_SIZES),
+                              ("broadcast", bc, OTHER_SIZES)):
+        mine = []
+        for nbytes in sizes:
+            if rank == 0:
+                progress(f"world {n}: {name} {_label(nbytes)}")
+            numel = max(1, nbytes // 4)
+            r = paired(make(raw, numel), make(ours, numel), blocks)
+            mine.append({"case": f"{name} {_label(nbytes)}{' (1 CPU)' if pinned else ''}", "bytes": nbytes,
+                         "world": n, **r})
+        rows += mine
+        rows.append(pooled(f"pooled {name} {_label(sizes[0])}-{_label(sizes[-1])}{' (1 CPU)' if pinned else ''}",
+                           mine, n))
+
     def issue(group):
         t = torch.ones(1)
-        works = []
+        return lambda: dist.all_reduce(t, group=group, async_op=True)
 
-        def fn():
-            works.append(dist.all_reduce(t, group=group, async_op=True))
-            if len(works) >= BLOCK:  # keep the queue short: waiting is not timed in this block
-                for w in works:
-                    w.wait()
-                works.clear()
-        return fn
-
-    for name, make in (("all_gather_into_tensor 1 KiB", ag), ("reduce_scatter_tensor 1 KiB", rs),
-                       ("all_to_all_single 1 KiB", a2a), ("broadcast 1 KiB", bc), ("async issue 4 B", issue)):
-        if rank == 0:
-            progress(f"world {n}: {name}")
-        rows.append({"case": name, "bytes": 1024, "world": n, **paired(make(raw), make(ours), blocks)})
+    if rank == 0:
+        progress(f"world {n}: async issue")
+    r = paired(issue(raw), issue(ours), blocks, timed=_issue_block)
+    rows.append({"case": f"async issue all_reduce 4 B{' (1 CPU)' if pinned else ''}", "bytes": 4, "world": n, **r,
+                 "delta_us": r["funcoll_us"] - r["raw_us"]})
     dist.barrier()
+    for r in rows:
+        r.pop("ratios", None)
     return rows
 
 
@@ -154,10 +225,9 @@ def compiled(rank: int, n: int, blocks: int) -> list:
         to.append(o)
         ratios.append(o / b)
     funcoll.uninstall(["cpu"])
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    return [{"case": "compiled step, 10 all_reduce 256 B", "bytes": 256, "world": n,
-             "raw_us": statistics.median(tu) * 1e6, "funcoll_us": statistics.median(to) * 1e6,
-             "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2]}]
+    r = _summary(tu, to, ratios)
+    r.pop("ratios")
+    return [{"case": "compiled step, 10 all_reduce 256 B", "bytes": 256, "world": n, **r}]
 
 
 def _peak_extra(fn) -> int:
@@ -252,4 +322,6 @@ def rank_main(rank: int, n: int, blocks: int, parts=("eager", "compiled", "gaps"
         out += compiled(rank, n, blocks)
     if "gaps" in parts and n == 2:
         out += gaps(rank, n, max(3, blocks // 4))
+    for r in out:
+        r.pop("ratios", None)
     return out

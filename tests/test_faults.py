@@ -4,9 +4,11 @@ Rank bodies (``_rank_*``) sit next to their asserts; the parent spawns the world
 (:func:`funcoll.launch.spawn_world`), which tolerates ranks that die on purpose, kills what overruns the deadline, and
 reports exit codes (a SIGABRT is -6).
 Scenarios: a peer dies before / during a collective; ranks issue mismatched ops, shapes, dtypes, reduce ops, roots
-or split sizes (with the debug mode: the same clear error on every rank, and the ranks stay in step; without it:
-an error naming the collective within the timeout where gloo does not abort); a rank skips a call; destroy and
-re-init; 1000 outstanding async ops; two threads on two groups; malformed requests on one rank only.
+or split sizes (with the debug mode's check, and without it through the size guard (funcoll/entry/guard.py): the same
+clear error on every rank, no process abort, and the ranks stay in step; with the guard off: an error naming the
+collective within the timeout where gloo does not abort); a rank skips a call; destroy and re-init; 1000 outstanding
+async ops; two threads on two groups; malformed requests on one rank only. The guard's digest is also tested in
+process.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ SLACK = 10.0  # "no hang past timeout + 10 s"
 def _world(fn: str, world: int = 2, env=None, deadline: float = 45.0, args=(), profile=None,
            coll_timeout: float = COLL_TIMEOUT):
     """``tests.test_faults:<fn>`` on ``world`` ranks through the one harness (:func:`funcoll.launch.spawn_world`),
-    the debug switches off unless ``env`` sets them: ``(results, exit codes, hung)``."""
-    env = {"FUNCOLL_DEBUG": None, "TORCH_DISTRIBUTED_DEBUG": None, **(env or {})}
+    the debug switches off and the size guard at its default (on) unless ``env`` sets them: ``(results, exit codes,
+    hung)``."""
+    env = {"FUNCOLL_DEBUG": None, "TORCH_DISTRIBUTED_DEBUG": None, "FUNCOLL_GUARD": None, **(env or {})}
     return spawn_world(f"tests.test_faults:{fn}", world, profile, args, deadline=deadline,
                        coll_timeout=coll_timeout, env=env)
 
@@ -144,6 +147,8 @@ def _issue(kind, rank):
         return dist.all_reduce(torch.ones(4 if rank == 0 else 5))
     if kind == "dtype":  # the same width: gloo would add the bits silently
         return dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int32))
+    if kind == "dtype_width":  # 16 vs 32 bytes: gloo aborts the process
+        return dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64))
     if kind == "reduce_op":
         return dist.all_reduce(torch.ones(4), op=R.SUM if rank == 0 else R.MAX)
     if kind == "root":
@@ -152,9 +157,19 @@ def _issue(kind, rank):
         out, inp = torch.empty(4), torch.ones(4)
         splits = [1, 3] if rank == 0 else [2, 2]
         return dist.all_to_all_single(out, inp, splits, splits)
+    if kind == "even_splits":  # all_to_all_single without split sizes: 4 rows vs 6 rows, 2 vs 3 per peer
+        return dist.all_to_all_single(torch.empty(4 + 2 * rank), torch.ones(4 + 2 * rank))
     if kind == "gather_list":  # all_gather of a list: rank 1's tensors are larger
         outs = [torch.empty(2 + rank) for _ in range(2)]
         return dist.all_gather(outs, torch.ones(2 + rank))
+    if kind == "gather_tensor":
+        return dist.all_gather_into_tensor(torch.empty(2 * (2 + rank)), torch.ones(2 + rank))
+    if kind == "reduce_scatter":
+        return dist.reduce_scatter_tensor(torch.empty(2 + rank), torch.ones(2 * (2 + rank)))
+    if kind == "broadcast_shape":  # gloo itself survives this one: rank 1's fifth element is never written
+        return dist.broadcast(torch.ones(4 + rank), src=0)
+    if kind == "gather":  # rooted gather: rank 1 sends 3 elements where the root expects 2
+        return dist.gather(torch.ones(2 + rank), [torch.empty(2) for _ in range(2)] if rank == 0 else None, dst=0)
     raise AssertionError(kind)
 
 
@@ -169,6 +184,10 @@ def _rank_mismatches(rank, n):
     return out
 
 
+# kind -> (the reason in the message, lines of the message). Every kind gloo aborts on without a check is here
+# (shape, dtype_width, splits, even_splits, gather_list, gather_tensor, reduce_scatter, gather: exit -6 on a plain
+# gloo group and on a funcoll group without the guard; docs/conformance.md), and the kinds gloo survives or times
+# out on (op, root: timeout; dtype, reduce_op, broadcast_shape: silently wrong numbers).
 MISMATCHES = {
     "op": ("they differ in the collective", ["rank 0: all_reduce(reduce_op=sum, float32[4])",
                                              "rank 1: broadcast(root=0, float32[4])"]),
@@ -176,35 +195,60 @@ MISMATCHES = {
                                             "rank 1: all_reduce(reduce_op=sum, float32[5])"]),
     "dtype": ("they differ in the dtypes", ["rank 0: all_reduce(reduce_op=sum, float32[4])",
                                             "rank 1: all_reduce(reduce_op=sum, int32[4])"]),
+    "dtype_width": ("they differ in the dtypes", ["rank 0: all_reduce(reduce_op=sum, float32[4])",
+                                                  "rank 1: all_reduce(reduce_op=sum, float64[4])"]),
     "reduce_op": ("they differ in the reduce op", ["rank 1: all_reduce(reduce_op=max, float32[4])"]),
     "root": ("they differ in the root", ["rank 0: broadcast(root=0, float32[4])",
                                          "rank 1: broadcast(root=1, float32[4])"]),
     "splits": ("the split sizes do not match: rank 1 sends 2 rows to rank 0 (input_split_sizes=[2, 2]) but rank 0 "
                "expects 3 from rank 1 (output_split_sizes=[1, 3])", []),
+    "even_splits": ("the split sizes do not match: rank 1 sends 3 rows to rank 0 (input_split_sizes=[3, 3]) but "
+                    "rank 0 expects 2 from rank 1 (output_split_sizes=[2, 2])", []),
     "gather_list": ("they differ in the shapes, the output shapes",
                     ["rank 0: all_gather(float32[2], outputs=[[[2], [2]]])",
                      "rank 1: all_gather(float32[3], outputs=[[[3], [3]]])"]),
+    "gather_tensor": ("they differ in the shapes, the output shapes",
+                      ["rank 0: all_gather_into_tensor(float32[2], outputs=[[4]])",
+                       "rank 1: all_gather_into_tensor(float32[3], outputs=[[6]])"]),
+    "reduce_scatter": ("they differ in the shapes, the output shapes",
+                       ["rank 0: reduce_scatter_tensor(reduce_op=sum, float32[4], outputs=[[2]])",
+                        "rank 1: reduce_scatter_tensor(reduce_op=sum, float32[6], outputs=[[3]])"]),
+    "broadcast_shape": ("they differ in the shapes", ["rank 0: broadcast(root=0, float32[4])",
+                                                      "rank 1: broadcast(root=0, float32[5])"]),
+    "gather": ("they differ in the shapes", ["rank 0: gather(root=0, float32[2], root_outputs=[[2], [2]])",
+                                             "rank 1: gather(root=0, float32[3])"]),
 }
 
 
+DEBUG_SUFFIX = "(cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL)"
+GUARD_SUFFIX = "(funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off)"
+CHECKS = {"FUNCOLL_DEBUG": {"FUNCOLL_DEBUG": "1"}, "TORCH_DISTRIBUTED_DEBUG": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+          "guard": {}}  # "guard": no debug mode; the size guard is on by default on CPU groups
+
+
 @pytest.fixture(scope="module")
-def debug_worlds():
+def mismatch_worlds():
+    """One 2-rank world per way of checking, every kind of MISMATCHES in turn: ``(rank 0's, rank 1's)`` results."""
     cache = {}
 
-    def get(switch):
-        if switch not in cache:
-            env = {"FUNCOLL_DEBUG": "1"} if switch == "FUNCOLL_DEBUG" else {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
-            res = _world("_rank_mismatches", env=env, deadline=90)
-            cache[switch] = (_ok(res, 0), _ok(res, 1))
-        return cache[switch]
+    def get(check):
+        if check not in cache:
+            res = _world("_rank_mismatches", env=CHECKS[check], deadline=60)
+            results, codes, hung = res
+            assert not hung and codes == [0, 0], f"a rank hung or died (exit codes {codes}; -6 is an abort): {res}"
+            cache[check] = (_ok(res, 0), _ok(res, 1))
+        return cache[check]
 
     return get
 
 
-@pytest.mark.parametrize("switch", ["FUNCOLL_DEBUG", "TORCH_DISTRIBUTED_DEBUG"])
+@pytest.mark.parametrize("check", list(CHECKS))
 @pytest.mark.parametrize("kind", list(MISMATCHES))
-def test_mismatch_in_debug_mode_is_the_same_clear_error_on_every_rank(debug_worlds, kind, switch):
-    r0, r1 = (w[kind] for w in debug_worlds(switch))
+def test_mismatch_is_the_same_clear_error_on_every_rank(mismatch_worlds, kind, check):
+    """With the debug mode (either switch) and without it (the size guard): no process abort, the same
+    CollectiveMismatchError on every rank naming the collective and what differs, found by the check before anything
+    is sent (not by a timeout), and the ranks still in step."""
+    r0, r1 = (w[kind] for w in mismatch_worlds(check))
     why, lines = MISMATCHES[kind]
     seq = list(MISMATCHES).index(kind) * 2  # each kind: the mismatched call, then one valid all_reduce
     for r in (r0, r1):
@@ -213,31 +257,209 @@ def test_mismatch_in_debug_mode_is_the_same_clear_error_on_every_rank(debug_worl
                                    f"sequence number {seq}: {why}"), r["msg"]
         for line in lines:
             assert f"\n  {line}" in r["msg"], (line, r["msg"])
-        assert r["secs"] < COLL_TIMEOUT, r  # found by the check, not by a timeout
+        assert r["msg"].endswith((GUARD_SUFFIX if check == "guard" else DEBUG_SUFFIX) + "."), r["msg"]
+        assert r["secs"] < COLL_TIMEOUT / 2, r  # found by the check, not by a timeout
         assert r["in_step"], "the ranks are out of step after the mismatch: something was sent"
     assert r0["msg"] == r1["msg"]  # the same error on every rank
 
 
-# Without the debug mode nothing is checked across ranks (as with gloo and NCCL without DETAIL): a mismatch that
-# gloo survives ends in an error naming the collective within the timeout. (Mismatched sizes make gloo abort the
-# process, as raw gloo does: docs/conformance.md; the debug mode prevents it.)
-@pytest.mark.parametrize("kind", ["op", "root"])
-def test_mismatch_without_debug_mode_names_the_collective_within_the_timeout(kind):
-    res = _world("_rank_mismatch_nodebug", args=(kind,))
+@pytest.mark.parametrize("kind", list(MISMATCHES))
+def test_the_guard_says_what_the_debug_mode_says(mismatch_worlds, kind):
+    """The guard's slow path reuses the debug mode's comparison: the same text but for the closing parenthesis."""
+    debug, guard = mismatch_worlds("FUNCOLL_DEBUG")[0][kind], mismatch_worlds("guard")[0][kind]
+    assert guard["msg"] == debug["msg"].replace(DEBUG_SUFFIX, GUARD_SUFFIX)
+
+
+def _rank_guard_off(rank, n):
+    """FUNCOLL_GUARD=0: nothing is checked across ranks (as with gloo without DETAIL). A same-width dtype mismatch goes
+    through silently; all_reduce vs broadcast ends in an error naming the collective within the timeout."""
+    import torch.distributed as dist
+
+    from funcoll.entry import guard
+
+    out = {"enabled": guard.guard_enabled(dist.group.WORLD)}
+    out["dtype"] = _attempt(lambda: _issue("dtype", rank))
+    out["op"] = _attempt(lambda: _issue("op", rank))
+    out["label"] = _group_label(n)
+    return out
+
+
+def test_with_the_guard_off_a_mismatch_names_the_collective_within_the_timeout():
+    res = _world("_rank_guard_off", env={"FUNCOLL_GUARD": "0"}, deadline=40)
     results, codes, hung = res
     assert not hung and codes == [0, 0], res
     for rank in (0, 1):
         r = _ok(res, rank)
-        assert not r["ok"] and r["type"] in ("CollectiveError", "CollectiveTimeoutError"), r
-        op = "all_reduce" if kind == "op" and rank == 0 else "broadcast"
-        assert r["msg"].startswith(f"funcoll: {op} #0 on {r['label']}; this is rank {rank} of 2) "), r["msg"]
-        assert r["secs"] < COLL_TIMEOUT + SLACK, r
+        assert r["enabled"] is False
+        assert r["dtype"]["ok"], r["dtype"]  # not checked: gloo adds the bits
+        e = r["op"]
+        assert not e["ok"] and e["type"] in ("CollectiveError", "CollectiveTimeoutError"), e
+        op = "all_reduce" if rank == 0 else "broadcast"
+        assert e["msg"].startswith(f"funcoll: {op} #1 on {r['label']}; this is rank {rank} of 2) "), e["msg"]
+        assert e["secs"] < COLL_TIMEOUT + SLACK, e
 
 
-def _rank_mismatch_nodebug(rank, n, kind):
-    r = _attempt(lambda: _issue(kind, rank))
-    r["label"] = _group_label(n)
-    return r
+def _rank_guard_scope(rank, n):
+    """Counts the guard's digest exchanges (all_gathers on the CPU transport's gloo backend) per kind of call."""
+    import torch
+    import torch.distributed as dist
+
+    from funcoll.entry import guard
+
+    pg = dist.group.WORLD
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the guard finds its backend
+    g = pg.__dict__["_funcoll_guard"]
+    real, count = g.backend, []
+
+    class Counting:
+        def _allgather_base(self, out, inp):
+            count.append(inp.numel())
+            return real._allgather_base(out, inp)
+
+    g.backend = Counting()
+    out = {}
+    try:
+        def counted(fn):
+            del count[:]
+            fn()
+            return list(count)
+
+        out["all_reduce"] = counted(lambda: dist.all_reduce(t))
+        out["barrier"] = counted(dist.barrier)
+        out["async all_reduce"] = counted(lambda: dist.all_reduce(t, async_op=True).wait())
+        out["send/recv"] = counted(lambda: dist.send(t, 1) if rank == 0 else dist.recv(t, 0))
+        guard.set_guard(pg, False)
+        out["guard off"] = counted(lambda: dist.all_reduce(t))
+        guard.set_guard(pg, True)
+        out["guard on again"] = counted(lambda: dist.all_reduce(t))
+    finally:
+        g.backend = real
+    return out
+
+
+def test_the_guard_runs_once_per_blocking_collective_and_never_for_async_or_send_recv():
+    res = _world("_rank_guard_scope", deadline=40)
+    for rank in (0, 1):
+        assert _ok(res, rank) == {"all_reduce": [3], "barrier": [3], "async all_reduce": [], "send/recv": [],
+                                  "guard off": [], "guard on again": [3]}
+
+
+def test_the_guards_cost_is_measured():
+    """The numbers are for people (docs/conformance.md); here: every mode ran."""
+    from bench.debug_cost import measure_guard_cost
+
+    got = measure_guard_cost(reps=2, block=5)
+    assert set(got) == {"guard off", "size guard", "debug check", "size guard - guard off",
+                        "one gloo all_gather of the digest alone"}
+    assert all(v["median"] > 0 for k, v in got.items() if k != "size guard - guard off")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the guard's digest, in process (funcoll/entry/guard.py)
+# ---------------------------------------------------------------------------------------------------
+def _a2a_fp(ins, outs):
+    return {"op": "all_to_all_single", "tensors": [["float32", [3]]], "outputs": [[3]], "device": "cpu",
+            "input_split_sizes": ins, "output_split_sizes": outs}
+
+
+def _table(fps, seqs=None):
+    from funcoll.entry.guard import digest
+
+    n = len(fps)
+    return [v for r, fp in enumerate(fps) for v in digest(fp, (seqs or [0] * n)[r], r, n)]
+
+
+def test_digest_is_stable_across_processes():
+    """blake2b, not Python's salted hash(): a fixed fingerprint has a fixed digest."""
+    from funcoll.entry.guard import digest
+
+    fp = {"op": "all_reduce", "reduce_op": "sum", "tensors": [["float32", [4]]], "device": "cpu"}
+    assert digest(fp, 7, 0, 2) == [7, -7807266555229035505, 0]
+
+
+def test_digest_checks_split_sizes_against_each_other():
+    from funcoll.entry.guard import agree
+
+    # 3 ranks, uneven: rank r sends ins[r][q] rows to q, which expects outs[q][r]
+    ins = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    outs = [[ins[q][r] for q in range(3)] for r in range(3)]
+    assert agree(_table([_a2a_fp(ins[r], outs[r]) for r in range(3)]), 3)
+    bad = [list(o) for o in outs]
+    bad[2][0] += 1  # rank 2 expects one row more from rank 0 than rank 0 sends
+    assert not agree(_table([_a2a_fp(ins[r], bad[r]) for r in range(3)]), 3)
+    swapped = [list(o) for o in outs]
+    swapped[1] = swapped[1][::-1]  # the same numbers, attributed to the wrong peers
+    assert not agree(_table([_a2a_fp(ins[r], swapped[r]) for r in range(3)]), 3)
+
+
+def test_digest_checks_rooted_lists_and_element_counts():
+    from funcoll.entry.guard import agree
+
+    def gather(r, shape, root_outputs=None):
+        fp = {"op": "gather", "root": 0, "tensors": [["float32", shape]], "device": "cpu"}
+        if r == 0:
+            fp["root_outputs"] = root_outputs
+        return fp
+
+    assert agree(_table([gather(0, [2], [[2], [2]]), gather(1, [2])]), 2)
+    assert not agree(_table([gather(0, [2], [[2], [3]]), gather(1, [2])]), 2)
+    assert not agree(_table([gather(0, [2], [[2]]), gather(1, [2])]), 2)
+
+    def gs(r, numel):
+        fp = {"op": "gather_single", "root": 1, "tensors": [["float32", [2, 3]]], "device": "cpu"}
+        if r == 1:
+            fp["root_output_numel"] = numel
+        return fp
+
+    assert agree(_table([gs(0, None), gs(1, 12)]), 2)
+    assert not agree(_table([gs(0, None), gs(1, 13)]), 2)
+
+
+def test_digest_differs_in_every_common_field_and_the_sequence_number():
+    from funcoll.entry.guard import agree
+
+    fp = {"op": "all_reduce", "reduce_op": "sum", "tensors": [["float32", [4]]], "device": "cpu"}
+    assert agree(_table([fp, dict(fp)]), 2)
+    assert not agree(_table([fp, dict(fp)], seqs=[3, 4]), 2)
+    for key, value in [("op", "broadcast"), ("reduce_op", "max"), ("tensors", [["float32", [5]]]),
+                       ("tensors", [["int32", [4]]]), ("device", "xla")]:
+        assert not agree(_table([fp, {**fp, key: value}]), 2), key
+
+
+def test_the_guard_stays_out_of_world_1_virtual_worlds_and_other_devices():
+    """No exchange where it does not apply: one rank, a local store, a tensor that is not on the CPU."""
+    from funcoll.entry import flight_recorder, guard
+
+    class Backend:
+        def _allgather_base(self, out, inp):
+            raise AssertionError("the guard exchanged a digest")
+
+    class St:
+        def __init__(self, local):
+            self.local_store = local
+
+    class PG:
+        options = None
+
+        def __init__(self, size):
+            self._size = size
+
+        def size(self):
+            return self._size
+
+        def rank(self):
+            return 0
+
+    def call(device):
+        fp = {"op": "all_reduce", "reduce_op": "sum", "tensors": [["float32", [4]]], "device": device}
+        return flight_recorder.Call("g", (0, 1), 0, 2, "all_reduce", "allreduce", fp, seq=0)
+
+    for size, local, device in [(1, False, "cpu"), (2, True, "cpu"), (2, False, "xla"), (2, False, "xpu")]:
+        pg = PG(size)
+        guard._state(pg, St(local)).backend = Backend()
+        guard.guard(pg, St(local), call(device))  # returns without exchanging
+        assert guard.guard_enabled(pg) == (size > 1 and not local)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -266,8 +488,10 @@ def test_a_rank_skipping_a_call(debug, tmp_path):
     head = f"funcoll: all_reduce #0 on {r['label']}; this is rank 0 of 2)"
     if debug:  # the check names the rank that did not arrive
         assert r["msg"].startswith(f"{head}: rank 1 did not reach this collective within 5 s"), r["msg"]
-    else:  # the backend's timeout, with the collective named
+    else:  # the size guard's digest exchange times out, with the collective named
         assert r["msg"].startswith(f"{head} timed out (group timeout 5 s): "), r["msg"]
+        assert "while the ranks exchanged this collective's size digest before sending it: a rank did not reach " \
+            "it" in r["msg"], r["msg"]
     assert COLL_TIMEOUT - 0.5 < r["secs"] < COLL_TIMEOUT + SLACK, r
     dumps = list(tmp_path.glob("funcoll_trace_*_rank0_*.json"))  # the flight recorder, dumped on the timeout
     assert len(dumps) == 1 and f"Flight recorder dumped to {dumps[0]}" in r["msg"], (dumps, r["msg"])

@@ -215,7 +215,7 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
     funcoll's semantics (the planner's plan is one native call); None when it is not, when the request is invalid
     (the full path raises the error), or while ``record()``, a profiler or the funcoll debug log observe (the full
     path reports to them). Validated once per (capabilities, op, dtype, group size), never skipped for a new one."""
-    if _recorders or _current.notes is not None or _observed():
+    if watched():
         return None
     try:
         key = (tp.caps, op, dtype, tp.size)
@@ -232,6 +232,190 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
     native = planner.plan(tp.caps, "all_reduce", red.op, dtype, tp.size).native and red.op is not R.PREMUL_SUM
     _native_cache[key] = red if native else None
     return _native_cache[key]
+
+
+# The eager entry's fast path: a request the transport's c10d backend serves as it is, under funcoll's semantics, is
+# handed to the backend's own method with the caller's arguments. Each lookup below validates a new signature once,
+# fully (the same semantics checks as the algorithm; an invalid request is not cached, so the full path raises its
+# error every time) and caches the answer per transport; its key is everything the validation and the plan read
+# (reduce op, dtypes, shapes, devices, root, split sizes). The caller still checks per call what the key does not
+# hold (dense, contiguous tensors).
+class Native:
+    """A request signature the transport's backend serves natively and unchanged: ``issue`` is the backend's own
+    method of the same name as the eager ProcessGroup method (called with the caller's arguments), ``calls_key`` the
+    transport's call counter to count it under. ``note`` is the entry point's own per-signature data (its
+    flight-recorder description), filled once by the entry point."""
+
+    __slots__ = ("tp", "caps", "cls", "issue", "calls_key", "note")
+
+    def __init__(self, tp: Transport, issue: Callable, calls_key: tuple):
+        self.tp, self.caps, self.cls, self.issue, self.calls_key, self.note = \
+            tp, tp.caps, type(tp), issue, calls_key, None
+
+
+_NATIVE_CACHE_MAX = 4096  # signatures per transport; the cache starts over past it
+_MISSING = object()
+
+try:
+    from torch.distributed import ReduceOp as _C10D_REDUCE_OP
+except ImportError:  # pragma: no cover - torch without distributed
+    _C10D_REDUCE_OP = None  # type: ignore[assignment,misc]
+
+
+def watched() -> bool:
+    """Someone observes collectives: ``record()``, a strategy being noted on this thread, a profiler, the funcoll debug
+    log. The fast path is off while they do: the full path reports to them."""
+    return bool(_recorders) or _current.notes is not None or _observed()
+
+
+def _op_key(op):
+    """A hashable key of a reduce op. A c10d ``ReduceOp`` (a new object per read of ``opts.reduceOp``, with a slow
+    __eq__) hashes as its RedOpType: keyed by that number. PREMUL_SUM's factor is not in it; no PREMUL_SUM is native
+    here."""
+    return hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op)
+
+
+def _cached(tp: Transport, key: tuple):
+    """The cached answer for ``key`` on ``tp``, or _MISSING (also when the transport's capabilities or class changed
+    since: funcoll.probe demoted a request)."""
+    cache = tp.__dict__.get("_funcoll_native")
+    if cache is None:
+        return _MISSING
+    got = cache.get(key, _MISSING)
+    if got is None or got is _MISSING or (got.caps is tp.caps and got.cls is type(tp)):
+        return got
+    cache.clear()
+    return _MISSING
+
+
+def _resolve(tp: Transport, key: tuple, build: Callable, *args) -> Optional[Native]:
+    """Validates a new signature (``build(tp, *args)``) and caches the answer; an invalid request is not cached (the
+    full path raises its error, every time)."""
+    try:
+        got = build(tp, *args)
+    except (ValueError, TypeError):
+        return None
+    cache = tp.__dict__.setdefault("_funcoll_native", {})
+    if len(cache) >= _NATIVE_CACHE_MAX:
+        cache.clear()
+    cache[key] = got
+    return got
+
+
+def _native(tp: Transport, primitive: str, name: str, calls_key: tuple) -> Optional[Native]:
+    """A :class:`Native` calling the backend's own method ``name``, when ``tp`` is a c10d transport whose primitive
+    is the stock one (a subclass that changes the primitive is called through the transport: the full path)."""
+    from funcoll.transport.gloo import C10dTransport
+
+    backend = getattr(tp, "backend", None)
+    if backend is None or not isinstance(tp, C10dTransport):
+        return None
+    if getattr(type(tp), "_" + primitive) is not getattr(C10dTransport, "_" + primitive):
+        return None
+    issue = getattr(backend, name, None)
+    return Native(tp, issue, calls_key) if issue is not None else None
+
+
+def _build_all_reduce(tp: Transport, op, t: torch.Tensor) -> Optional[Native]:
+    red = semantics.parse_reduction(op, "all_reduce")
+    semantics.check_reduction("all_reduce", red, t.dtype)
+    caps = tp.caps
+    if (t.numel() == 0 or red.op is R.PREMUL_SUM or not caps.moves(t.dtype)
+            or not planner.plan(caps, "all_reduce", red.op, t.dtype, tp.size).native):
+        return None
+    return _native(tp, "all_reduce", "allreduce", ("all_reduce", str(red.op), t.dtype))
+
+
+def native_all_reduce_request(tp: Transport, op, t: torch.Tensor) -> Optional[Native]:
+    """``ProcessGroup.allreduce([t], opts)`` with ``op = opts.reduceOp``, when it is one native call of the backend's
+    ``allreduce`` with the same arguments; else None. The key: reduce op, dtype, shape, device."""
+    # _cached and _op_key inlined: this is the hot path of every eager all_reduce
+    key = ("all_reduce", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), t.dtype, t.shape,
+           None if t.is_cpu else t.device)
+    cache = tp.__dict__.get("_funcoll_native")
+    if cache is not None:
+        got = cache.get(key, _MISSING)
+        if got is None or (got is not _MISSING and got.caps is tp.caps and got.cls is type(tp)):
+            return got
+    got = _cached(tp, key)  # clears a stale cache
+    return got if got is not _MISSING else _resolve(tp, key, _build_all_reduce, op, t)
+
+
+def _build_all_gather(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
+    shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
+    caps = tp.caps
+    if (out.numel() == 0 or inp.dim() == 0 or tuple(out.shape) != tuple(shape) or not caps.has("all_gather")
+            or not caps.moves(inp.dtype)):
+        return None
+    return _native(tp, "all_gather", "_allgather_base", ("all_gather", "", inp.dtype))
+
+
+def native_all_gather_request(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
+    """``ProcessGroup._allgather_base(out, inp, opts)`` as one native call of the backend's ``_allgather_base``
+    (output in the concatenated shape)."""
+    key = ("all_gather", out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype, inp.shape,
+           None if inp.is_cpu else inp.device)
+    got = _cached(tp, key)
+    return got if got is not _MISSING else _resolve(tp, key, _build_all_gather, out, inp)
+
+
+def _build_reduce_scatter(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
+    red = semantics.parse_reduction(op, "reduce_scatter_tensor")
+    semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
+    semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
+    caps = tp.caps
+    if (out.numel() == 0 or red.op is R.PREMUL_SUM or out.dim() == 0
+            or tuple(inp.shape) != (tp.size * out.shape[0],) + tuple(out.shape[1:])
+            or not caps.moves(inp.dtype)
+            or not planner.plan(caps, "reduce_scatter", red.op, inp.dtype, tp.size).native):
+        return None
+    return _native(tp, "reduce_scatter", "_reduce_scatter_base", ("reduce_scatter", str(red.op), inp.dtype))
+
+
+def native_reduce_scatter_request(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
+    """``ProcessGroup._reduce_scatter_base(out, inp, opts)`` as one native call of the backend's own (input in the
+    concatenated shape)."""
+    key = ("reduce_scatter", _op_key(op), out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype,
+           inp.shape, None if inp.is_cpu else inp.device)
+    got = _cached(tp, key)
+    return got if got is not _MISSING else _resolve(tp, key, _build_reduce_scatter, op, out, inp)
+
+
+def _build_all_to_all(tp: Transport, out: torch.Tensor, inp: torch.Tensor, osz: tuple, isz: tuple):
+    outs, ins = semantics.check_all_to_all("all_to_all_single", out, inp, list(osz), list(isz), tp.size)
+    caps = tp.caps
+    if not caps.has("all_to_all") or not caps.moves(inp.dtype):
+        return None
+    if (osz or isz) and not (caps.uneven_all_to_all and list(osz) == outs and list(isz) == ins):
+        return None
+    return _native(tp, "all_to_all", "alltoall_base", ("all_to_all", "", inp.dtype))
+
+
+def native_all_to_all_request(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes: list,
+                              input_split_sizes: list) -> Optional[Native]:
+    """``ProcessGroup.alltoall_base(out, inp, output_split_sizes, input_split_sizes, opts)`` (lists; empty: even
+    splits) as one native call of the backend's ``alltoall_base``."""
+    osz, isz = tuple(output_split_sizes), tuple(input_split_sizes)
+    key = ("all_to_all", out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype, inp.shape,
+           None if inp.is_cpu else inp.device, osz, isz)
+    got = _cached(tp, key)
+    return got if got is not _MISSING else _resolve(tp, key, _build_all_to_all, out, inp, osz, isz)
+
+
+def _build_broadcast(tp: Transport, t: torch.Tensor, src, root_tensor) -> Optional[Native]:
+    semantics.check_root("broadcast", "src", src, tp.size)
+    caps = tp.caps
+    if root_tensor != 0 or t.numel() == 0 or not caps.has("broadcast") or not caps.moves(t.dtype):
+        return None
+    return _native(tp, "broadcast", "broadcast", ("broadcast", "", t.dtype))
+
+
+def native_broadcast_request(tp: Transport, t: torch.Tensor, src, root_tensor) -> Optional[Native]:
+    """``ProcessGroup.broadcast([t], opts)`` (group-local ``src = opts.rootRank``) as one native call of the backend's
+    ``broadcast``."""
+    key = ("broadcast", src, root_tensor, t.dtype, t.shape, None if t.is_cpu else t.device)
+    got = _cached(tp, key)
+    return got if got is not _MISSING else _resolve(tp, key, _build_broadcast, t, src, root_tensor)
 
 
 # ---------------------------------------------------------------------------------------------------

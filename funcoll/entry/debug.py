@@ -15,6 +15,17 @@ import. Per call it
    unchanged;
 5. hands the entry to the returned :class:`~funcoll.entry.work.FuncollWork`, which completes or fails it.
 
+The native fast path: when the transport's backend serves the request as it is under funcoll's semantics (one cached
+lookup per signature in :mod:`funcoll.algorithms`, e.g. ``native_all_reduce_request``: a new signature is validated
+in full, an invalid one is never cached), the entry numbers the call, records it in the flight recorder (a list,
+read as a :class:`~funcoll.flight_recorder.Call`; the signature's fingerprint is computed once) and calls the backend's
+own method with the caller's arguments. A blocking call (``opts.asyncOp`` False, as ``dist.*`` passes it) is waited on
+here, a failure raised naming the collective, and the backend's own Work returned; an async one gets a
+:class:`~funcoll.entry.work.NativeWork`. The full path runs instead in debug mode, while coalescing, for CPU requests
+while the size guard (:mod:`funcoll.entry.guard`, run in ``start()`` before anything is sent) is on for the group,
+while ``record()``, a profiler or the funcoll debug log observe (``algorithms.watched()``), for a group's first
+collective, and for anything the lookup does not call native.
+
 Debug mode: ``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (``FUNCOLL_DEBUG=0`` turns it off under
 DETAIL), read when a group first runs a collective; :func:`set_debug` per group. The check goes through the
 group's c10d store, never through the backend that carries the data: mismatched requests never reach gloo,
@@ -33,6 +44,7 @@ import functools
 import json
 import os
 import threading
+import time
 import warnings
 import weakref
 from datetime import timedelta
@@ -41,8 +53,15 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from funcoll.entry import flight_recorder
-from funcoll.entry.work import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, FuncollWork
+from funcoll.entry import flight_recorder, guard
+from funcoll.entry.work import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    FuncollWork,
+    NativeWork,
+    failure,
+)
 from funcoll.semantics import check_layout
 
 __all__ = ["instrument", "state_of", "set_debug", "debug_enabled", "sequence_number", "check", "fingerprint",
@@ -567,7 +586,20 @@ def _recent(st: GroupState, call) -> str:
 # ---------------------------------------------------------------------------------------------------
 # the hook: one wrapper per collective method
 # ---------------------------------------------------------------------------------------------------
-_tls = threading.local()
+_now = time.time
+_ident = threading.get_ident
+
+
+class _Depth(threading.local):
+    depth = 0  # > 0 inside a collective method: a method delegating to another is recorded once, as the outer one
+
+
+_tls = _Depth()
+
+
+def _is_async(args) -> bool:
+    """The call was issued with ``async_op=True`` (c10d passes the options last, with ``asyncOp``)."""
+    return bool(args) and getattr(args[-1], "asyncOp", False) is True
 
 
 class _StrategyLog(list):
@@ -584,13 +616,66 @@ class _StrategyLog(list):
             list.append(self, item)
 
 
-def _wrap(method: str, fn: Callable, spec: Spec) -> Callable:
+def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None) -> Callable:
     from funcoll import algorithms
     from funcoll.transport import before_send
 
+    watched = algorithms.watched
+    op = spec.op
+
     @functools.wraps(fn)
     def collective(self, *args, **kwargs):
-        if getattr(_tls, "depth", 0):  # a method delegating to another: the outer call is the one recorded
+        if fast is not None and not kwargs:
+            # The native fast path: not in debug mode, not while coalescing, not while funcoll.entry.guard's size
+            # guard checks this group's collectives (its state, once a guarded call made it, is "_funcoll_guard"), not
+            # while anyone observes collectives, not inside another collective method. ``fast`` (the entry's adapter)
+            # makes one cached lookup in funcoll.algorithms: a Native when the backend serves the request as it is.
+            # The call is numbered and recorded ("native"), then the backend's own method is called with the caller's
+            # arguments. A blocking call (opts.asyncOp False) is waited on here (a failure raises naming the
+            # collective) and the backend's own Work returned; else a NativeWork wraps it.
+            d = self.__dict__
+            st = d.get("_funcoll_state")
+            if (st is not None and not st.debug and self._coalesced is None and not _tls.depth
+                    and not watched()):
+                try:
+                    nat = fast(self, args)
+                except Exception:  # noqa: BLE001 - a request the adapter cannot read: the full path names the problem
+                    nat = None
+                # the size guard checks CPU collectives of this group before they send: the full path runs it
+                if (nat is not None and nat.tp.device_type == "cpu" and not args[-1].asyncOp
+                        and (d.get("_funcoll_guard") or guard._state(self, st)).on):
+                    nat = None
+                if nat is not None:
+                    fp = nat.note
+                    if fp is None:  # the signature's description, once: the same for every call of it
+                        fp = nat.note = fingerprint(self, method, args, kwargs)
+                    trace = st.trace
+                    nat.tp.calls[nat.calls_key] += 1
+                    # trace.native_record(op, method, fp), inlined (the hot path of every call)
+                    with trace.lock:
+                        seq = trace.seq
+                        trace.seq = seq + 1
+                        rec = [seq, op, method, fp, _now(), None, _ident()]
+                        if trace.enabled:
+                            trace.buffer.append(rec)
+                    if args[-1].asyncOp:
+                        try:
+                            work = nat.issue(*args)
+                        except Exception as e:  # noqa: BLE001 - the backend failed while issuing
+                            call = trace.promote(rec)
+                            call.failed(e)
+                            raise CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}") from e
+                        return NativeWork(work, rec, st)
+                    try:
+                        work = nat.issue(*args)
+                        work.wait()
+                    except Exception as e:  # noqa: BLE001 - re-raised naming the collective
+                        call = trace.promote(rec)
+                        call.timeout = st.timeout_s()
+                        raise failure(call, trace, e) from e
+                    rec[5] = _now()
+                    return work
+        if _tls.depth:  # a method delegating to another: the outer call is the one recorded
             return fn(self, *args, **kwargs)
         st = state_of(self)
         call = st.trace.call(spec.op, method, fingerprint(self, method, args, kwargs))
@@ -606,8 +691,11 @@ def _wrap(method: str, fn: Callable, spec: Spec) -> Callable:
         def start():  # right before the first primitive sends: everything has been validated
             st.trace.number(call, spec.p2p)
             numbered.append(True)
-            if st.debug and not spec.p2p:
-                check(self, st, call)
+            if not spec.p2p:
+                if st.debug:
+                    check(self, st, call)  # the full check, through the store
+                elif not _is_async(args):
+                    guard.guard(self, st, call)  # blocking CPU collectives, 2+ ranks: sizes agree, or a clear error
 
         log = _StrategyLog() if st.trace.enabled else None
         _tls.depth = 1
@@ -653,13 +741,16 @@ def _wrap(method: str, fn: Callable, spec: Spec) -> Callable:
     return collective
 
 
-def instrument(cls) -> None:
-    """Wraps every collective method of ``cls`` (ProcessGroupFuncoll) that :data:`SPECS` describes. Idempotent."""
+def instrument(cls, fast: Optional[Dict[str, Callable]] = None) -> None:
+    """Wraps every collective method of ``cls`` (ProcessGroupFuncoll) that :data:`SPECS` describes. Idempotent.
+    ``fast[method]``, where given, is the method's native fast path: ``fast(pg, args)`` -> a
+    :class:`funcoll.algorithms.Native` when the request (positional arguments, options last) is one native backend
+    call, else None."""
     for method, spec in SPECS.items():
         fn = cls.__dict__.get(method)
         if fn is None or hasattr(fn, "__funcoll_spec__"):
             continue
-        setattr(cls, method, _wrap(method, fn, spec))
+        setattr(cls, method, _wrap(method, fn, spec, (fast or {}).get(method)))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class Call:
     def as_dict(self) -> dict:
         return {"group": self.group, "global_ranks": list(self.global_ranks), "rank": self.rank,
                 "size": self.size, "seq": self.seq, "p2p_seq": self.p2p_seq, "op": self.op,
-                "method": self.method, "fingerprint": self.fingerprint, "strategies": list(self.strategies),
+                "method": self.method, "fingerprint": dict(self.fingerprint), "strategies": list(self.strategies),
                 "state": self.state, "time_issued": self.t_issued, "time_done": self.t_done,
                 "duration_ms": None if self.t_done is None else 1e3 * (self.t_done - self.t_issued),
                 "error": self.error, "thread": self.thread}
@@ -172,6 +172,42 @@ class GroupTrace:
                 self.buffer.append(call)
         return call
 
+    def native_record(self, op: str, method: str, fingerprint: dict) -> list:
+        """A numbered, recorded entry for a collective the eager fast path issues as one native backend call (its
+        strategy "native", its fingerprint the one of its signature, computed once per signature), at the cost of a
+        list: ``[seq, op, method, fingerprint, time issued, time done (None while running), thread id]``; the caller
+        sets ``[5]`` when it completes.
+        Read as a :class:`Call` (:meth:`entries`); :meth:`promote` turns it into one in place (a failure). The eager
+        fast path (:func:`funcoll.entry.debug.instrument`) inlines this method: change both together."""
+        with self.lock:
+            seq = self.seq
+            self.seq = seq + 1
+            rec = [seq, op, method, fingerprint, _time(), None, _ident()]
+            if self.enabled:
+                self.buffer.append(rec)
+        return rec
+
+    def _call_of(self, rec: list, names: Optional[dict] = None) -> Call:
+        call = Call(self.group, self.global_ranks, self.rank, self.size, rec[1], rec[2], rec[3], seq=rec[0])
+        call.strategies = ["native"]
+        call.t_issued = rec[4]
+        if rec[5] is not None:
+            call.state, call.t_done = COMPLETED, rec[5]
+        if names is None:
+            names = _thread_names()
+        call.thread = names.get(rec[6], f"thread {rec[6]}")
+        return call
+
+    def promote(self, rec: list) -> Call:
+        """The :class:`Call` of a record, put in its place in the buffer: its state is the Call's from now on."""
+        call = self._call_of(rec)
+        with self.lock:
+            for i, c in enumerate(self.buffer):
+                if c is rec:
+                    self.buffer[i] = call
+                    break
+        return call
+
     def keep(self, call: Call) -> Call:
         """Records ``call`` without a number: a request rejected before anything was sent, a monitored_barrier."""
         with self.lock:
@@ -185,7 +221,11 @@ class GroupTrace:
 
     def entries(self) -> List[Call]:
         with self.lock:
-            return list(self.buffer)
+            items = list(self.buffer)
+        if any(type(c) is list for c in items):  # blocking native calls, recorded as lists: read as Calls
+            names = _thread_names()
+            items = [self._call_of(c, names) if type(c) is list else c for c in items]
+        return items
 
     def format(self, last: Optional[int] = None) -> str:
         calls = self.entries()
@@ -202,6 +242,12 @@ class GroupTrace:
 
 
 _traces: "weakref.WeakValueDictionary[int, GroupTrace]" = weakref.WeakValueDictionary()
+_time = time.time
+_ident = threading.get_ident
+
+
+def _thread_names() -> dict:
+    return {th.ident: th.name for th in threading.enumerate()}
 
 
 def trace_of(group) -> GroupTrace:

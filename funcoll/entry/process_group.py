@@ -36,10 +36,13 @@ class Options:
     None (default) means lazy only when the store cannot rendezvous other processes (HashStore, FakeStore),
     as when a single process builds a virtual world to read the HLO it would compile.
     ``profile``: a capability profile for this group's CPU transport, overriding ``FUNCOLL_PROFILE``.
+    ``guard``: the size guard on this group's CPU collectives (:mod:`funcoll.entry.guard`); None (default) means
+    ``FUNCOLL_GUARD`` (on unless set to 0).
     """
 
     lazy_cpu: Optional[bool] = None
     profile: Optional[str] = None
+    guard: Optional[bool] = None
 
 
 def _local_stores() -> tuple:
@@ -378,6 +381,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         """Drops the transports and calls ``how`` ("shutdown" or "abort") on each one's own backend."""
         with self._lock:
             transports, self._transports = dict(self._transports), {}
+        self.__dict__.pop("_funcoll_guard", None)  # the size guard's reference to the CPU backend and its buffers
         for tp in transports.values():
             stop = getattr(getattr(tp, "backend", None), how, None)
             if stop is not None:
@@ -413,10 +417,105 @@ class ProcessGroupFuncoll(ProcessGroup):
         return child
 
 
-# the one hook every collective passes through: sequence numbers, flight recorder, debug-mode check (funcoll.debug)
+# -- the native fast path ------------------------------------------------------------------------------------
+# Per method: the request as c10d passes it (positional arguments, options last), checked for what a signature does
+# not hold (one dense contiguous tensor of a plain class per argument, options of the method's own type), then one
+# cached lookup in funcoll.algorithms, which decides whether the backend serves the signature natively and
+# unchanged. None: the full path (funcoll.entry.debug.instrument calls these only when nobody observes).
+_STRIDED = torch.strided
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_C = torch._C._distributed_c10d
+
+
+def _dense(t) -> bool:
+    return t.__class__ in _PLAIN and t.layout is _STRIDED and t.is_contiguous()
+
+
+def _tp_of(pg: "ProcessGroupFuncoll", t) -> Optional[Transport]:
+    return pg._transports.get("cpu" if t.is_cpu else t.device.type)
+
+
+def _fast_allreduce(pg, args, _opts=_C.AllreduceOptions, _lookup=algorithms.native_all_reduce_request):
+    if len(args) != 2:
+        return None
+    tensors, opts = args
+    if type(opts) is not _opts or type(tensors) is not list or len(tensors) != 1:
+        return None
+    t = tensors[0]
+    if t.__class__ not in _PLAIN:
+        return None
+    tp = pg._transports.get("cpu" if t.is_cpu else t.device.type)
+    if tp is None:
+        return None
+    nat = _lookup(tp, opts.reduceOp, t)
+    return nat if nat is not None and t.layout is _STRIDED and t.is_contiguous() else None
+
+
+def _fast_allgather_base(pg, args):
+    if len(args) != 3 or type(args[2]) is not _C.AllgatherOptions:
+        return None
+    out, inp = args[0], args[1]
+    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN:
+        return None
+    tp = _tp_of(pg, inp)
+    if tp is None:
+        return None
+    nat = algorithms.native_all_gather_request(tp, out, inp)
+    return nat if nat is not None and _dense(out) and _dense(inp) else None
+
+
+def _fast_reduce_scatter_base(pg, args):
+    if len(args) != 3 or type(args[2]) is not _C.ReduceScatterOptions:
+        return None
+    out, inp, opts = args
+    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN:
+        return None
+    tp = _tp_of(pg, inp)
+    if tp is None:
+        return None
+    nat = algorithms.native_reduce_scatter_request(tp, opts.reduceOp, out, inp)
+    return nat if nat is not None and _dense(out) and _dense(inp) else None
+
+
+def _fast_alltoall_base(pg, args):
+    if len(args) != 5 or type(args[4]) is not _C.AllToAllOptions:
+        return None
+    out, inp, osz, isz = args[0], args[1], args[2], args[3]
+    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN or type(osz) is not list or type(isz) is not list:
+        return None
+    tp = _tp_of(pg, inp)
+    if tp is None:
+        return None
+    nat = algorithms.native_all_to_all_request(tp, out, inp, osz, isz)
+    return nat if nat is not None and _dense(out) and _dense(inp) else None
+
+
+def _fast_broadcast(pg, args):
+    if len(args) != 2:
+        return None
+    tensors, opts = args
+    if type(opts) is not _C.BroadcastOptions or type(tensors) is not list or len(tensors) != 1:
+        return None
+    t = tensors[0]
+    if t.__class__ not in _PLAIN:
+        return None
+    tp = _tp_of(pg, t)
+    if tp is None:
+        return None
+    nat = algorithms.native_broadcast_request(tp, t, opts.rootRank, opts.rootTensor)
+    return nat if nat is not None and t.layout is _STRIDED and t.is_contiguous() else None
+
+
+_FAST = {"allreduce": _fast_allreduce, "broadcast": _fast_broadcast,
+         "_allgather_base": _fast_allgather_base, "all_gather_single": _fast_allgather_base,
+         "_reduce_scatter_base": _fast_reduce_scatter_base, "reduce_scatter_single": _fast_reduce_scatter_base,
+         "alltoall_base": _fast_alltoall_base, "all_to_all_single": _fast_alltoall_base}
+
+# the one hook every collective passes through: sequence numbers, flight recorder, debug-mode check, the native fast
+# path (funcoll.entry.debug)
 from funcoll.entry.debug import instrument as _instrument  # noqa: E402
 
-_instrument(ProcessGroupFuncoll)
+_instrument(ProcessGroupFuncoll, _FAST)
 
 
 def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:

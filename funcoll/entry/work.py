@@ -20,6 +20,7 @@ quoted in the message.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Optional, Sequence
 
@@ -29,7 +30,10 @@ from torch._C._distributed_c10d import Work
 
 from funcoll.entry import flight_recorder
 
-__all__ = ["FuncollWork", "CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError"]
+_now = time.time
+
+__all__ = ["FuncollWork", "NativeWork", "CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError",
+           "failure"]
 
 
 class CollectiveError(dist.DistBackendError):
@@ -133,20 +137,7 @@ class FuncollWork(Work):
     def _failure(self, e: BaseException) -> CollectiveError:
         """Records ``e`` as this collective's permanent failure; returns the error to raise."""
         if self._exc is None:
-            if isinstance(e, CollectiveError):
-                err = e
-            else:
-                timeout = _is_backend_timeout(e)
-                cls = CollectiveTimeoutError if timeout else CollectiveError
-                what = "timed out" if timeout else "failed"
-                group_t = getattr(self._call, "timeout", None) if self._call is not None else None
-                tt = f" (group timeout {group_t:g} s)" if timeout and group_t else ""
-                err = cls(f"funcoll: {self._label()} {what}{tt}: {_backend_message(e)}"
-                          + _recent(self._call, self._trace, dump=timeout))
-                err.__cause__ = e
-            self._exc = err
-            if self._call is not None:
-                self._call.failed(e)
+            self._exc = failure(self._call, self._trace, e)
         return self._exc
 
     def _wait_timeout(self, e: BaseException, limit: timedelta) -> CollectiveTimeoutError:
@@ -244,3 +235,134 @@ class FuncollWork(Work):
             self._pending.future().add_done_callback(finish)
             self._fut = out
             return self._fut
+
+
+class NativeWork(FuncollWork):
+    """The Work of a collective the eager fast path issued as one native call of the transport's backend: the
+    backend's own Work, with :class:`FuncollWork`'s contract kept (errors and timeouts naming the collective, its group,
+    ranks and sequence number; ``exception()``, ``is_success()``, futures; the flight-recorder state). Nothing runs
+    after the backend's Work: there are no finishing steps. Blocking calls do not get one: the entry waits on the
+    backend's Work itself and returns it (:func:`funcoll.entry.debug.instrument`)."""
+
+    _done = False
+    _exc: Optional[CollectiveError] = None
+    _fut: Optional[torch.futures.Future] = None
+    _c: Optional[flight_recorder.Call] = None
+    _future_lock = threading.Lock()
+
+    def __init__(self, handle, rec: list, state):  # noqa: D107 - FuncollWork's __init__ is not run
+        Work.__init__(self)
+        self._h = handle
+        self._rec = rec  # the call's flight-recorder record (GroupTrace.native_record): a Call only when it fails
+        self._st = state  # the group's funcoll.entry.debug.GroupState
+
+    @property
+    def _call(self) -> flight_recorder.Call:  # type: ignore[override]
+        """The call's :class:`Call`, made from its record (in its place in the flight recorder) when first needed: to
+        name the collective in an error."""
+        if self._c is None:
+            self._c = self._st.trace.promote(self._rec)
+        return self._c
+
+    def _completed(self) -> None:
+        if self._c is None:
+            self._rec[5] = _now()
+        else:
+            self._c.completed()
+
+    @property
+    def _trace(self):  # type: ignore[override]
+        return self._st.trace
+
+    @property
+    def _result(self):  # type: ignore[override]
+        return self._h.result()
+
+    @property
+    def _pending(self):  # type: ignore[override]  # the handle, for code that waits on a FuncollWork's pending part
+        from funcoll.algorithms import Pending
+
+        return Pending([self._h])
+
+    def _failure(self, e: BaseException) -> CollectiveError:
+        call = self._call
+        if call is not None and call.timeout is None:
+            call.timeout = self._st.timeout_s()
+        return super()._failure(e)
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        if self._exc is not None:
+            raise self._exc
+        if self._done:
+            return True
+        limit = timeout if timeout and timeout > timedelta(0) else None
+        try:
+            if limit is None:
+                self._h.wait()
+            else:
+                self._h.wait(limit)
+        except Exception as e:  # noqa: BLE001 - re-raised with the collective named
+            if limit is not None and _is_wait_timeout(e):
+                raise self._wait_timeout(e, limit) from e
+            raise self._failure(e) from e
+        self._done = True
+        self._completed()
+        return True
+
+    def is_completed(self) -> bool:
+        if self._done or self._exc is not None:
+            return True
+        if not self._h.is_completed():
+            return False
+        try:
+            self.wait()  # completed: returns at once, or records the error
+        except Exception:  # noqa: BLE001 - recorded in self._exc
+            pass
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        with self._future_lock:
+            if self._fut is not None:
+                return self._fut
+            out: torch.futures.Future = torch.futures.Future()
+            self._fut = out
+        if self._done or self._exc is not None:
+            if self._exc is not None:
+                out.set_exception(self._exc)
+            else:
+                out.set_result(self._result)
+            return out
+
+        def finish(f):  # on the backend's thread; the error keeps its type
+            try:
+                value = f.value()  # re-raises the backend's error
+            except Exception as e:  # noqa: BLE001
+                out.set_exception(self._failure(e))
+                return
+            self._done = True
+            self._completed()
+            out.set_result(value)
+
+        self._h.get_future().add_done_callback(finish)
+        return out
+
+
+def failure(call: Optional[flight_recorder.Call], trace: Optional[flight_recorder.GroupTrace],
+            e: BaseException) -> CollectiveError:
+    """The error to raise for a collective that failed with the backend's error ``e`` (naming the op, the group, its
+    ranks and the sequence number; a timeout quotes and dumps the flight recorder); records the failure in ``call``.
+    What :meth:`FuncollWork.wait` raises, and the eager fast path for a blocking call it waited on itself."""
+    if isinstance(e, CollectiveError):
+        err = e
+    else:
+        timeout = _is_backend_timeout(e)
+        cls = CollectiveTimeoutError if timeout else CollectiveError
+        what = "timed out" if timeout else "failed"
+        group_t = getattr(call, "timeout", None) if call is not None else None
+        tt = f" (group timeout {group_t:g} s)" if timeout and group_t else ""
+        label = call.label() if call is not None else "collective"
+        err = cls(f"funcoll: {label} {what}{tt}: {_backend_message(e)}" + _recent(call, trace, dump=timeout))
+        err.__cause__ = e
+    if call is not None:
+        call.failed(e)
+    return err
