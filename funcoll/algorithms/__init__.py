@@ -493,6 +493,16 @@ def _count_to_bool(kind: str, count: torch.Tensor, n: int) -> torch.Tensor:
     return count.bitwise_and(1) != 0
 
 
+def _count_to_bool_(kind: str, count: torch.Tensor, n: int) -> None:
+    """:func:`_count_to_bool` in place, on a uint8 count that is the bool tensor's own bytes (0/1 afterwards)."""
+    if kind == planner.BOOL_ANY:
+        count.clamp_(max=1)
+    elif kind == planner.BOOL_ALL:
+        count.eq_(n)
+    else:
+        count.bitwise_and_(1)
+
+
 def _padded_flat(t: torch.Tensor, n: int) -> torch.Tensor:
     """``t`` flattened, as is when its size divides by ``n`` (a view: no copy), else copied and padded to it."""
     flat = t.reshape(-1)
@@ -565,6 +575,10 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
         w = t.to(step.dtype)
         return _run_ar(tp, w, red, rest).and_then(lambda: t.copy_(w))
     if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
+        if step.dtype == torch.uint8 and t.is_contiguous():
+            # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place
+            w = t.view(torch.uint8)
+            return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: _count_to_bool_(kind, w, n))
         w = t.to(step.dtype)
         return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_count_to_bool(kind, w, n)))
     if kind == planner.RS_AG_LOCAL:
