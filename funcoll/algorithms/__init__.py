@@ -575,7 +575,7 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
         w = t.to(step.dtype)
         return _run_ar(tp, w, red, rest).and_then(lambda: t.copy_(w))
     if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
-        if step.dtype == torch.uint8 and t.is_contiguous():
+        if step.dtype == torch.uint8 and t.is_contiguous() and tp.dtype_views:
             # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place
             w = t.view(torch.uint8)
             return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: _count_to_bool_(kind, w, n))

@@ -324,6 +324,9 @@ class Transport:
     # algorithms as tensors (parameters of the computation), never as Python constants. Eager transports make them
     # on the tensor's device.
     virtual = False  # True: a world built in one process to read what it would compile; it cannot run collectives
+    # a view of a tensor as another dtype of the same width is free (False on XLA: torch_xla 2.9 runs view.dtype as a
+    # CPU fallback with a sync); strategies that could work in such a view then convert instead
+    dtype_views = True
 
     def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
         """A bool vector of the group's size, True at this rank only, on ``like``'s device."""

@@ -176,6 +176,7 @@ class XlaTransport(Transport):
     all there is to do; the graph runs at the next ``torch_xla.sync()`` or when a result is read)."""
 
     device_type = "xla"
+    dtype_views = False  # view.dtype is a CPU fallback with a sync on torch_xla 2.9 (the module's rules)
     _caps_cache: Optional[Tuple[int, Capabilities]] = None
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
