@@ -587,7 +587,6 @@ def _recent(st: GroupState, call) -> str:
 # the hook: one wrapper per collective method
 # ---------------------------------------------------------------------------------------------------
 _now = time.time
-_ident = threading.get_ident
 
 
 class _Depth(threading.local):
@@ -651,13 +650,7 @@ def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None
                         fp = nat.note = fingerprint(self, method, args, kwargs)
                     trace = st.trace
                     nat.tp.calls[nat.calls_key] += 1
-                    # trace.native_record(op, method, fp), inlined (the hot path of every call)
-                    with trace.lock:
-                        seq = trace.seq
-                        trace.seq = seq + 1
-                        rec = [seq, op, method, fp, _now(), None, _ident()]
-                        if trace.enabled:
-                            trace.buffer.append(rec)
+                    rec = trace.native_record(op, method, fp)
                     if args[-1].asyncOp:
                         try:
                             work = nat.issue(*args)

@@ -177,8 +177,7 @@ class GroupTrace:
         strategy "native", its fingerprint the one of its signature, computed once per signature), at the cost of a
         list: ``[seq, op, method, fingerprint, time issued, time done (None while running), thread id]``; the caller
         sets ``[5]`` when it completes.
-        Read as a :class:`Call` (:meth:`entries`); :meth:`promote` turns it into one in place (a failure). The eager
-        fast path (:func:`funcoll.entry.debug.instrument`) inlines this method: change both together."""
+        Read as a :class:`Call` (:meth:`entries`); :meth:`promote` turns it into one in place (a failure)."""
         with self.lock:
             seq = self.seq
             self.seq = seq + 1

@@ -107,6 +107,12 @@ def _is_backend_timeout(e: BaseException) -> bool:
     return "timed out" in s or "timeout" in s
 
 
+def _named(work, e: BaseException, limit) -> CollectiveError:
+    """The error a Work's ``wait`` raises for the backend's ``e``: a timeout of the caller's ``limit`` as such, else
+    the collective's failure; both name the collective (FuncollWork and NativeWork alike)."""
+    return work._wait_timeout(e, limit) if limit is not None and _is_wait_timeout(e) else work._failure(e)
+
+
 class FuncollWork(Work):
     """A Work whose ``wait()`` waits on the transport's native handles, then runs the algorithm's finishing
     steps. Asynchronous where the transport is (gloo, XCCL); complete at once on XLA."""
@@ -162,9 +168,7 @@ class FuncollWork(Work):
             try:
                 self._pending.wait(limit)
             except Exception as e:  # noqa: BLE001 - re-raised with the collective named
-                if limit is not None and _is_wait_timeout(e):
-                    raise self._wait_timeout(e, limit) from e
-                raise self._failure(e) from e
+                raise _named(self, e, limit) from e
             self._done = True
             if self._call is not None:
                 self._call.completed()
@@ -302,9 +306,7 @@ class NativeWork(FuncollWork):
             else:
                 self._h.wait(limit)
         except Exception as e:  # noqa: BLE001 - re-raised with the collective named
-            if limit is not None and _is_wait_timeout(e):
-                raise self._wait_timeout(e, limit) from e
-            raise self._failure(e) from e
+            raise _named(self, e, limit) from e
         self._done = True
         self._completed()
         return True
