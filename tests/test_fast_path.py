@@ -308,7 +308,7 @@ def test_a_signature_is_validated_once_and_the_answer_is_the_planners(tp, monkey
     first = algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), t)
     again = algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.zeros(4))
     assert first is again and first is not None and len(parsed) == 1
-    assert first.calls_key == ("all_reduce", "sum", torch.float32) and first.issue == tp.backend.allreduce
+    assert first.tally.key == ("all_reduce", "sum", torch.float32) and first.issue == tp.backend.allreduce
     # a new signature (shape, dtype, op) is validated again
     algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.ones(5))
     assert len(parsed) == 2

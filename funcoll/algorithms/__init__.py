@@ -242,15 +242,17 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
 # hold (dense, contiguous tensors).
 class Native:
     """A request signature the transport's backend serves natively and unchanged: ``issue`` is the backend's own
-    method of the same name as the eager ProcessGroup method (called with the caller's arguments), ``calls_key`` the
-    transport's call counter to count it under. ``note`` is the entry point's own per-signature data (its
-    flight-recorder description), filled once by the entry point."""
+    method of the same name as the eager ProcessGroup method (called with the caller's arguments); ``tally.n += 1``
+    counts a call in the transport's :attr:`~funcoll.transport.Transport.calls` (a ``Transport.tally``); ``cpu``: the
+    request's tensors are CPU tensors. ``note`` is the entry point's own per-signature data (its flight-recorder
+    description), filled once by the entry point."""
 
-    __slots__ = ("tp", "caps", "cls", "issue", "calls_key", "note")
+    __slots__ = ("tp", "caps", "cls", "issue", "tally", "cpu", "note")
 
     def __init__(self, tp: Transport, issue: Callable, calls_key: tuple):
-        self.tp, self.caps, self.cls, self.issue, self.calls_key, self.note = \
-            tp, tp.caps, type(tp), issue, calls_key, None
+        self.tp, self.caps, self.cls, self.issue, self.note = tp, tp.caps, type(tp), issue, None
+        self.tally = tp.tally(calls_key)
+        self.cpu = tp.device_type == "cpu"
 
 
 _NATIVE_CACHE_MAX = 4096  # signatures per transport; the cache starts over past it

@@ -615,6 +615,13 @@ class _StrategyLog(list):
             list.append(self, item)
 
 
+def _describe(nat, pg, method: str, args) -> dict:
+    """The flight-recorder description of a native signature's calls, computed at its first call: the same for
+    every call of it."""
+    nat.note = fingerprint(pg, method, args, {})
+    return nat.note
+
+
 def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None) -> Callable:
     from funcoll import algorithms
     from funcoll.transport import before_send
@@ -624,48 +631,42 @@ def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None
 
     @functools.wraps(fn)
     def collective(self, *args, **kwargs):
-        if fast is not None and not kwargs:
-            # The native fast path: not in debug mode, not while coalescing, not while funcoll.entry.guard's size
-            # guard checks this group's collectives (its state, once a guarded call made it, is "_funcoll_guard"), not
-            # while anyone observes collectives, not inside another collective method. ``fast`` (the entry's adapter)
-            # makes one cached lookup in funcoll.algorithms: a Native when the backend serves the request as it is.
-            # The call is numbered and recorded ("native"), then the backend's own method is called with the caller's
-            # arguments. A blocking call (opts.asyncOp False) is waited on here (a failure raises naming the
-            # collective) and the backend's own Work returned; else a NativeWork wraps it.
-            d = self.__dict__
-            st = d.get("_funcoll_state")
-            if (st is not None and not st.debug and self._coalesced is None and not _tls.depth
-                    and not watched()):
-                try:
-                    nat = fast(self, args)
-                except Exception:  # noqa: BLE001 - a request the adapter cannot read: the full path names the problem
-                    nat = None
-                # the size guard checks CPU collectives of this group before they send: the full path runs it
-                if (nat is not None and nat.tp.device_type == "cpu" and not args[-1].asyncOp
-                        and (d.get("_funcoll_guard") or guard._state(self, st)).on):
-                    nat = None
-                if nat is not None:
-                    fp = nat.note
-                    if fp is None:  # the signature's description, once: the same for every call of it
-                        fp = nat.note = fingerprint(self, method, args, kwargs)
-                    trace = st.trace
-                    nat.tp.calls[nat.calls_key] += 1
-                    rec = trace.native_record(op, method, fp)
-                    if args[-1].asyncOp:
-                        try:
-                            work = nat.issue(*args)
-                        except Exception as e:  # noqa: BLE001 - the backend failed while issuing
-                            call = trace.promote(rec)
-                            call.failed(e)
-                            raise CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}") from e
-                        return NativeWork(work, rec, st)
+        # The native fast path: not in debug mode, not while coalescing, not inside another collective method, not
+        # while anyone observes collectives. ``fast`` (the entry's adapter) makes one cached lookup in
+        # funcoll.algorithms: a Native when the backend serves the request as it is. The call is counted, numbered and
+        # recorded ("native"), then the backend's own method is called with the caller's arguments. A blocking call
+        # (opts.asyncOp False) is waited on here (a failure raises naming the collective) and the backend's own Work
+        # returned; else a NativeWork wraps it. funcoll.entry.guard's size guard checks blocking CPU collectives of
+        # groups of 2+ ranks before they send: those take the full path, which runs it. Every step here is one the full
+        # path also makes; this is the hot path of every small eager collective, so it reads each thing once.
+        st = self.__dict__.get("_funcoll_state")
+        if (fast is not None and st is not None and not st.debug and self._coalesced is None and not kwargs
+                and not _tls.depth and not watched()):
+            try:
+                nat = fast(self, args)
+            except Exception:  # noqa: BLE001 - a request the adapter cannot read: the full path names the problem
+                nat = None
+            if nat is not None:
+                if args[-1].asyncOp:
+                    nat.tally.n += 1
+                    rec = st.trace.native_record(op, method, nat.note or _describe(nat, self, method, args))
+                    try:
+                        work = nat.issue(*args)
+                    except Exception as e:  # noqa: BLE001 - the backend failed while issuing
+                        call = st.trace.promote(rec)
+                        call.failed(e)
+                        raise CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}") from e
+                    return NativeWork(work, rec, st)
+                if not (nat.cpu and (self.__dict__.get("_funcoll_guard") or guard._state(self, st)).on):
+                    nat.tally.n += 1
+                    rec = st.trace.native_record(op, method, nat.note or _describe(nat, self, method, args))
                     try:
                         work = nat.issue(*args)
                         work.wait()
                     except Exception as e:  # noqa: BLE001 - re-raised naming the collective
-                        call = trace.promote(rec)
+                        call = st.trace.promote(rec)
                         call.timeout = st.timeout_s()
-                        raise failure(call, trace, e) from e
+                        raise failure(call, st.trace, e) from e
                     rec[5] = _now()
                     return work
         if _tls.depth:  # a method delegating to another: the outer call is the one recorded

@@ -19,6 +19,7 @@ NCCL's ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``) and the last entries are quoted in t
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import threading
@@ -147,13 +148,18 @@ class GroupTrace:
         self.global_ranks = tuple(global_ranks)
         self.rank = rank
         self.size = size
-        self.seq = 0  # the next collective's sequence number
+        self._seq = itertools.count()  # the collectives' sequence numbers: next() is atomic, no lock needed
         self.p2p_seq = 0
         self.lock = threading.Lock()
         n = buffer_size() if maxlen is None else maxlen
         self.enabled = n > 0
         self.buffer: collections.deque = collections.deque(maxlen=max(n, 1))
         _traces[id(self)] = self
+
+    @property
+    def seq(self) -> int:
+        """The sequence number the next collective will get."""
+        return int(repr(self._seq)[6:-1])  # "count(N)": itertools.count shows its next value, and has no peek
 
     def call(self, op: str, method: str, fingerprint: dict) -> Call:
         """A new entry, not numbered yet (:meth:`number` when its first byte is about to be sent)."""
@@ -166,8 +172,7 @@ class GroupTrace:
                 call.p2p_seq = self.p2p_seq
                 self.p2p_seq += 1
             else:
-                call.seq = self.seq
-                self.seq += 1
+                call.seq = next(self._seq)
             if self.enabled:
                 self.buffer.append(call)
         return call
@@ -178,12 +183,9 @@ class GroupTrace:
         list: ``[seq, op, method, fingerprint, time issued, time done (None while running), thread id]``; the caller
         sets ``[5]`` when it completes.
         Read as a :class:`Call` (:meth:`entries`); :meth:`promote` turns it into one in place (a failure)."""
-        with self.lock:
-            seq = self.seq
-            self.seq = seq + 1
-            rec = [seq, op, method, fingerprint, _time(), None, _ident()]
-            if self.enabled:
-                self.buffer.append(rec)
+        rec = [next(self._seq), op, method, fingerprint, _time(), None, _ident()]
+        if self.enabled:
+            self.buffer.append(rec)
         return rec
 
     def _call_of(self, rec: list, names: Optional[dict] = None) -> Call:

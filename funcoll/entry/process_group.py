@@ -436,19 +436,15 @@ def _tp_of(pg: "ProcessGroupFuncoll", t) -> Optional[Transport]:
 
 
 def _fast_allreduce(pg, args, _opts=_C.AllreduceOptions, _lookup=algorithms.native_all_reduce_request):
-    if len(args) != 2:
-        return None
-    tensors, opts = args
-    if type(opts) is not _opts or type(tensors) is not list or len(tensors) != 1:
-        return None
-    t = tensors[0]
-    if t.__class__ not in _PLAIN:
-        return None
-    tp = pg._transports.get("cpu" if t.is_cpu else t.device.type)
-    if tp is None:
-        return None
-    nat = _lookup(tp, opts.reduceOp, t)
-    return nat if nat is not None and t.layout is _STRIDED and t.is_contiguous() else None
+    if len(args) == 2:
+        tensors, opts = args
+        if type(opts) is _opts and type(tensors) is list and len(tensors) == 1:
+            t = tensors[0]
+            if t.__class__ in _PLAIN and t.layout is _STRIDED and t.is_contiguous():
+                tp = pg._transports.get("cpu" if t.is_cpu else t.device.type)
+                if tp is not None:
+                    return _lookup(tp, opts.reduceOp, t)
+    return None
 
 
 def _fast_allgather_base(pg, args):

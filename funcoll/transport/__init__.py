@@ -234,6 +234,15 @@ class Done(Handle):
 DONE = Done()
 
 
+class Tally:
+    """A count of native calls under one :attr:`Transport.calls` key, kept apart until ``calls`` is read."""
+
+    __slots__ = ("key", "n")
+
+    def __init__(self, key: tuple):
+        self.key, self.n = key, 0
+
+
 class Transport:
     """The primitives of one backend for one group. Ranks are group-local.
 
@@ -247,8 +256,26 @@ class Transport:
         self.rank = rank
         self.size = size
         self.caps = caps
-        # (primitive, reduce op or "", dtype) -> count. Tests read this to prove which path ran.
-        self.calls: collections.Counter = collections.Counter()
+        self._calls: collections.Counter = collections.Counter()
+        self._tallies: Dict[tuple, Tally] = {}
+
+    @property
+    def calls(self) -> collections.Counter:
+        """(primitive, reduce op or "", dtype) -> count of the native calls made. Tests read this to prove which path
+        ran. Calls the layers above make on the backend directly count in a :meth:`tally`, added here when read."""
+        for t in self._tallies.values():
+            if t.n:
+                self._calls[t.key] += t.n
+                t.n = 0
+        return self._calls
+
+    def tally(self, key: tuple) -> "Tally":
+        """The counter of native calls under ``key`` (as :attr:`calls` names them) made without the transport, one per
+        key: the eager fast path calls the backend's own method, and counts with one integer increment."""
+        t = self._tallies.get(key)
+        if t is None:
+            t = self._tallies[key] = Tally(key)
+        return t
 
     # -- checks, shared by every transport -------------------------------------------------------
     def _native(self, primitive: str, dtype: torch.dtype, op: Optional[ReduceOp] = None,
@@ -264,7 +291,7 @@ class Transport:
             raise NativeRefused(f"funcoll internal error: {caps.name} transport was asked for native "
                                 f"{what}{' with uneven splits' if uneven else ''}, which it does not have")
         _run_before_send()
-        self.calls[(primitive, str(op) if op is not None else "", dtype)] += 1
+        self._calls[(primitive, str(op) if op is not None else "", dtype)] += 1
 
     # -- the primitives --------------------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, red: Reduction) -> Handle:
@@ -354,7 +381,7 @@ class Transport:
         if not self.caps.has("barrier"):
             raise NativeRefused(f"funcoll internal error: {self.caps.name} transport has no native barrier")
         _run_before_send()
-        self.calls[("barrier", "", None)] += 1
+        self._calls[("barrier", "", None)] += 1
         return self._barrier()
 
     # -- to implement ----------------------------------------------------------------------------
