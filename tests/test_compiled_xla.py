@@ -62,10 +62,10 @@ class TestCompiledHlo(expecttest.TestCase):
     def test_collectives_of_a_compiled_step(self):
         x, y = torch.ones(4, 2, device=self.dev), torch.ones(3, device=self.dev)
         self.assertExpectedInline(testing.xla_compiled_collectives(lambda x, y: step(x, y, self.pair), x, y), """\
-all-reduce(f32[4,2], f32[]) -> (f32[4,2],f32[])  replica_groups={{0,1,2,3}} to_apply=add
+all-reduce(f32[4,2], f32[]) -> (f32[4,2],f32[])  replica_groups={} to_apply=add
 all-reduce(f32[3], f32[]) -> (f32[3],f32[])  replica_groups={{0,1},{2,3}} to_apply=add
 all-gather(f32[4,2]) -> f32[8,2]  replica_groups={{0,1},{2,3}} dimensions={0}
-reduce-scatter(f32[8,2]) -> f32[2,2]  replica_groups={{0,1,2,3}} dimensions={0} to_apply=maximum""")
+reduce-scatter(f32[8,2]) -> f32[2,2]  replica_groups={} dimensions={0} to_apply=maximum""")
 
     def test_the_fx_graph_is_the_one_cpu_gets(self):
         x, y = torch.ones(4, 2, device=self.dev), torch.ones(3, device=self.dev)

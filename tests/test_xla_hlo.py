@@ -74,11 +74,11 @@ class TestHloSnapshots(expecttest.TestCase):
             (4, "mesh (2, 2) dp all_reduce"), (4, "mesh (2, 2) tp all_reduce"),
             (8, "mesh (2, 4) dp all_reduce"), (8, "mesh (2, 4) tp all_reduce")), """\
 -- world 2: world all_reduce sum
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 4: world all_reduce sum
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 8: world all_reduce sum
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3,4,5,6,7}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 2: lone group [1] all_reduce
 all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0},{1}} to_apply=add
 -- world 4: lone group [1, 2] all_reduce
@@ -128,13 +128,13 @@ all-gather(f32[4]) -> f32[4]  replica_groups={{0},{1}} dimensions={0}""")
         self.assertExpectedInline(show(
             (2, "world all_reduce avg"), (4, "world all_reduce avg"), (8, "world all_reduce avg")), """\
 -- world 2: world all_reduce avg
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 divide(f32[4], f32[4]) -> f32[4]
 -- world 4: world all_reduce avg
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 divide(f32[4], f32[4]) -> f32[4]
 -- world 8: world all_reduce avg
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3,4,5,6,7}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 divide(f32[4], f32[4]) -> f32[4]""")
 
     def test_premul_sum_is_one_multiply_and_one_all_reduce(self):
@@ -142,10 +142,10 @@ divide(f32[4], f32[4]) -> f32[4]""")
             (2, "world all_reduce premul_sum 0.5"), (8, "world all_reduce premul_sum 0.5")), """\
 -- world 2: world all_reduce premul_sum 0.5
 multiply(f32[4], f32[4]) -> f32[4]
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 8: world all_reduce premul_sum 0.5
 multiply(f32[4], f32[4]) -> f32[4]
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3,4,5,6,7}} to_apply=add""")
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add""")
 
     def test_bitwise_and_unsigned(self):
         # BXOR, and integer BAND/BOR (XLA runs and/or all-reduces on bool only): all-gather, then a local reduce
@@ -153,22 +153,22 @@ all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3,4,5,6,7}} 
             (4, "world all_reduce bxor int32"), (4, "world all_reduce band int32"),
             (4, "world all_reduce max uint32")), """\
 -- world 4: world all_reduce bxor int32
-all-to-all(s32[1], s32[1], s32[1], s32[1]) -> (s32[1],s32[1],s32[1],s32[1])  replica_groups={{0,1,2,3}}
-all-gather(s32[1]) -> s32[4]  replica_groups={{0,1,2,3}} dimensions={0}
+all-to-all(s32[1], s32[1], s32[1], s32[1]) -> (s32[1],s32[1],s32[1],s32[1])  replica_groups={}
+all-gather(s32[1]) -> s32[4]  replica_groups={} dimensions={0}
 -- world 4: world all_reduce band int32
-all-to-all(s32[1], s32[1], s32[1], s32[1]) -> (s32[1],s32[1],s32[1],s32[1])  replica_groups={{0,1,2,3}}
-all-gather(s32[1]) -> s32[4]  replica_groups={{0,1,2,3}} dimensions={0}
+all-to-all(s32[1], s32[1], s32[1], s32[1]) -> (s32[1],s32[1],s32[1],s32[1])  replica_groups={}
+all-gather(s32[1]) -> s32[4]  replica_groups={} dimensions={0}
 -- world 4: world all_reduce max uint32
-all-reduce(u32[4], u32[]) -> (u32[4],u32[])  replica_groups={{0,1,2,3}} to_apply=maximum""")
+all-reduce(u32[4], u32[]) -> (u32[4],u32[])  replica_groups={} to_apply=maximum""")
 
     def test_uneven_all_to_all_pads_to_the_static_bound(self):
         self.assertExpectedInline(show(
             (2, "world all_to_all uneven (static bound 3)"), (8, "world all_to_all uneven (static bound 3)"),
             (4, "world all_to_all uneven (static bound 3), pad/slice")), """\
 -- world 2: world all_to_all uneven (static bound 3)
-all-to-all(f32[3], f32[3]) -> (f32[3],f32[3])  replica_groups={{0,1}}
+all-to-all(f32[3], f32[3]) -> (f32[3],f32[3])  replica_groups={}
 -- world 8: world all_to_all uneven (static bound 3)
-all-to-all(f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3]) -> (f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3])  replica_groups={{0,1,2,3,4,5,6,7}}
+all-to-all(f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3]) -> (f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3])  replica_groups={}
 -- world 4: world all_to_all uneven (static bound 3), pad/slice
 slice(f32[8]) -> f32[2]  slice={[0:2]}
 concatenate(f32[2], f32[1]) -> f32[3]  dimensions={0}
@@ -182,7 +182,7 @@ slice(f32[12]) -> f32[3]  slice={[0:3]}
 slice(f32[12]) -> f32[3]  slice={[3:6]}
 slice(f32[12]) -> f32[3]  slice={[6:9]}
 slice(f32[12]) -> f32[3]  slice={[9:12]}
-all-to-all(f32[3], f32[3], f32[3], f32[3]) -> (f32[3],f32[3],f32[3],f32[3])  replica_groups={{0,1,2,3}}
+all-to-all(f32[3], f32[3], f32[3], f32[3]) -> (f32[3],f32[3],f32[3],f32[3])  replica_groups={}
 concatenate(f32[3], f32[3], f32[3], f32[3]) -> f32[12]  dimensions={0}
 slice(f32[12]) -> f32[3]  slice={[0:3]}
 slice(f32[12]) -> f32[1]  slice={[3:4]}
@@ -197,10 +197,10 @@ concatenate(f32[3], f32[1], f32[2], f32[3]) -> f32[9]  dimensions={0}""")
         self.assertExpectedInline(show(
             (4, "world all_reduce_coalesced 3 f32"), (4, "functional all_reduce_coalesced f32+int32+f32")), """\
 -- world 4: world all_reduce_coalesced 3 f32
-all-reduce(f32[3], f32[2,2], f32[5], f32[]) -> (f32[3],f32[2,2],f32[5],f32[])  replica_groups={{0,1,2,3}} to_apply=add
+all-reduce(f32[3], f32[2,2], f32[5], f32[]) -> (f32[3],f32[2,2],f32[5],f32[])  replica_groups={} to_apply=add
 -- world 4: functional all_reduce_coalesced f32+int32+f32
-all-reduce(s32[2], s32[]) -> (s32[2],s32[])  replica_groups={{0,1,2,3}} to_apply=add
-all-reduce(f32[3], f32[5], f32[]) -> (f32[3],f32[5],f32[])  replica_groups={{0,1,2,3}} to_apply=add""")
+all-reduce(s32[2], s32[]) -> (s32[2],s32[])  replica_groups={} to_apply=add
+all-reduce(f32[3], f32[5], f32[]) -> (f32[3],f32[5],f32[])  replica_groups={} to_apply=add""")
 
     def test_broadcast_from_a_non_zero_root(self):
         # one all-reduce, every rank but the root contributing -0.0; the root is device data, not a constant, so
@@ -208,11 +208,11 @@ all-reduce(f32[3], f32[5], f32[]) -> (f32[3],f32[5],f32[])  replica_groups={{0,1
         self.assertExpectedInline(show(
             (2, "world broadcast src=1"), (4, "world broadcast src=3"), (8, "world broadcast src=7")), """\
 -- world 2: world broadcast src=1
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 4: world broadcast src=3
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 8: world broadcast src=7
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3,4,5,6,7}} to_apply=add""")
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add""")
 
     def test_reduce_scatter_on_a_mesh_dim(self):
         self.assertExpectedInline(show(
@@ -234,11 +234,11 @@ divide(f32[2], f32[2]) -> f32[2]""")
             (4, "world reduce dst=this rank"), (4, "world gather dst=this rank"), (4, "world scatter src=0"),
             (4, "lone group [1, 2] send 1->2 / recv")), """\
 -- world 4: world reduce dst=this rank
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3}} to_apply=add
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 4: world gather dst=this rank
-all-gather(f32[4]) -> f32[16]  replica_groups={{0,1,2,3}} dimensions={0}
+all-gather(f32[4]) -> f32[16]  replica_groups={} dimensions={0}
 -- world 4: world scatter src=0
-all-reduce(f32[4,4], f32[]) -> (f32[4,4],f32[])  replica_groups={{0,1,2,3}} to_apply=add
+all-reduce(f32[4,4], f32[]) -> (f32[4,4],f32[])  replica_groups={} to_apply=add
 -- world 4: lone group [1, 2] send 1->2 / recv
 collective-permute(f32[4]) -> f32[4]  source_target_pairs={{1,2}}""")
 
