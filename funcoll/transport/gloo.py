@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
 from funcoll.semantics import ReduceOp, Reduction
-from funcoll.transport import Capabilities, Transport, active_profile_name, profile
+from funcoll.transport import Capabilities, Transport, _run_before_send, active_profile_name, profile
 
 _C10D_OP = {
     ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
@@ -42,11 +43,28 @@ class C10dTransport(Transport):
         super().__init__(backend.rank(), backend.size(), caps)
         self.backend = backend
         self.device_type = device_type
+        self._ar_native: dict = {}  # (op, dtype) -> (tally, options) of all_reduce_functional
 
     def _all_reduce(self, t, red):
         o = C.AllreduceOptions()
         o.reduceOp = c10d_op(red)
         return self.backend.allreduce([t], o)
+
+    def all_reduce_functional(self, t, red: Reduction):
+        """The compiled kernels' native all_reduce: only called with a request the planner found native
+        (``algorithms.native_all_reduce``), so the capability check is not repeated; the count and the backend's
+        options are made once per (op, dtype) (the options are read by the backend when called, never kept)."""
+        if type(self)._all_reduce is not C10dTransport._all_reduce or red.op is ReduceOp.PREMUL_SUM:
+            return super().all_reduce_functional(t, red)  # a subclass's own primitive, or a factor per call
+        got = self._ar_native.get((red.op, t.dtype))
+        if got is None:
+            o = C.AllreduceOptions()
+            o.reduceOp = c10d_op(red)
+            got = self._ar_native[(red.op, t.dtype)] = (self.tally(("all_reduce", str(red.op), t.dtype)), o)
+        out = t.clone(memory_format=torch.contiguous_format)
+        _run_before_send()
+        got[0].n += 1
+        return out, self.backend.allreduce([out], got[1])
 
     def _all_gather(self, out, inp):
         return self.backend._allgather_base(out, inp, C.AllgatherOptions())
