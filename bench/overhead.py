@@ -321,7 +321,7 @@ def rank_main(rank: int, n: int, blocks: int, parts=("eager", "compiled", "gaps"
     if "compiled" in parts and n == 1:
         out += compiled(rank, n, blocks)
     if "gaps" in parts and n == 2:
-        out += gaps(rank, n, max(3, blocks // 4))
+        out += gaps(rank, n, blocks)
     for r in out:
         r.pop("ratios", None)
     return out

@@ -596,12 +596,20 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
         return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
     if kind == planner.AVG_RS_AG:
         # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and rounds
-        # its block to t's dtype, all_gather in t's dtype: 1.5x the bytes of a native all_reduce instead of 2x
+        # its block to t's dtype, all_gather in t's dtype: 1.5x the bytes of a native all_reduce instead of 2x. In
+        # pieces of tp.staging_bytes of float32 (each piece's blocks gathered back into the piece, in place): the
+        # float32 copy and the transport's own temporaries stay bounded, not twice the tensor and more
         flat = _padded_flat(t, n)
-        wide = flat.float()
-        block = wide.new_empty((flat.numel() // n,))
-        _rs(tp, block, wide, Reduction(R.SUM)).wait()
-        p = _ag(tp, flat, block.div_(n).to(t.dtype))
+        piece = flat.numel() if tp.staging_bytes is None else max(n, tp.staging_bytes // 4 // n * n)
+        for lo in range(0, flat.numel(), piece):
+            part = flat[lo:lo + piece]
+            wide = part.float()
+            block = wide.new_empty((part.numel() // n,))
+            _rs(tp, block, wide, Reduction(R.SUM)).wait()
+            del wide
+            p = _ag(tp, part, block.div_(n).to(t.dtype))
+            if lo + piece < flat.numel():
+                p.wait()
         if flat.data_ptr() == t.data_ptr():
             return p
         return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))

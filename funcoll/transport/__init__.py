@@ -354,6 +354,10 @@ class Transport:
     # a view of a tensor as another dtype of the same width is free (False on XLA: torch_xla 2.9 runs view.dtype as a
     # CPU fallback with a sync); strategies that could work in such a view then convert instead
     dtype_views = True
+    # the largest widened temporary (bytes) a gap-filling strategy makes at once: a larger request is filled in pieces
+    # of this size, each its own collectives (the same bytes in all), so its extra memory stays bounded. None: in one
+    # piece (XLA: one collective per request in the graph; the compiler plans the memory)
+    staging_bytes: Optional[int] = 8 << 20
 
     def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
         """A bool vector of the group's size, True at this rank only, on ``like``'s device."""

@@ -177,6 +177,7 @@ class XlaTransport(Transport):
 
     device_type = "xla"
     dtype_views = False  # view.dtype is a CPU fallback with a sync on torch_xla 2.9 (the module's rules)
+    staging_bytes = None  # one collective per request: XLA's compiler plans the temporaries
     _caps_cache: Optional[Tuple[int, Capabilities]] = None
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
