@@ -267,7 +267,9 @@ except ImportError:  # pragma: no cover - torch without distributed
 def watched() -> bool:
     """Someone observes collectives: ``record()``, a strategy being noted on this thread, a profiler, the funcoll debug
     log. The fast path is off while they do: the full path reports to them."""
-    return bool(_recorders) or _current.notes is not None or _observed()
+    # _observed() inlined: this is read before every eager collective
+    return (bool(_recorders) or _current.notes is not None or bool(_profiler._is_profiler_enabled)
+            or _LOG.isEnabledFor(10))
 
 
 def _op_key(op):
