@@ -468,24 +468,23 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     return t.view(t.shape[0], -1).view(torch.uint8)
 
 
-_REDUCE_OUT: Dict[ReduceOp, Callable[..., object]] = {  # op -> the torch function taking out=
-    R.SUM: torch.add, R.PRODUCT: torch.mul, R.MIN: torch.minimum, R.MAX: torch.maximum,
-    R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
+_IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {
+    R.SUM: torch.Tensor.add_, R.PRODUCT: torch.Tensor.mul_, R.BAND: torch.Tensor.bitwise_and_,
+    R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_}
 
 
-def _local_reduce(g: torch.Tensor, op: ReduceOp, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Reduces dim 0 of ``g`` (one row per rank, a buffer of funcoll's own) in rank order, in g's dtype, into ``out``
-    (default: in place into ``g[0]``), which it returns: no temporaries, and the same order (so the same bits) on every
-    rank."""
+def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """Reduces dim 0 of ``g`` (one row per rank, a buffer of funcoll's own) in rank order, in g's dtype, in place
+    into ``g[0]``, which it returns: no temporaries, and the same order (so the same bits) on every rank."""
     rows = g.unbind(0)
-    fn = _REDUCE_OUT[op]
-    acc = rows[0] if out is None else out
-    if len(rows) == 1:
-        return acc if out is None else out.copy_(rows[0])
-    prev = rows[0]
+    acc = rows[0]
     for row in rows[1:]:
-        fn(prev, row, out=acc)
-        prev = acc
+        if op is R.MIN:
+            torch.minimum(acc, row, out=acc)
+        elif op is R.MAX:
+            torch.maximum(acc, row, out=acc)
+        else:
+            _IN_PLACE[op](acc, row)
     return acc
 
 
@@ -592,10 +591,7 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
         flat = _padded_flat(t, n)
         recv = torch.empty_like(flat)
         _a2a_even(tp, recv, flat).wait()
-        # the block reduced into a buffer of its own (1/n of the tensor), recv freed before the all_gather: a
-        # transport that stages its all_gather in a buffer of the tensor's size (gloo) then never holds two of them
-        block = _local_reduce(recv.view(n, -1), step.op, out=flat.new_empty((flat.numel() // n,)))
-        del recv
+        block = _local_reduce(recv.view(n, -1), step.op)
         p = _ag(tp, flat, block)
         if flat.data_ptr() == t.data_ptr():  # no padding: the all_gather wrote into t itself
             return p
