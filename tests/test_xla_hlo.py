@@ -98,6 +98,16 @@ all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,4},{1,5},{2,6},{
 -- world 8: mesh (2, 4) tp all_reduce
 all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3},{4,5,6,7}} to_apply=add""")
 
+    def test_the_whole_world_is_replica_groups_all(self):
+        # a group of every rank emits replica_groups={} (every replica), as torch_xla's own kernels do: the same graph
+        # as the default group's, and building it costs the same at any world size
+        self.assertExpectedInline(show(
+            (4, "new group of every rank all_reduce"), (4, "new group of every rank all_gather")), """\
+-- world 4: new group of every rank all_reduce
+all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
+-- world 4: new group of every rank all_gather
+all-gather(f32[4]) -> f32[16]  replica_groups={} dimensions={0}""")
+
     def test_a_mesh_dim_needs_no_registration(self):
         # without funcoll.groups.register_mesh(mesh) each rank knows only its own block, and infers the regular
         # partition it belongs to (funcoll.groups.regular_partition): the same groups as registered

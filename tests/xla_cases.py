@@ -189,6 +189,16 @@ def funcoll_cases(world: int, rank: int) -> dict:
         return F.wait_tensor(F.broadcast(vec(), world - 1, W.group_name))
     case(f"functional broadcast src={world - 1}", functional_broadcast)
 
+    # a new group of every rank (c10d sorts a new group's ranks): the whole world, as the default group emits it
+    everyone = dist.new_group(list(range(world)))
+    case("new group of every rank all_reduce", ar(everyone))
+
+    def everyone_gather():
+        o = torch.empty(4 * world, device=dev())
+        dist.all_gather_into_tensor(o, vec(), group=everyone)
+        return o
+    case("new group of every rank all_gather", everyone_gather)
+
     # the lone sub-group: the world's ranks 1..world-1 but one (world 2: rank 1 alone)
     lone_ranks = list(range(1, world)) if world > 2 else [1]
     lone = dist.new_group(lone_ranks)
