@@ -6,6 +6,7 @@ line over all of them: each run appends its counts to the file named by ``FUNCOL
 
 import os
 
+import pytest
 import torch
 
 
@@ -30,3 +31,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
     with open(path, "a") as f:
         f.write(f"{n('passed')} {n('failed', 'error')} {n('skipped')}\n")
+
+
+# -- runs of the command line shared by several modules (each takes ~20 s): one run, asserted on by every test that
+# needs it ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def bench_run():
+    """``python -m funcoll bench 2 --no-docs`` (the bench's ``main``, as ``python -m bench 2 --no-docs`` calls it),
+    run once for tests/test_bench.py and tests/test_cli.py: ``(completed process, docs/performance.md before it)``."""
+    from tests.test_cli import ROOT, _run
+
+    page = os.path.join(ROOT, "docs", "performance.md")
+    before = open(page).read() if os.path.exists(page) else None
+    return _run("bench", "2", "--no-docs", timeout=900), before
+
+
+@pytest.fixture(scope="session")
+def demo_run():
+    """``python -m funcoll demo`` (``funcoll.demo.main``, as ``python -m funcoll.demo`` calls it), run once for
+    tests/test_demo.py and tests/test_cli.py."""
+    from tests.test_cli import _run
+
+    return _run("demo", timeout=400)

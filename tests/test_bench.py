@@ -2,19 +2,13 @@
 asserted), without rewriting docs/performance.md when asked not to."""
 
 import os
-import subprocess
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_bench_runs_and_reports_every_case():
-    env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
-    env.pop("FUNCOLL_PROFILE", None)
+def test_bench_runs_and_reports_every_case(bench_run):
+    p, before = bench_run  # one run of the bench for this module and tests/test_cli.py (tests/conftest.py)
     page = os.path.join(ROOT, "docs", "performance.md")
-    before = open(page).read() if os.path.exists(page) else None
-    p = subprocess.run([sys.executable, "-m", "bench", "2", "--no-docs"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = {}
     for line in p.stdout.splitlines():

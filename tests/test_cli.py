@@ -70,8 +70,8 @@ def test_probe_markdown_on_a_healthy_world(tmp_path):
     assert len(os.listdir(tmp_path)) == 1
 
 
-def test_bench_is_the_bench():
-    p = _run("bench", "2", "--no-docs", timeout=900)
+def test_bench_is_the_bench(bench_run):
+    p, _ = bench_run  # the run tests/test_bench.py asserts on too (tests/conftest.py)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "funcoll bench: torch" in p.stdout and "[bench] CPU world of 2 rank(s)" in p.stderr
     assert "all_reduce 4 B" in p.stdout
@@ -85,8 +85,8 @@ def test_bench_hook_cost():
         assert f"  {what} " in p.stdout, p.stdout
 
 
-def test_demo():
-    p = _run("demo", timeout=400)
+def test_demo(demo_run):
+    p = demo_run  # the run tests/test_demo.py asserts on too (tests/conftest.py)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "native == xccl profile on every call: True" in p.stdout
     assert "eager == compiled training step (bit-identical): True" in p.stdout

@@ -69,6 +69,39 @@ def _group_label(n):
     return f"group {dist.group.WORLD.group_name!r} (global ranks {','.join(map(str, range(n)))}"
 
 
+# Rank bodies that need no fault of their own run one after the other in one world (``_rank_shared``), in this
+# order, each with its own deadline: (body, args, seconds). _rank_outstanding is first: it counts the world group's
+# sequence numbers and flight recorder entries from zero; _rank_threads makes its own groups.
+SHARED = [("_rank_outstanding", (1000,), 120), ("_rank_guard_scope", (), 40), ("_rank_threads", (), 90)]
+
+
+def _rank_shared(rank, n):
+    """Each body of SHARED in turn: ``{body: ("ok", result) or ("err", traceback)}``, as spawn_world reports one."""
+    import traceback
+
+    out = {}
+    for fn, args, _ in SHARED:
+        try:
+            out[fn] = ("ok", globals()[fn](rank, n, *args))
+        except Exception:  # noqa: BLE001 - reported to the test of this body
+            out[fn] = ("err", traceback.format_exc())
+    return out
+
+
+@pytest.fixture(scope="module")
+def shared_world():
+    """``shared_world(body)``: ``(results, exit codes, hung)`` of ``body`` as if it had had a world of its own."""
+    res = []
+
+    def get(fn):
+        if not res:
+            res.append(_world("_rank_shared", deadline=sum(d for _, _, d in SHARED)))
+        results, codes, hung = res[0]
+        return [r if r is None or r[0] != "ok" else r[1][fn] for r in results], codes, hung
+
+    return get
+
+
 # ---------------------------------------------------------------------------------------------------
 # a peer dies
 # ---------------------------------------------------------------------------------------------------
@@ -338,8 +371,8 @@ def _rank_guard_scope(rank, n):
     return out
 
 
-def test_the_guard_runs_once_per_blocking_collective_and_never_for_async_or_send_recv():
-    res = _world("_rank_guard_scope", deadline=40)
+def test_the_guard_runs_once_per_blocking_collective_and_never_for_async_or_send_recv(shared_world):
+    res = shared_world("_rank_guard_scope")
     for rank in (0, 1):
         assert _ok(res, rank) == {"all_reduce": [3], "barrier": [3], "async all_reduce": [], "send/recv": [],
                                   "guard off": [], "guard on again": [3]}
@@ -545,8 +578,8 @@ def _rank_outstanding(rank, n, count):
             "recorded": len(trace), "last": (trace[-1].seq, trace[-1].state)}
 
 
-def test_1000_outstanding_async_ops():
-    res = _world("_rank_outstanding", args=(1000,), deadline=120)
+def test_1000_outstanding_async_ops(shared_world):
+    res = shared_world("_rank_outstanding")
     for rank in (0, 1):
         r = _ok(res, rank)
         assert r == {"ok": True, "seq": 1000, "all_completed": True, "recorded": 256, "last": (999, "completed")}, r
@@ -584,8 +617,8 @@ def _rank_threads(rank, n):
             "seqs": [funcoll.debug.sequence_number(g) for g in groups]}
 
 
-def test_two_threads_on_two_groups():
-    res = _world("_rank_threads", deadline=90)
+def test_two_threads_on_two_groups(shared_world):
+    res = shared_world("_rank_threads")
     want = {k: float(3 * (k + 1) * sum(range(1, 51))) for k in range(2)}
     for rank in (0, 1):
         r = _ok(res, rank)

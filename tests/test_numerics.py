@@ -3,7 +3,8 @@ gloo transport and under the xccl and xla capability profiles (the gap-filling s
 
 The rank bodies (``all_ops``, ``functional``, ``subgroups``) run on every rank of a real world
 (``funcoll.launch.run_world``); each rank builds the inputs of *every* rank from a seed and compares its results
-with references computed locally (tests/reference.py). The tests below assert on what they return.
+with references computed locally (tests/reference.py). One world per (size, profile) runs every body that applies
+to it, one after the other (``bodies``), and returns their results labelled by body; the tests below assert on them.
 """
 
 from __future__ import annotations
@@ -365,6 +366,18 @@ def subgroups(rank, n):
     return {"failures": c.failures, "count": c.count}
 
 
+def bodies(rank, n, names):
+    """The rank bodies ``names`` one after the other in this world: ``{name: its result}``. ``all_ops`` runs first,
+    so the calls it counts on the transport are its own."""
+    return {name: globals()[name](rank, n) for name in names}
+
+
+# which bodies run in the world of (size, profile), all_ops first; the deadline is the sum of theirs
+BODIES = {(2, None): ("all_ops", "functional"), (2, "xccl"): ("all_ops", "functional"), (2, "xla"): ("all_ops",),
+          (3, None): ("all_ops", "subgroups"), (3, "xccl"): ("all_ops", "subgroups"), (3, "xla"): ("all_ops",)}
+DEADLINE = {"all_ops": 400, "functional": 300, "subgroups": 200}
+
+
 # -- the tests -----------------------------------------------------------------------------------------
 def _report(results):
     failures = [f for r in results for f in r["failures"]]
@@ -372,16 +385,24 @@ def _report(results):
 
 
 @pytest.fixture(scope="module")
-def matrix():
+def worlds():
+    """``worlds(size, profile, body)``: every rank's result of ``body`` in the one world of (size, profile)."""
     cache = {}
 
-    def get(world, profile):
+    def get(world, profile, body):
         key = (world, profile)
         if key not in cache:
-            cache[key] = run_world("tests.test_numerics:all_ops", world, profile, timeout=400)
-        return cache[key]
+            names = BODIES[key]
+            cache[key] = run_world("tests.test_numerics:bodies", world, profile, args=(names,),
+                                   timeout=sum(DEADLINE[b] for b in names))
+        return [r[body] for r in cache[key]]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def matrix(worlds):
+    return lambda world, profile: worlds(world, profile, "all_ops")
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -442,10 +463,10 @@ def test_xla_profile_fills_broadcast_and_bxor(matrix):
 
 
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["gloo", "xccl"])
-def test_functional_collectives_eager_and_compiled(profile):
-    _report(run_world("tests.test_numerics:functional", 2, profile, timeout=300))
+def test_functional_collectives_eager_and_compiled(worlds, profile):
+    _report(worlds(2, profile, "functional"))
 
 
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["gloo", "xccl"])
-def test_subgroups_of_three(profile):
-    _report(run_world("tests.test_numerics:subgroups", 3, profile, timeout=200))
+def test_subgroups_of_three(worlds, profile):
+    _report(worlds(3, profile, "subgroups"))

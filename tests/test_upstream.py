@@ -1,7 +1,8 @@
 """Upstream APIs on a funcoll group: DTensor redistribute and FSDP2 gradients (reduce_scatter AVG), DDP.
 
-The rank bodies run on every rank of a real world (``funcoll.launch.run_world``) and compare against an unsharded,
-undistributed copy of the model; the tests below assert on what they return.
+The rank bodies run on every rank of a real world (``funcoll.launch.run_world``; one world per profile runs both,
+``fsdp2_and_dtensor`` then ``ddp``) and compare against an unsharded, undistributed copy of the model; the tests below
+assert on what they return.
 """
 
 import pytest
@@ -70,10 +71,28 @@ def ddp(rank, n):
             "ops": sorted({o for o, _ in log})}
 
 
+def both(rank, n):
+    """The two bodies, one after the other in the same world: ``{body: its result}``."""
+    return {"fsdp2_and_dtensor": fsdp2_and_dtensor(rank, n), "ddp": ddp(rank, n)}
+
+
 # -- the tests --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def worlds():
+    """``worlds(profile, body)``: every rank's result of ``body`` in the one world of ``profile``."""
+    cache = {}
+
+    def get(profile, body):
+        if profile not in cache:
+            cache[profile] = run_world("tests.test_upstream:both", 2, profile, timeout=400)
+        return [r[body] for r in cache[profile]]
+
+    return get
+
+
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["gloo", "xccl"])
-def test_fsdp2_and_dtensor_on_funcoll(profile):
-    results = run_world("tests.test_upstream:fsdp2_and_dtensor", 2, profile, timeout=200)
+def test_fsdp2_and_dtensor_on_funcoll(worlds, profile):
+    results = worlds(profile, "fsdp2_and_dtensor")
     for r in results:
         assert torch.equal(r["gathered"], torch.arange(8.0).reshape(4, 2))
         assert r["max_diff"] < 1e-6, r["max_diff"]
@@ -83,8 +102,8 @@ def test_fsdp2_and_dtensor_on_funcoll(profile):
 
 
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["gloo", "xccl"])
-def test_ddp_on_funcoll(profile):
-    for r in run_world("tests.test_upstream:ddp", 2, profile, timeout=200):
+def test_ddp_on_funcoll(worlds, profile):
+    for r in worlds(profile, "ddp"):
         assert r["params_equal_rank0"]
         assert r["max_diff"] < 1e-6, r["max_diff"]
         # construction broadcasts the parameters; gradients go through all_reduce (DDP's buckets)
