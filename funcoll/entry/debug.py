@@ -646,10 +646,11 @@ def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None
                 nat = fast(self, args)
             except Exception:  # noqa: BLE001 - a request the adapter cannot read: the full path names the problem
                 nat = None
-            if nat is not None:
-                if args[-1].asyncOp:
-                    nat.tally.n += 1
-                    rec = st.trace.native_record(op, method, nat.note or _describe(nat, self, method, args))
+            blocking = nat is not None and not args[-1].asyncOp
+            if nat is not None and not (blocking and nat.cpu and guard.applies(self, st)):
+                nat.tally.n += 1
+                rec = st.trace.native_record(op, method, nat.note or _describe(nat, self, method, args))
+                if not blocking:
                     try:
                         work = nat.issue(*args)
                     except Exception as e:  # noqa: BLE001 - the backend failed while issuing
@@ -657,18 +658,15 @@ def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None
                         call.failed(e)
                         raise CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}") from e
                     return NativeWork(work, rec, st)
-                if not (nat.cpu and (self.__dict__.get("_funcoll_guard") or guard._state(self, st)).on):
-                    nat.tally.n += 1
-                    rec = st.trace.native_record(op, method, nat.note or _describe(nat, self, method, args))
-                    try:
-                        work = nat.issue(*args)
-                        work.wait()
-                    except Exception as e:  # noqa: BLE001 - re-raised naming the collective
-                        call = st.trace.promote(rec)
-                        call.timeout = st.timeout_s()
-                        raise failure(call, st.trace, e) from e
-                    rec[5] = _now()
-                    return work
+                try:
+                    work = nat.issue(*args)
+                    work.wait()
+                except Exception as e:  # noqa: BLE001 - re-raised naming the collective
+                    call = st.trace.promote(rec)
+                    call.timeout = st.timeout_s()
+                    raise failure(call, st.trace, e) from e
+                rec[5] = _now()
+                return work
         if _tls.depth:  # a method delegating to another: the outer call is the one recorded
             return fn(self, *args, **kwargs)
         st = state_of(self)
