@@ -258,6 +258,7 @@ class Transport:
         self.caps = caps
         self._calls: collections.Counter = collections.Counter()
         self._tallies: Dict[tuple, Tally] = {}
+        self._ar_forms: Dict[tuple, tuple] = {}  # (op, dtype) -> (tally, the backend's form of the op)
 
     @property
     def calls(self) -> collections.Counter:
@@ -276,6 +277,17 @@ class Transport:
         if t is None:
             t = self._tallies[key] = Tally(key)
         return t
+
+    def _all_reduce_form(self, red: Reduction, dtype: torch.dtype, form: Callable[[Reduction], object]) -> tuple:
+        """``(tally, form(red))`` for a native functional all_reduce of ``dtype`` with ``red``'s op, made once per
+        (op, dtype): its call counter and the backend's own form of the op (c10d options, XLA's op name). For
+        ``all_reduce_functional`` overrides, which are called only with requests the planner found native (no second
+        capability check)."""
+        key = (red.op, dtype)
+        got = self._ar_forms.get(key)
+        if got is None:
+            got = self._ar_forms[key] = (self.tally(("all_reduce", str(red.op), dtype)), form(red))
+        return got
 
     # -- checks, shared by every transport -------------------------------------------------------
     def _native(self, primitive: str, dtype: torch.dtype, op: Optional[ReduceOp] = None,

@@ -28,6 +28,12 @@ def c10d_op(red: Reduction):
     return _C10D_OP[red.op]
 
 
+def _allreduce_options(red: Reduction) -> C.AllreduceOptions:
+    o = C.AllreduceOptions()
+    o.reduceOp = c10d_op(red)
+    return o
+
+
 def capabilities(profile_name: Optional[str] = None) -> Capabilities:
     caps = profile("gloo")
     name = profile_name if profile_name is not None else active_profile_name()
@@ -43,12 +49,9 @@ class C10dTransport(Transport):
         super().__init__(backend.rank(), backend.size(), caps)
         self.backend = backend
         self.device_type = device_type
-        self._ar_native: dict = {}  # (op, dtype) -> (tally, options) of all_reduce_functional
 
     def _all_reduce(self, t, red):
-        o = C.AllreduceOptions()
-        o.reduceOp = c10d_op(red)
-        return self.backend.allreduce([t], o)
+        return self.backend.allreduce([t], _allreduce_options(red))
 
     def all_reduce_functional(self, t, red: Reduction):
         """The compiled kernels' native all_reduce: only called with a request the planner found native
@@ -56,15 +59,11 @@ class C10dTransport(Transport):
         options are made once per (op, dtype) (the options are read by the backend when called, never kept)."""
         if type(self)._all_reduce is not C10dTransport._all_reduce or red.op is ReduceOp.PREMUL_SUM:
             return super().all_reduce_functional(t, red)  # a subclass's own primitive, or a factor per call
-        got = self._ar_native.get((red.op, t.dtype))
-        if got is None:
-            o = C.AllreduceOptions()
-            o.reduceOp = c10d_op(red)
-            got = self._ar_native[(red.op, t.dtype)] = (self.tally(("all_reduce", str(red.op), t.dtype)), o)
+        tally, opts = self._all_reduce_form(red, t.dtype, _allreduce_options)
         out = t.clone(memory_format=torch.contiguous_format)
         _run_before_send()
-        got[0].n += 1
-        return out, self.backend.allreduce([out], got[1])
+        tally.n += 1
+        return out, self.backend.allreduce([out], opts)
 
     def _all_gather(self, out, inp):
         return self.backend._allgather_base(out, inp, C.AllgatherOptions())

@@ -49,6 +49,10 @@ R = ReduceOp
 _XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "min", R.MAX: "max"}
 
 
+def _xla_op(red: Reduction) -> str:
+    return _XLA_OP[red.op]
+
+
 
 # ---------------------------------------------------------------------------------------------------
 # capabilities
@@ -200,7 +204,6 @@ class XlaTransport(Transport):
         self.virtual = self.world_size > xr.world_size()
         # (partitions version, replica groups, uniform replica groups or None)
         self._groups_cache: Optional[Tuple[int, List[List[int]], Optional[List[List[int]]]]] = None
-        self._ar_native: dict = {}  # (op, dtype) -> (tally, XLA op name) of all_reduce_functional
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
@@ -267,14 +270,10 @@ class XlaTransport(Transport):
 
     def all_reduce_functional(self, t, red: Reduction):
         """The all-reduce as a new lazy tensor, as torch_xla's own kernel builds it (no clone, no copy back)."""
-        # only called with a request the planner found native (algorithms.native_all_reduce): no second check; the
-        # count and XLA's name of the op made once per (op, dtype)
-        got = self._ar_native.get((red.op, t.dtype))
-        if got is None:
-            got = self._ar_native[(red.op, t.dtype)] = (self.tally(("all_reduce", red.op.value, t.dtype)),
-                                                         _XLA_OP[red.op])
-        got[0].n += 1
-        return _X._xla_all_reduce(got[1], t, 1.0, self.replica_groups(), self.pin_layout), DONE
+        # only called with a request the planner found native (algorithms.native_all_reduce): no second check
+        tally, op = self._all_reduce_form(red, t.dtype, _xla_op)
+        tally.n += 1
+        return self._reduce_all(t, op, self.replica_groups()), DONE
 
     def _all_reduce_coalesced(self, ts, red: Reduction):
         # one tuple all-reduce per dtype (torch_xla's BuildAllReduce groups operands by element type). Fresh
