@@ -7,7 +7,16 @@ from typing import Dict
 
 import torch
 
+from bench.overhead import _block
 from funcoll.entry.debug import set_debug, state_of
+
+
+def _us_per_call(fn, block: int) -> float:
+    """µs per call of ``fn`` over a block of ``block`` calls, every rank starting it together (a barrier first)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    return _block(fn, block) * 1e6
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -17,7 +26,6 @@ def _rank_cost(rank, n, reps, block, numel):
     default), and with the debug check; median µs per call.
     Every rank switches at the same point of its program, as :func:`set_debug` requires."""
     import statistics
-    import time
 
     import torch.distributed as dist
 
@@ -37,11 +45,7 @@ def _rank_cost(rank, n, reps, block, numel):
                 cls.allreduce = method or hooked.__wrapped__
                 st.trace.enabled = rec
                 set_debug(pg, dbg)
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(block):
-                    dist.all_reduce(t)
-                times[mode].append((time.perf_counter() - t0) / block * 1e6)
+                times[mode].append(_us_per_call(lambda: dist.all_reduce(t), block))
     finally:
         cls.allreduce = hooked
         st.trace.enabled = True
@@ -65,8 +69,6 @@ def _rank_guard_cost(rank, n, reps, block, numel):
     """On every rank: ``dist.all_reduce`` of ``numel`` float32 in alternating blocks of ``block`` calls with the
     size guard off, on (the default) and, for reference, the debug check (which replaces the guard). Returns the
     per-block µs per call of each mode, and per rep the guard's cost over the block without it just before."""
-    import time
-
     import torch.distributed as dist
 
     from funcoll.entry.guard import set_guard
@@ -86,16 +88,8 @@ def _rank_guard_cost(rank, n, reps, block, numel):
             for mode, (guard, dbg) in modes.items():
                 set_guard(pg, guard)
                 set_debug(pg, dbg)
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(block):
-                    dist.all_reduce(t)
-                times[mode].append((time.perf_counter() - t0) / block * 1e6)
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(block):
-                backend._allgather_base(out, inp).wait()
-            times[floor].append((time.perf_counter() - t0) / block * 1e6)
+                times[mode].append(_us_per_call(lambda: dist.all_reduce(t), block))
+            times[floor].append(_us_per_call(lambda: backend._allgather_base(out, inp).wait(), block))
     finally:
         set_guard(pg, True)
         set_debug(pg, False)
