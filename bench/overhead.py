@@ -3,7 +3,8 @@
 * eager, world 1 and 2: per-call cost of ``dist.*`` (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
   all_to_all_single, broadcast) on a funcoll group vs a plain gloo group (``new_group(backend="gloo")``), 4 B to
   1 MiB, blocking, with one "pooled" row per op (the median of all its per-block ratios over the sizes); the async
-  issue time of all_reduce (until ``async_op=True`` returns; the waits are not timed). World 1 runs pinned to one
+  issue time of all_reduce (until ``async_op=True`` returns; the waits are not timed); at world 1, the floor of any
+  Python process group (a method that only forwards ``allreduce`` to gloo, "forward only"). World 1 runs pinned to one
   CPU (rows marked "(1 CPU)"; ``FUNCOLL_BENCH_PIN=0`` to keep the machine's scheduling): see ``_pin_process``;
 * compiled, world 1: one step of 10 small functional all_reduces, funcoll's CPU kernels vs upstream's;
 * gap-filling, world 2, 16 MiB, under the xccl profile: BXOR / integer MAX / bool any, AVG bf16 and an uneven
@@ -129,6 +130,20 @@ def eager(rank: int, n: int, blocks: int) -> list:
         _unpin(old)
 
 
+def _forward_only(group):
+    """The ``allreduce`` of a Python ProcessGroup that only forwards to the group's gloo backend and waits: what any
+    Python process group pays at least (it skips c10d's dispatcher, so it can cost less than the stock path). The
+    bench's "forward only" row, measured against the same raw gloo group as funcoll's rows."""
+    backend = group.transport("cpu").backend
+
+    def allreduce(tensors, opts):
+        work = backend.allreduce(tensors, opts)
+        work.wait()
+        return work
+
+    return allreduce
+
+
 def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
     """Per-call cost of each native collective, funcoll group vs plain gloo group, 4 B to 1 MiB per rank (blocking),
     then one row per op pooling its sizes (what issue 11's target reads: the median of the paired ratios), and the
@@ -176,6 +191,19 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
         rows += mine
         rows.append(pooled(f"pooled {name} {_label(sizes[0])}-{_label(sizes[-1])}{' (1 CPU)' if pinned else ''}",
                            mine, n))
+
+    if n == 1:  # the floor of any Python ProcessGroup, for reading the all_reduce rows
+        if rank == 0:
+            progress("world 1: all_reduce, forward only")
+        floor = []
+        ours.allreduce = _forward_only(ours)  # this instance only; removed right after
+        try:
+            for nbytes in (SIZES[0], SIZES[-1]):
+                floor.append(paired(ar(raw, max(1, nbytes // 4)), ar(ours, max(1, nbytes // 4)), blocks))
+        finally:
+            del ours.allreduce
+        rows.append(pooled(f"all_reduce {_label(SIZES[0])}-{_label(SIZES[-1])}, forward only"
+                           f"{' (1 CPU)' if pinned else ''}", floor, n))
 
     def issue(group):
         t = torch.ones(1)

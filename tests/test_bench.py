@@ -22,6 +22,7 @@ def test_bench_runs_and_reports_every_case(bench_run):
                  "broadcast 1 KiB", "async issue all_reduce 4 B", "pooled all_reduce 4 B-1 MiB"):
         assert len(rows[case]) == 2, case
     assert len(rows["compiled step, 10 all_reduce 256 B"]) == 1
+    assert len(rows["all_reduce 4 B-1 MiB, forward only"]) == 1  # world 1: the floor of a Python process group
     for case in ("BXOR 16 MiB i32", "MAX 16 MiB i32", "any (MAX) 16 MiB bool", "AVG 16 MiB bf16"):
         assert "peak +" in rows[case][0], rows[case]
     assert "sent " in rows["uneven all_to_all 16 MiB, 10:1"][0]
