@@ -52,6 +52,10 @@ def _child(rank, world, port, target, args, profile, backend, q, coll_timeout, p
     except BaseException:  # noqa: BLE001 - reported to the parent
         q.put((rank, "err", traceback.format_exc()))
     finally:
+        # the result is written to the pipe before the teardown: a rank that dies while destroying its group is
+        # reported with its result and its exit code, not as a rank that died without a result
+        q.close()
+        q.join_thread()
         try:
             import torch.distributed as dist
 
