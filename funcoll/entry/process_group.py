@@ -555,8 +555,22 @@ def _register_traceable_broadcast() -> None:
     remaps[dist.broadcast] = _funcoll_traceable_broadcast
 
 
+def _declare_self_recording() -> None:
+    """torch >= 2.15 attaches its C++ flight-recorder hook to every new group whose backend does not record itself;
+    the hook runs around the C++ ProcessGroup methods, which a Python process group replaces, and it cannot read a
+    Python group's name (group creation failed with "ProcessGroup name not set"). funcoll records every collective
+    itself and dumps in the format torch's analyser reads (:mod:`funcoll.entry.flight_recorder`), so it declares
+    itself self-recording, as gloo and xccl are. Older torch has no such set and attaches no hook."""
+    import torch.distributed.distributed_c10d as c10d
+
+    self_recording = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if self_recording is not None:
+        self_recording.add(BACKEND_NAME)
+
+
 def register_backend() -> None:
     if "FUNCOLL" in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])
+    _declare_self_recording()
     _register_traceable_broadcast()
