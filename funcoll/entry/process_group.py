@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from funcoll import algorithms
+from funcoll.entry import flight_recorder
 from funcoll.entry.work import (
     FuncollWork,  # the Work of every collective (exception(), futures, timeouts: funcoll.entry.work)
 )
@@ -391,7 +392,9 @@ class ProcessGroupFuncoll(ProcessGroup):
                     pass
 
     def shutdown(self) -> None:
-        """``destroy_process_group``: the transports' own backends are shut down and dropped."""
+        """``destroy_process_group``: the transports' own backends are shut down and dropped. With
+        ``TORCH_FR_DUMP_TEMP_FILE`` set, this rank's flight recorder is written first, in torch's format."""
+        flight_recorder.write_torch_dump()
         self._stop_transports("shutdown")
         if self._group_name:
             groups.unregister(self._group_name)
