@@ -372,7 +372,8 @@ def _torch_entry(call: Call, pg_id: int, record_id: int, trace: GroupTrace) -> d
         name = f"send {call.rank}->{peer}" if call.op == "send" else f"recv {call.rank}<-{peer}"
     done = call.state in (COMPLETED, FAILED, INVALID)
     return {"frames": [], "record_id": record_id, "pg_id": pg_id, "process_group": (trace.group, trace.desc),
-            "thread_name": call.thread, "thread_id": call.thread, "collective_seq_id": call.seq if not p2p else trace.seq,
+            "thread_name": call.thread, "thread_id": call.thread,
+            "collective_seq_id": trace.seq if p2p else call.seq,
             "p2p_seq_id": call.p2p_seq if p2p else 0, "op_id": record_id,
             "profiling_name": f"funcoll:{name}", "time_created_ns": int(call.t_issued * 1e9),
             "input_sizes": ins, "input_dtypes": dtypes, "output_sizes": outs, "output_dtypes": dtypes,
