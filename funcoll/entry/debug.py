@@ -696,11 +696,11 @@ def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None
             st.trace.keep(call)
             raise
         if st.nan_check and check_nan(method, args, kwargs):
-            e = RuntimeError(f"NaN found in input tensor. (funcoll: {spec.op} on group {st.trace.group!r}, "
-                             f"rank {self.rank()} of {self.size()}; TORCH_DIST_NAN_CHECK=1; nothing was sent)")
-            call.failed(e, flight_recorder.INVALID)
+            nan = RuntimeError(f"NaN found in input tensor. (funcoll: {spec.op} on group {st.trace.group!r}, "
+                               f"rank {self.rank()} of {self.size()}; TORCH_DIST_NAN_CHECK=1; nothing was sent)")
+            call.failed(nan, flight_recorder.INVALID)
             st.trace.keep(call)
-            raise e
+            raise nan
         call.timeout = st.timeout_s()
         numbered = []
 

@@ -390,7 +390,9 @@ def torch_dump() -> dict:
     a funcoll job as it does an NCCL one: the group table names every group, and each entry its collective, group and
     sequence number. Only numbered entries are listed: a request rejected before anything was sent, or a
     monitored_barrier, has no sequence number to match across ranks."""
-    pg_config, pg_status, entries = {}, {}, []
+    pg_config: dict = {}
+    pg_status: dict = {}
+    entries: list = []
     for pg_id, trace in enumerate(sorted(all_traces(), key=lambda t: (t.group, t.global_ranks))):
         pg_config[trace.group] = {"name": trace.group, "desc": trace.desc, "ranks": str(list(trace.global_ranks))}
         calls = [c for c in trace.entries() if c.seq is not None or c.p2p_seq is not None]
