@@ -319,6 +319,10 @@ class ProcessGroupFuncoll(ProcessGroup):
     # group answers for itself, and it says it does not coalesce natively, so c10d takes its generic paths.
     supports_coalescing = False
     supports_splitting = True  # split_group() below; c10d asks the backend of the accelerator (torch >= 2.10)
+    # torch >= 2.15 asks before registering abort or completion hooks (the C++ answer looks for a registered backend
+    # and raises for a Python group): funcoll runs neither kind of hook
+    supports_abort_hooks = False
+    supports_completion_hooks = False
 
     def eager_connect_single_device(self, device=None) -> None:
         """``init_process_group(device_id=...)``: the transport of that device is created now, not at first use."""
