@@ -95,6 +95,8 @@ def rows():
         tp, [f(torch.float32, 2), f(torch.float32, 3), f(torch.float32, 4)], "sum")
     yield "reduce_scatter avg float32", lambda tp: algorithms.reduce_scatter_tensor(
         tp, f(torch.float32, 2), f(torch.float32), "avg")
+    yield "reduce_scatter premul_sum float32", lambda tp: algorithms.reduce_scatter_tensor(
+        tp, f(torch.float32, 2), f(torch.float32), Reduction(algorithms.R.PREMUL_SUM, 0.5))
     yield "reduce_scatter bor int32", lambda tp: algorithms.reduce_scatter_tensor(
         tp, f(torch.int32, 2), f(torch.int32), "bor")
     yield "all_gather float32", lambda tp: algorithms.all_gather_into_tensor(

@@ -155,8 +155,8 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
 
 class _Profiles(Mapping):
     """name -> Capabilities. ``"xccl"`` is derived on first use from the XCCL fact table
-    (:func:`funcoll.transport.xpu.conservative_profile`: an unknown oneCCL on the scale-out path), so that XCCL's facts
-    have one source; importing that module touches no XPU runtime."""
+    (:func:`funcoll.transport.xpu.conservative_profile`: the running torch's row for an unknown oneCCL on the scale-out
+    path), so that XCCL's facts have one source; importing that module touches no XPU runtime."""
 
     _DERIVED = {"xccl": ("funcoll.transport.xpu", "conservative_profile")}
 

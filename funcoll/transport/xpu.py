@@ -403,7 +403,7 @@ def parse_topology(topology) -> str:
     return t
 
 
-def parse_override(override, topology: str = SCALE_OUT, torch_version="2.15",
+def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
                    oneccl_build=None) -> Dict[str, bool]:
     """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}. Unknown facts, and facts that
     cannot be flipped on ``topology`` for this torch version and build oneCCL, are a ValueError naming the valid
