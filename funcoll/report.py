@@ -193,8 +193,13 @@ def xccl_fact_details() -> str:
     out = []
     for key, fact in xpu.XCCL_FACTS.items():
         out.append(f"- **`{key}`** ({fact.what}):")
-        for first, what in fact.by_torch:
-            out.append(f"  - torch {first}+: {what}")
+        for i, (first, what) in enumerate(fact.by_torch):
+            if i + 1 < len(fact.by_torch):  # up to the row before the next entry
+                last = xpu.TORCH_ROWS[xpu.TORCH_ROWS.index(fact.by_torch[i + 1][0]) - 1]
+                when = f"torch {first}" if last == first else f"torch {first}-{last}"
+            else:
+                when = f"torch {first}+"
+            out.append(f"  - {when}: {what}")
         if fact.build:
             out.append(f"  - built against: {fact.build}")
         if fact.unknown:
