@@ -166,20 +166,59 @@ def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> Wor
     what torch_xla's own ``_c10d_functional`` kernels compile for the same calls. ``fn`` reads its rank with
     ``dist.get_rank()``, may create groups and meshes, and returns the XLA tensors to compute (a tensor, or lists,
     tuples or dicts of them). The module is the one torch_xla would compile for those tensors; nothing is executed.
-    Needs torch_xla (PJRT_DEVICE=CPU) and no default process group in this process."""
+    An uneven ``all_to_all_single`` without ``funcoll.xla.static_split_bound`` agrees on the largest split with a
+    collective a virtual world cannot run: every rank is then captured twice, the second time with the agreement
+    answered from every rank's splits of the first. Needs torch_xla (PJRT_DEVICE=CPU) and no default process group
+    in this process."""
     import torch.distributed as dist
-
-    import funcoll
-    from funcoll import xla
 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"funcoll.replicas.capture: world_size must be a positive int, got {world_size!r}")
     if dist.is_initialized():
         raise RuntimeError("funcoll.replicas.capture builds a virtual world per rank as the default process group; "
                            "this process already has one: call it in a process without one (e.g. a subprocess)")
+    # The split-size agreement of an uneven all_to_all (without static_split_bound) gathers every rank's values with a
+    # collective, which a virtual world cannot run: a first pass records each rank's values, a second builds the
+    # programs with every member's values as the answer. Without such an agreement the first pass is the only one.
+    told: dict = {}
+    programs = _capture_pass(fn, world_size, install, _Agreements(told, None))
+    if told:
+        programs = _capture_pass(fn, world_size, install, _Agreements({}, told))
+    return World(world_size, programs)
+
+
+class _Agreements:
+    """Serves XlaTransport.agreed: records what each rank would send (``record``), answers from ``known`` (the values
+    every rank recorded in the first pass) or, in the first pass, as if every member had this rank's values."""
+
+    def __init__(self, record: dict, known: Optional[dict]):
+        self.record, self.known = record, known
+        self.count: dict = {}
+
+    def __call__(self, ranks, me, values):
+        ranks = tuple(ranks)
+        i = self.count[(me, ranks)] = self.count.get((me, ranks), -1) + 1
+        self.record[(me, ranks, i)] = values
+        if self.known is None:
+            return [values for _ in ranks]
+        missing = [r for r in ranks if (r, ranks, i) not in self.known]
+        if missing:
+            raise RuntimeError(f"funcoll.replicas: ranks {missing} made no split-size agreement #{i} on the group "
+                               f"{list(ranks)} while rank {me} did: the ranks' programs diverge")
+        return [self.known[(r, ranks, i)] for r in ranks]
+
+
+def _capture_pass(fn, world_size: int, install: bool, agreements: _Agreements) -> List[RankProgram]:
+    import torch.distributed as dist
+
+    import funcoll
+    from funcoll import xla
+    from funcoll.transport import xla as xla_transport
+
     programs = []
     for rank in range(world_size):
         dist.init_process_group("funcoll", store=dist.HashStore(), rank=rank, world_size=world_size)
+        xla_transport._agreements.serve = agreements
         try:
             if install:
                 funcoll.install(["xla"])
@@ -191,11 +230,12 @@ def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> Wor
             programs.append(_program(rank, outs, structure))
             del outs
         finally:
+            xla_transport._agreements.serve = None
             xla.reset_token()
             _step_tensors()
             dist.destroy_process_group()
             funcoll.groups.clear()
-    return World(world_size, programs)
+    return programs
 
 
 def _step_tensors() -> List[torch.Tensor]:

@@ -921,14 +921,16 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
                              f"bound {bound} promised by funcoll.xla.static_split_bound; raise the bound")
         _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
         return _padded_a2a(tp, out, inp, out_splits, in_splits, bound)
-    if tp.virtual:
+    agreed = tp.agreed([max(local), -min(local)]) if tp.virtual else None  # funcoll.replicas knows every rank's
+    if tp.virtual and agreed is None:
         world = getattr(tp, "world_size", "?")
         raise ValueError(
             f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({world} ranks in a "
             f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
             f"funcoll.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
             f"split with a collective that must run, and a virtual world cannot run collectives")
-    agreed = _agree(tp, [max(local), -min(local)])
+    if agreed is None:
+        agreed = _agree(tp, [max(local), -min(local)])
     chunk, smallest = int(agreed[:, 0].max()), -int(agreed[:, 1].max())
     if chunk == smallest:
         _note("splits even on every rank: even all_to_all")

@@ -147,7 +147,8 @@ def static_split_bound(bound: int):
     ``group_size * bound`` rows per rank.
 
     On a virtual world (more funcoll ranks than XLA replicas, built to read HLO) split sizes need this bound:
-    the agreement would have to run a collective, which a virtual world cannot.
+    the agreement would have to run a collective, which a virtual world cannot (except under
+    :func:`funcoll.replicas.capture`, which answers it from every rank's splits).
     """
     if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
         raise ValueError(f"funcoll.xla.static_split_bound: bound must be a positive int, got {bound!r}")
@@ -161,6 +162,12 @@ def static_split_bound(bound: int):
 
 def _current_bound() -> Optional[int]:
     return getattr(_bound, "value", None)
+
+
+# funcoll.replicas sets ``serve(group's global ranks, this global rank, values) -> every member's values`` while it
+# builds a virtual world's programs: the split-size agreement of an uneven all_to_all then has its answer without a
+# collective (XlaTransport.agreed)
+_agreements = threading.local()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -267,6 +274,13 @@ class XlaTransport(Transport):
 
     def split_bound(self) -> Optional[int]:
         return _current_bound()
+
+    def agreed(self, values) -> Optional[torch.Tensor]:
+        serve = getattr(_agreements, "serve", None)
+        if not self.virtual or serve is None:
+            return None
+        rows = serve(self.global_ranks, self.global_ranks[self.rank], [int(v) for v in values])
+        return torch.tensor(rows, dtype=torch.int64)
 
     def _reduce_all(self, t: torch.Tensor, op: str, groups) -> torch.Tensor:
         return _X._xla_all_reduce(op, _operand(t), 1.0, groups, self.pin_layout)
