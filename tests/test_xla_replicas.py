@@ -3,13 +3,14 @@ number checked against tests/reference.py (bit for bit for integers, bool and da
 
 Each world runs in a subprocess (``python -m tests.xla_replica_cases funcoll N``): every rank of a virtual world of N
 ranks builds its program, then the programs run on N CPU replicas. One module holds every case whose program is the
-same on every rank: all_reduce with every reduce op funcoll serves on XLA for every dtype (AVG, PREMUL_SUM, bitwise
-via all_to_all + local reduce + all_gather, bool xor as a count, int16 and unsigned), on 15 elements (divisible by no
-world size) and 8, all_gather_into_tensor, reduce_scatter_tensor, even all_to_all_single, broadcast, coalesced and
-in-place forms, a mesh's registered partitions and aligned ``new_subgroups``, and (worlds 2 and 4) three steps of a
-compiled training step. A second program depends on the rank (uneven all_to_all_single padded to a static bound,
-``reduce`` keeping its result on dst only, groups that only their members call, padded with singletons): each rank's
-own module runs in its own process. Then torch_xla's own kernels are run the same way, side by side.
+same on every rank: all_reduce with every reduce op funcoll serves on XLA (AVG, PREMUL_SUM, bitwise via all_to_all
++ local reduce + all_gather, bool xor as a count, int16 and unsigned) for every dtype at world 2 and seven at 4 and
+8, on 15 elements (divisible by no world size) and 8, all_gather_into_tensor, reduce_scatter_tensor, even
+all_to_all_single, broadcast, coalesced and in-place forms, a mesh's registered partitions and aligned
+``new_subgroups``, and (worlds 2 and 4) three steps of a compiled training step. A second program depends on the
+rank (uneven all_to_all_single padded to the agreed bound and to a static bound, ``reduce`` keeping its result on dst
+only, groups that only their members call, padded with singletons): each rank's own module runs in its own process.
+Then torch_xla's own kernels are run the same way, side by side.
 """
 
 import importlib.util
@@ -38,12 +39,21 @@ def _launch(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def doc_example() -> str:
+    """The first Python block of docs/xla-replicas.md."""
+    page = open(os.path.join(ROOT, "docs", "xla-replicas.md")).read()
+    return page.split("```python\n", 1)[1].split("```", 1)[0]
+
+
 def results() -> dict:
     """Every subprocess's JSON, all started at once (one run for every test of this file)."""
     if not _cache:
         procs = {f"world {n}": _launch("funcoll", n) for n in WORLDS}
         procs["side by side"] = _launch("side_by_side", 4)
         procs["unsupported"] = _launch("unsupported")
+        env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
+        procs["doc example"] = subprocess.Popen([sys.executable, "-c", doc_example() + "\nprint('JSON:0')"], cwd=ROOT,
+                                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             for key, p in procs.items():
                 stdout, stderr = p.communicate(timeout=900)
@@ -59,7 +69,7 @@ def results() -> dict:
 
 # the number of checks per world (each rank's outputs, each against its reference): a case that silently stopped
 # running would lower it
-COUNTS = {2: 458, 4: 526, 8: 1382}
+COUNTS = {2: 460, 4: 530, 8: 1022}
 
 
 @pytest.mark.parametrize("n", WORLDS)
@@ -102,3 +112,8 @@ def test_an_instruction_the_cpu_runtime_cannot_run_is_named():
         'custom-call(f32[4]{0} %get-tuple-element.11), custom_call_target="tpu_custom_call", '
         'operand_layout_constraints={f32[4]{0}}, backend_config={} (module 0): JaxRuntimeError: NOT_FOUND: No '
         'registered implementation for untyped custom call to tpu_custom_call for Host')
+
+
+def test_the_doc_example_runs():
+    # its asserts (every rank's average) ran in the subprocess
+    assert results()["doc example"] == 0

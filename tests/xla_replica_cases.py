@@ -27,10 +27,10 @@ from tests import reference as ref
 F = torch.ops._c10d_functional
 R = dist.ReduceOp
 SHAPES = [(3, 5), (8,)]  # 15 elements: divisible by no world size here; 8: by all of them
-# world 4 runs every reduce op on fewer dtypes (worlds 2 and 8 run them all): its module compiles in half the time
+# worlds 4 and 8 run every reduce op on fewer dtypes (world 2 runs them all): their modules compile in half the time
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.int8, torch.uint8,
           torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64, torch.uint64, torch.bool]
-DTYPES_WORLD_4 = [torch.float32, torch.bfloat16, torch.uint8, torch.int16, torch.int32, torch.uint64, torch.bool]
+DTYPES_LARGER = [torch.float32, torch.bfloat16, torch.uint8, torch.int16, torch.int32, torch.uint64, torch.bool]
 
 
 def dev():
@@ -57,7 +57,7 @@ def uniform_program(n: int):
 
     def all_reduce_cases(r):
         out = {}
-        for dtype in DTYPES if n != 4 else DTYPES_WORLD_4:
+        for dtype in DTYPES if n == 2 else DTYPES_LARGER:
             for op in ref.valid_ops(dtype):
                 # world 2: both shapes everywhere; larger worlds: the size no world divides everywhere, the divisible
                 # one where a strategy pads (bitwise via all_to_all, bool, narrow integers)
@@ -314,6 +314,10 @@ def rank_program(n: int):
             with xla.static_split_bound(bound):
                 dist.all_to_all_single(o, ref.make(torch.float32, (sum(ins), 2), r, "a2a uneven").to(dev()), outs, ins)
             res[f"all_to_all uneven, static bound {bound}"] = o
+        o = torch.empty((sum(outs), 2), device=dev())
+        # no bound: the ranks agree on the largest split (funcoll.replicas answers the agreement from every rank's)
+        dist.all_to_all_single(o, ref.make(torch.float32, (sum(ins), 2), r, "a2a uneven").to(dev()), outs, ins)
+        res["all_to_all uneven, agreed bound"] = o
         o = torch.empty((sum(outs),), dtype=torch.int32, device=dev())
         with xla.static_split_bound(3):
             o = F.wait_tensor(F.all_to_all_single(ref.make(torch.int32, (sum(ins),), r, "a2a uneven f").to(dev()),
@@ -365,6 +369,7 @@ def rank_program(n: int):
 
         for bound in (3, 5):
             want[f"all_to_all uneven, static bound {bound}"] = (a2a(ins), "movement", "random")
+        want["all_to_all uneven, agreed bound"] = (a2a(ins), "movement", "random")
         want["functional all_to_all uneven, static bound 3"] = (a2a(insf), "movement", "random")
         red = ref.reduce("sum", [ref.make(torch.float32, (5,), q, "reduce", "grid") for q in range(n)])
         want["reduce dst=last"] = (red if rank == n - 1 else ref.make(torch.float32, (5,), rank, "reduce", "grid"),
