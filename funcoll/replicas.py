@@ -153,6 +153,11 @@ def _program(rank: int, outs: List[torch.Tensor], structure) -> RankProgram:
     outs = outs + _step_tensors()
     proto = X._get_xla_tensors_hlo_proto(outs)
     text = X._get_xla_tensors_hlo(outs)
+    if not text.strip():
+        raise ValueError(f"funcoll.replicas: rank {rank}'s results hold no computation to run: their graph already ran "
+                         f"on this process's single replica (torch_xla.sync(), .cpu(), or "
+                         f"torch.compile(backend='openxla'), which compiles and runs its graph at once); build them "
+                         f"lazily (compile with backend='aot_eager')")
     _, values = X._get_tensors_xla_device_data_node(outs)
     return RankProgram(rank, proto, text, [v.detach().cpu() for v in values], structure, returned)
 

@@ -107,7 +107,7 @@ def test_torch_xla_kernels_side_by_side():
 
 
 def test_an_instruction_the_cpu_runtime_cannot_run_is_named():
-    assert results()["unsupported"] == (
+    assert results()["unsupported"]["tpu custom call"] == (
         'funcoll.replicas: the XLA CPU runtime cannot compile instruction %custom-call.13 = f32[4]{0} '
         'custom-call(f32[4]{0} %get-tuple-element.11), custom_call_target="tpu_custom_call", '
         'operand_layout_constraints={f32[4]{0}}, backend_config={} (module 0): JaxRuntimeError: NOT_FOUND: No '
@@ -117,3 +117,11 @@ def test_an_instruction_the_cpu_runtime_cannot_run_is_named():
 def test_the_doc_example_runs():
     # its asserts (every rank's average) ran in the subprocess
     assert results()["doc example"] == 0
+
+
+def test_a_graph_that_already_ran_is_refused():
+    # torch.compile(backend="openxla") compiles and runs its graph at once, on the process's one replica
+    assert results()["unsupported"]["openxla"] == (
+        "funcoll.replicas: rank 0's results hold no computation to run: their graph already ran on this process's "
+        "single replica (torch_xla.sync(), .cpu(), or torch.compile(backend='openxla'), which compiles and runs its "
+        "graph at once); build them lazily (compile with backend='aot_eager')")

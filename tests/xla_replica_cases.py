@@ -499,7 +499,7 @@ def side_by_side(n: int) -> dict:
     return out
 
 
-def unsupported() -> str:
+def unsupported() -> dict:
     """What the runner says of a module with an instruction the XLA CPU runtime has no implementation for."""
 
     def fn():
@@ -508,11 +508,25 @@ def unsupported() -> str:
         (out,) = torch_xla._XLAC._xla_tpu_custom_call([t], "{}", [[4]], [torch.float32])
         return out
 
+    out = {}
     try:
         replicas.run(fn, 2)
+        out["tpu custom call"] = "no error"
     except replicas.ReplicaRuntimeError as e:
-        return str(e)
-    return "no error"
+        out["tpu custom call"] = str(e)
+
+    def openxla():
+        from torch.distributed import _functional_collectives as funcol
+
+        x = torch.ones(3).to(dev())
+        return torch.compile(lambda x: funcol.all_reduce(x * 2, "sum", dist.group.WORLD), backend="openxla")(x)
+
+    try:
+        replicas.capture(openxla, 2)
+        out["openxla"] = "no error"
+    except ValueError as e:
+        out["openxla"] = str(e)
+    return out
 
 
 def main(argv):
