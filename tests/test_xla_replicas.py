@@ -104,6 +104,8 @@ def test_torch_xla_kernels_side_by_side():
     assert rows["reduce_scatter_tensor sum, tp group"]["torch_xla"].startswith(
         "raises ReplicaRuntimeError: funcoll.replicas: the XLA CPU runtime cannot compile instruction %reduce-scatter")
     assert rows["all_reduce avg, world"]["torch_xla"] == "raises RuntimeError: Unknown AllReduce type: avg"
+    assert rows["all_to_all_single, tp group"]["torch_xla"] == (
+        "raises RuntimeError: torch_xla does not support arbitrary split sizes for all_to_all")
 
 
 def test_an_instruction_the_cpu_runtime_cannot_run_is_named():
