@@ -12,7 +12,10 @@ machines, meant for expecttest's ``assertExpectedInline``:
 * :func:`count_compiles` / :func:`compile_counts` count graphs, graph breaks and recompilations over a
   series of calls / in a block;
 * :func:`xla_collectives` / :func:`xla_compiled_collectives` print the collectives of the HLO of lazy XLA
-  tensors / of a compiled function run on XLA tensors (nothing is executed).
+  tensors / of a compiled function run on XLA tensors (nothing is executed);
+* :func:`run_replicas` (:func:`capture_replicas`, then :func:`execute_replicas`) *executes* what every rank of a
+  virtual N-rank XLA world compiles on N replicas of the XLA CPU runtime (:mod:`funcoll.replicas`, needs jaxlib;
+  docs/xla-replicas.md).
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 import torch
 
+from funcoll.replicas import ReplicaRuntimeError
+from funcoll.replicas import capture as capture_replicas
+from funcoll.replicas import execute as execute_replicas
+from funcoll.replicas import run as run_replicas
+
 __all__ = ["xla_collectives", "xla_compiled_collectives", "group_label", "normalize_text", "render_graph",
            "Collective", "collectives", "CapturedGraph", "Captured", "capture_graphs", "trace_fake",
            "CompileCounts", "compile_counts", "count_compiles", "hlo_lines", "collective_hlo_lines",
-           "COLLECTIVE_OPCODES"]
+           "COLLECTIVE_OPCODES", "run_replicas", "capture_replicas", "execute_replicas", "ReplicaRuntimeError"]
 
 
 def xla_collectives(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],

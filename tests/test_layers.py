@@ -17,6 +17,7 @@ FOLDERS = ["semantics", "transport", "algorithms", "entry"]  # funcoll/<folder>/
 NAMES = ["semantics", "transports", "core (algorithms)", "entry points"]
 # public modules and tools, beside the layer folders: they may import any layer, no layer imports them
 TOOLS = {"funcoll", "funcoll.__main__", "funcoll.testing", "funcoll.report", "funcoll.demo", "funcoll.demo_xla",
+         "funcoll.replicas", "funcoll._replica_worker",
          "funcoll.launch", "funcoll.xla"}
 
 

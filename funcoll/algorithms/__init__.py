@@ -508,7 +508,8 @@ def _count_to_bool_(kind: str, count: torch.Tensor, n: int) -> None:
 
 
 def _padded_flat(t: torch.Tensor, n: int) -> torch.Tensor:
-    """``t`` flattened, as is when its size divides by ``n`` (a view: no copy), else copied and padded to it."""
+    """``t`` flattened, as is when its size divides by ``n`` (a view: no copy), else copied and padded to it. Callers
+    tell the two apart by size, never by ``data_ptr()``: a lazy XLA tensor and its padded copy report the same one."""
     flat = t.reshape(-1)
     pad = -flat.numel() % n
     return flat if not pad else torch.cat([flat, flat.new_zeros(pad)])
@@ -593,7 +594,7 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
         _a2a_even(tp, recv, flat).wait()
         block = _local_reduce(recv.view(n, -1), step.op)
         p = _ag(tp, flat, block)
-        if flat.data_ptr() == t.data_ptr():  # no padding: the all_gather wrote into t itself
+        if flat.numel() == t.numel():  # no padding: flat is a view of t, the all_gather wrote into t itself
             return p
         return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
     if kind == planner.AVG_RS_AG:
@@ -612,7 +613,7 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
             p = _ag(tp, part, block.div_(n).to(t.dtype))
             if lo + piece < flat.numel():
                 p.wait()
-        if flat.data_ptr() == t.data_ptr():
+        if flat.numel() == t.numel():  # no padding (a view of t), as above
             return p
         return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
     if kind == planner.GATHER_LOCAL:
@@ -920,14 +921,16 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
                              f"bound {bound} promised by funcoll.xla.static_split_bound; raise the bound")
         _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
         return _padded_a2a(tp, out, inp, out_splits, in_splits, bound)
-    if tp.virtual:
+    agreed = tp.agreed([max(local), -min(local)]) if tp.virtual else None  # funcoll.replicas knows every rank's
+    if tp.virtual and agreed is None:
         world = getattr(tp, "world_size", "?")
         raise ValueError(
             f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({world} ranks in a "
             f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
             f"funcoll.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
             f"split with a collective that must run, and a virtual world cannot run collectives")
-    agreed = _agree(tp, [max(local), -min(local)])
+    if agreed is None:
+        agreed = _agree(tp, [max(local), -min(local)])
     chunk, smallest = int(agreed[:, 0].max()), -int(agreed[:, 1].max())
     if chunk == smallest:
         _note("splits even on every rank: even all_to_all")

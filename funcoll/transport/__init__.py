@@ -375,6 +375,11 @@ class Transport:
     # piece (XLA: one collective per request in the graph; the compiler plans the memory)
     staging_bytes: Optional[int] = 8 << 20
 
+    def agreed(self, values: Sequence[int]) -> Optional[torch.Tensor]:
+        """What every rank's ``values`` gather to (an int64 CPU tensor [size, len(values)]) when the transport knows it
+        without running a collective (a virtual XLA world whose ranks funcoll.replicas runs), else None."""
+        return None
+
     def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
         """A bool vector of the group's size, True at this rank only, on ``like``'s device."""
         return torch.tensor([r == self.rank for r in range(self.size)]).to(like.device)

@@ -19,10 +19,16 @@ Rules every primitive follows (all found by experiment on torch_xla 2.9, see doc
 * no dtype views (``t.view(torch.int32)``): torch_xla 2.9 has no lowering for ``view.dtype`` and runs it as a
   CPU fallback (``aten::view_copy.dtype``), i.e. a device-to-host copy that executes the pending graph; a
   write through such a view reaches the base only at the next sync, so the HLO read before it misses it;
+* an operand that is the ``view_as_real`` of a complex tensor (c10d's ``all_reduce`` makes one of every complex
+  tensor) is reshaped there and back first: torch_xla 2.9 gives such a view the complex tensor's layout, one
+  dimension short, and every collective on it fails ("layout minor_to_major field contains 2 elements, but shape
+  has 3 dimensions");
 * nothing syncs the graph (no ``mark_step``, no ``.cpu()``), except the split-size agreement of an uneven
   ``all_to_all`` in :mod:`funcoll.algorithms` (see :func:`static_split_bound` to avoid it);
 * the HLO is the same on every rank of the group: rank-dependent values (the broadcast mask) are device
-  data, i.e. parameters of the computation, never Python branches or constants.
+  data, i.e. parameters of the computation, never Python branches or constants, and never 0-dim tensors (torch_xla
+  makes 0-dim tensors of equal value one parameter, so the parameters would depend on the values).
+  :mod:`funcoll.replicas` checks it by comparing every rank's module.
 """
 
 from __future__ import annotations
@@ -141,7 +147,8 @@ def static_split_bound(bound: int):
     ``group_size * bound`` rows per rank.
 
     On a virtual world (more funcoll ranks than XLA replicas, built to read HLO) split sizes need this bound:
-    the agreement would have to run a collective, which a virtual world cannot.
+    the agreement would have to run a collective, which a virtual world cannot (except under
+    :func:`funcoll.replicas.capture`, which answers it from every rank's splits).
     """
     if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
         raise ValueError(f"funcoll.xla.static_split_bound: bound must be a positive int, got {bound!r}")
@@ -155,6 +162,12 @@ def static_split_bound(bound: int):
 
 def _current_bound() -> Optional[int]:
     return getattr(_bound, "value", None)
+
+
+# funcoll.replicas sets ``serve(group's global ranks, this global rank, values) -> every member's values`` while it
+# builds a virtual world's programs: the split-size agreement of an uneven all_to_all then has its answer without a
+# collective (XlaTransport.agreed)
+_agreements = threading.local()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -249,7 +262,9 @@ class XlaTransport(Transport):
         return t
 
     def rank_is(self, root: int, like: torch.Tensor) -> torch.Tensor:
-        return self._like(torch.tensor(self.rank == root), like)
+        # moved as one element, then made 0-dim: torch_xla shares one parameter between 0-dim tensors of equal value,
+        # so two masks that agree on one rank (both False) and not on another would give the ranks different modules
+        return self._like(torch.tensor([self.rank == root]), like).reshape(())
 
     def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
         return self._like(torch.tensor([r == self.rank for r in range(self.size)]), like)
@@ -260,8 +275,15 @@ class XlaTransport(Transport):
     def split_bound(self) -> Optional[int]:
         return _current_bound()
 
+    def agreed(self, values) -> Optional[torch.Tensor]:
+        serve = getattr(_agreements, "serve", None)
+        if not self.virtual or serve is None:
+            return None
+        rows = serve(self.global_ranks, self.global_ranks[self.rank], [int(v) for v in values])
+        return torch.tensor(rows, dtype=torch.int64)
+
     def _reduce_all(self, t: torch.Tensor, op: str, groups) -> torch.Tensor:
-        return _X._xla_all_reduce(op, t, 1.0, groups, self.pin_layout)
+        return _X._xla_all_reduce(op, _operand(t), 1.0, groups, self.pin_layout)
 
     # -- the primitives ------------------------------------------------------------------------------
     def _all_reduce(self, t, red: Reduction):
@@ -278,27 +300,27 @@ class XlaTransport(Transport):
     def _all_reduce_coalesced(self, ts, red: Reduction):
         # one tuple all-reduce per dtype (torch_xla's BuildAllReduce groups operands by element type). Fresh
         # clones are reduced in place (they are no views), then copied back through copy_.
-        work = [t.clone() for t in ts]
+        work = [_operand(t).clone() for t in ts]
         _X._xla_all_reduce_inplace(_XLA_OP[red.op], work, 1.0, self.replica_groups(), self.pin_layout)
         for t, w in zip(ts, work):
             t.copy_(w)
         return DONE
 
     def _all_gather(self, out, inp):
-        inp = inp.reshape((1,) if inp.dim() == 0 else tuple(inp.shape))
+        inp = _operand(inp.reshape((1,) if inp.dim() == 0 else tuple(inp.shape)))
         res = _X._xla_all_gather(inp, 0, self.size, self._uniform_groups(), self.pin_layout, None, None)
         out.copy_(res.view(out.shape))
         return DONE
 
     def _reduce_scatter(self, out, inp, red: Reduction):
-        res, token = _X._xla_reduce_scatter(_XLA_OP[red.op], inp, self._token(), 1.0, 0, self.size,
+        res, token = _X._xla_reduce_scatter(_XLA_OP[red.op], _operand(inp), self._token(), 1.0, 0, self.size,
                                             self._uniform_groups(), self.pin_layout, None, None)
         self._set_token(token)
         out.copy_(res.view(out.shape))
         return DONE
 
     def _all_to_all(self, out, inp, out_splits, in_splits):
-        res, token = _X._xla_all_to_all(inp, self._token(), 0, 0, self.size, self._uniform_groups(),
+        res, token = _X._xla_all_to_all(_operand(inp), self._token(), 0, 0, self.size, self._uniform_groups(),
                                         self.pin_layout)
         self._set_token(token)
         out.copy_(res.view(out.shape))
@@ -356,6 +378,15 @@ class XlaTransport(Transport):
     def caps(self, value: Capabilities) -> None:
         self._caps = value
         self._caps_cache = None
+
+
+def _operand(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or, when it is the ``view_as_real`` of a complex tensor, the same values with a layout of their own (see
+    the module's rules)."""
+    base = t._base
+    if base is not None and base.is_complex() and not t.is_complex():
+        return t.reshape(-1).reshape(t.shape)
+    return t
 
 
 def _keep_until_step(t: torch.Tensor) -> None:

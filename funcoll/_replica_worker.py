@@ -1,0 +1,161 @@
+"""Executes HLO modules on N replicas of the XLA CPU runtime (jaxlib); run by :mod:`funcoll.replicas`, as a script.
+
+It imports neither torch nor funcoll (only numpy and jaxlib), so that it starts fast and that jaxlib's XLA never meets
+torch_xla's in one process. Two modes, each reading a pickled job and writing a pickled answer:
+
+* ``python _replica_worker.py spmd JOB OUT``: one process with N CPU devices (``XLA_FLAGS`` set before jax is
+  imported); each module of the job is compiled once with ``num_replicas=N`` and run by ``execute_sharded``, replica r
+  on device r with rank r's parameters (XLA's in-process collectives);
+* ``python _replica_worker.py mpmd JOB OUT RANK PORT``: one of N processes (one CPU device each, ``jax.distributed``
+  on a loopback coordinator, gloo collectives between the processes); each compiles and runs *its own rank's*
+  module, as each host of a TPU slice does. Used when the ranks' programs differ.
+
+A job: ``{"world": N, "modules": [[(hlo proto bytes, [(dtype, shape, bytes) per parameter]) per rank], ...]}``. The
+answer: ``{"outputs": [[[(dtype, shape, bytes) per output] per rank] per module]}`` or ``{"error": text,
+"module": i, "stage": "compile"|"execute"}``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+
+def _np_dtype(name: str):
+    import numpy as np
+
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _array(spec):
+    import numpy as np
+
+    dtype, shape, data = spec
+    return np.frombuffer(data, dtype=_np_dtype(dtype)).reshape(shape).copy()
+
+
+def _spec(a):
+    import numpy as np
+
+    a = np.ascontiguousarray(np.asarray(a))
+    return (str(a.dtype), tuple(a.shape), a.tobytes())
+
+
+def _compile(client, devices, proto: bytes, world: int):
+    import numpy as np
+    from jax._src.lib import _jax
+    from jax._src.lib import xla_client as xc
+
+    stablehlo = _jax.mlir.hlo_to_stablehlo(proto)
+    opts = xc.CompileOptions()
+    build = opts.executable_build_options
+    build.num_replicas = world
+    build.num_partitions = 1
+    build.device_assignment = xc.DeviceAssignment.create(np.array([d.id for d in devices]).reshape(world, 1))
+    return client.compile_and_load(stablehlo, xc.DeviceList(tuple(devices)), opts)
+
+
+def _run(exe, devices, local, params_of_local):
+    """Runs ``exe``: ``params_of_local[i]`` holds, for each device of ``local``, its value of parameter i. Returns,
+    per local device, the list of its outputs."""
+    import jax
+    import numpy as np
+
+    mesh = jax.sharding.Mesh(np.array(devices), ("replica",))
+    # one array per parameter holding one shard per replica; the replicas' values differ (each rank's own), which
+    # execute_sharded takes as they are
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    args = []
+    for values in params_of_local:
+        shape = values[0].shape
+        args.append(jax.make_array_from_single_device_arrays(
+            shape, sharding, [jax.device_put(v, d) for v, d in zip(values, local)]))
+    results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
+    by_device = {}
+    for per_output in results:
+        for a in per_output:
+            (dev,) = a.devices()
+            by_device.setdefault(dev.id, []).append(_spec(a))
+    return [by_device.get(d.id, []) for d in local]
+
+
+def spmd(job: dict) -> dict:
+    world = job["world"]
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # else float64 and int64 parameters are narrowed on the way in
+    devices = jax.devices("cpu")[:world]
+    if len(devices) < world:
+        return {"error": f"the XLA CPU runtime has {len(devices)} devices, {world} are needed", "module": None,
+                "stage": "setup"}
+    client = devices[0].client
+    outputs = []
+    for i, module in enumerate(job["modules"]):
+        try:
+            exe = _compile(client, devices, module[0][0], world)
+        except Exception as e:  # noqa: BLE001 - reported to the caller with the module
+            return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": "compile"}
+        try:
+            nparams = len(module[0][1])
+            params = [[_array(module[r][1][p]) for r in range(world)] for p in range(nparams)]
+            outputs.append(_run(exe, devices, devices, params))
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": "execute"}
+    return {"outputs": outputs}
+
+
+def mpmd(job: dict, rank: int, port: int) -> dict:
+    world = job["world"]
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=world, process_id=rank,
+                               initialization_timeout=120, heartbeat_timeout_seconds=20,
+                               shutdown_timeout_seconds=20)
+    try:
+        devices = sorted(jax.devices(), key=lambda d: d.process_index)
+        local = jax.local_devices()
+        client = local[0].client
+        outputs = []
+        for i, module in enumerate(job["modules"]):
+            try:
+                exe = _compile(client, devices, module[rank][0], world)
+            except Exception as e:  # noqa: BLE001
+                return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": "compile"}
+            try:
+                params = [[_array(spec)] for spec in module[rank][1]]
+                outputs.append(_run(exe, devices, local, params))
+            except Exception as e:  # noqa: BLE001
+                return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": "execute"}
+        return {"outputs": outputs}
+    finally:
+        jax.distributed.shutdown()
+
+
+def main(argv) -> int:
+    mode, job_path, out_path = argv[0], argv[1], argv[2]
+    # test programs are small and run once: LLVM's optimisations would cost more than they save
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+                               " --xla_llvm_disable_expensive_passes=true").strip()
+    with open(job_path, "rb") as f:
+        job = pickle.load(f)
+    if mode == "spmd":
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={job['world']}").strip()
+        answer = spmd(job)
+    else:
+        answer = mpmd(job, int(argv[3]), int(argv[4]))
+    with open(out_path, "wb") as f:
+        pickle.dump(answer, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,432 @@
+"""Executes what the ranks of an N-rank XLA job compile, on N replicas of the XLA CPU runtime (a laptop is enough).
+
+The HLO of a multi-replica job can be read on one machine (a virtual funcoll world, :func:`funcoll.testing.
+xla_collectives`), and with jaxlib (``pip install funcoll[xla-replicas]``) it can also be *run*:
+
+* :func:`capture` builds, one after the other in this process, a virtual funcoll world of ``world_size`` ranks
+  for each rank (a ``HashStore``, ``funcoll.install(["xla"])``), calls ``fn()`` as that rank and keeps the HLO module
+  that computes the XLA tensors it returns (eager ``dist.*`` calls, ``_c10d_functional`` ops, compiled functions:
+  anything that builds lazy XLA tensors) and the values of the module's parameters (the rank's inputs). Nothing is
+  executed by torch_xla. It then checks that every rank compiled the same module;
+* :func:`execute` runs the ranks' modules on ``world_size`` CPU replicas in a jaxlib subprocess, replica r with rank r's
+  parameters, and returns each rank's outputs as CPU tensors in the structure ``fn`` returned.
+
+When every rank compiled the same module (funcoll's rule for XLA: rank-dependent values are parameters, never
+constants), it is compiled once with ``num_replicas=N`` and run in one process on N CPU devices, as one program on
+every replica. When the modules differ (an uneven ``all_to_all_single`` pads and slices by the rank's own split
+sizes, so the shapes around its one all-to-all differ), :attr:`World.why` names the first instruction that differs,
+and each rank's own module runs in a process of its own (N processes, one CPU device each, collectives between them
+over gloo on the loopback), as each host of a TPU slice runs the program it compiled; the collectives must still
+match across the ranks, or the run times out.
+
+An instruction the CPU runtime cannot compile or run (a TPU custom call, for one) fails with
+:class:`ReplicaRuntimeError` naming the instruction. :func:`run` is :func:`capture` then :func:`execute`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["capture", "execute", "run", "World", "RankProgram", "ReplicaRuntimeError", "available"]
+
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_replica_worker.py")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ")
+_METADATA = re.compile(r", metadata=\{[^}]*\}")
+_MODULE_LINE = re.compile(r"^HloModule [\w.\-]+")
+
+
+class ReplicaRuntimeError(RuntimeError):
+    """The XLA CPU runtime could not compile or run a rank's module (the message names the instruction when XLA's
+    error does), or the run did not finish in time."""
+
+
+def available() -> Optional[str]:
+    """None when the replica runner can run here, else why not (no torch_xla, no jaxlib)."""
+    import importlib.util
+
+    for mod, extra in (("torch_xla", "xla"), ("jaxlib", "xla-replicas"), ("jax", "xla-replicas")):
+        if importlib.util.find_spec(mod) is None:
+            return f"funcoll.replicas needs {mod} (pip install funcoll[{extra}])"
+    return None
+
+
+@dataclass
+class RankProgram:
+    """What one rank compiled: its HLO module (``proto``: a serialized HloModuleProto; ``text``: the HLO text) and the
+    values of the module's parameters, in parameter order (CPU tensors: the rank's inputs and the device data funcoll
+    made, such as the rank's own mask of a broadcast)."""
+
+    rank: int
+    proto: bytes
+    text: str
+    params: List[torch.Tensor]
+    structure: Any = None  # how fn's result nests (a torch.utils._pytree spec)
+    returned: int = 0  # the module's first outputs are fn's results; the rest are what funcoll keeps until the step
+
+
+@dataclass
+class World:
+    """The programs of every rank of a virtual world of ``size`` ranks. ``same``: every rank compiled rank 0's module;
+    else ``why`` says where the first rank that differs differs."""
+
+    size: int
+    ranks: List[RankProgram]
+    why: Optional[str] = None
+    same: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.why = _difference(self.ranks)
+        self.same = self.why is None
+
+
+_NAME = re.compile(r"%([\w.\-]+)")
+_HEADER = re.compile(r"^((?:ENTRY )?%[\w.\-]+) \(.*\) -> (.*\{)\s*$")
+
+
+def _canonical(text: str) -> List[str]:
+    """The module's lines without its name, without metadata, and with every ``%name`` numbered in order of first
+    appearance: two modules that compute the same thing the same way read the same, whatever ids torch_xla gave."""
+    lines: List[str] = []
+    names: dict = {}
+
+    def rename(m):
+        return "%" + names.setdefault(m.group(1), f"v{len(names)}")
+
+    for line in text.splitlines():
+        line = _MODULE_LINE.sub("HloModule m", _METADATA.sub("", line))
+        line = _HEADER.sub(r"\1 -> \2", line)  # a computation's parameter names: its parameter lines show them
+        if line.strip():
+            lines.append(_NAME.sub(rename, line))
+    return lines
+
+
+def _difference(ranks: Sequence[RankProgram]) -> Optional[str]:
+    base = _canonical(ranks[0].text)
+    for p in ranks[1:]:
+        mine = _canonical(p.text)
+        if mine == base:
+            continue
+        # the instructions first: the module's header repeats every parameter and result shape on one line
+        for i, (a, b) in enumerate(list(zip(base[1:], mine[1:])) + [(base[0], mine[0])]):
+            if a != b:
+                where = f"line {i + 2}" if i + 1 < min(len(base), len(mine)) else "its header"
+                return (f"rank {p.rank}'s module differs from rank 0's at {where}:\n  rank 0: {a.strip()}\n"
+                        f"  rank {p.rank}: {b.strip()}")
+        return f"rank {p.rank}'s module has {len(mine)} lines, rank 0's {len(base)}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# capture (torch_xla, this process)
+# ---------------------------------------------------------------------------------------------------
+def _flatten(result) -> Tuple[List[torch.Tensor], Any]:
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten(result)
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor) or leaf.device.type != "xla":
+            raise TypeError(f"funcoll.replicas: fn must return XLA tensors (a tensor, or lists, tuples or dicts of "
+                            f"them), got a {type(leaf).__name__}"
+                            + (f" on {leaf.device}" if isinstance(leaf, torch.Tensor) else ""))
+    if not leaves:
+        raise ValueError("funcoll.replicas: fn returned no tensor")
+    return leaves, spec
+
+
+def _program(rank: int, outs: List[torch.Tensor], structure) -> RankProgram:
+    import torch_xla
+
+    X = torch_xla._XLAC
+    returned = len(outs)
+    # a collective whose result no output of this rank reads (a send; reduce's all-reduce on a rank that is not dst)
+    # is kept alive until the next step (funcoll's Transport.retain): it is part of what this rank runs
+    outs = outs + _step_tensors()
+    proto = X._get_xla_tensors_hlo_proto(outs)
+    text = X._get_xla_tensors_hlo(outs)
+    if not text.strip():
+        raise ValueError(f"funcoll.replicas: rank {rank}'s results hold no computation to run: their graph already ran "
+                         f"on this process's single replica (torch_xla.sync(), .cpu(), or "
+                         f"torch.compile(backend='openxla'), which compiles and runs its graph at once); build them "
+                         f"lazily (compile with backend='aot_eager')")
+    _, values = X._get_tensors_xla_device_data_node(outs)
+    return RankProgram(rank, proto, text, [v.detach().cpu() for v in values], structure, returned)
+
+
+def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> World:
+    """Calls ``fn()`` once as each rank of a virtual world of ``world_size`` ranks and returns every rank's program.
+
+    For each rank in turn: ``dist.init_process_group("funcoll", store=dist.HashStore(), rank=r,
+    world_size=world_size)``, ``funcoll.install(["xla"])``, a fresh ordering token, ``fn()``, then the group is
+    destroyed and funcoll's group registry cleared. ``install=False`` calls ``funcoll.uninstall()`` instead, to read
+    what torch_xla's own ``_c10d_functional`` kernels compile for the same calls. ``fn`` reads its rank with
+    ``dist.get_rank()``, may create groups and meshes, and returns the XLA tensors to compute (a tensor, or lists,
+    tuples or dicts of them). The module is the one torch_xla would compile for those tensors; nothing is executed.
+    An uneven ``all_to_all_single`` without ``funcoll.xla.static_split_bound`` agrees on the largest split with a
+    collective a virtual world cannot run: every rank is then captured twice, the second time with the agreement
+    answered from every rank's splits of the first. Needs torch_xla (PJRT_DEVICE=CPU) and no default process group
+    in this process."""
+    import torch.distributed as dist
+
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"funcoll.replicas.capture: world_size must be a positive int, got {world_size!r}")
+    if dist.is_initialized():
+        raise RuntimeError("funcoll.replicas.capture builds a virtual world per rank as the default process group; "
+                           "this process already has one: call it in a process without one (e.g. a subprocess)")
+    # The split-size agreement of an uneven all_to_all (without static_split_bound) gathers every rank's values with a
+    # collective, which a virtual world cannot run: a first pass records each rank's values, a second builds the
+    # programs with every member's values as the answer. Without such an agreement the first pass is the only one.
+    told: dict = {}
+    programs = _capture_pass(fn, world_size, install, _Agreements(told, None))
+    if told:
+        programs = _capture_pass(fn, world_size, install, _Agreements({}, told))
+    return World(world_size, programs)
+
+
+class _Agreements:
+    """Serves XlaTransport.agreed: records what each rank would send (``record``), answers from ``known`` (the values
+    every rank recorded in the first pass) or, in the first pass, as if every member had this rank's values."""
+
+    def __init__(self, record: dict, known: Optional[dict]):
+        self.record, self.known = record, known
+        self.count: dict = {}
+
+    def __call__(self, ranks, me, values):
+        ranks = tuple(ranks)
+        i = self.count[(me, ranks)] = self.count.get((me, ranks), -1) + 1
+        self.record[(me, ranks, i)] = values
+        if self.known is None:
+            return [values for _ in ranks]
+        missing = [r for r in ranks if (r, ranks, i) not in self.known]
+        if missing:
+            raise RuntimeError(f"funcoll.replicas: ranks {missing} made no split-size agreement #{i} on the group "
+                               f"{list(ranks)} while rank {me} did: the ranks' programs diverge")
+        return [self.known[(r, ranks, i)] for r in ranks]
+
+
+def _capture_pass(fn, world_size: int, install: bool, agreements: _Agreements) -> List[RankProgram]:
+    import torch.distributed as dist
+
+    import funcoll
+    from funcoll import xla
+    from funcoll.transport import xla as xla_transport
+
+    programs = []
+    for rank in range(world_size):
+        dist.init_process_group("funcoll", store=dist.HashStore(), rank=rank, world_size=world_size)
+        xla_transport._agreements.serve = agreements
+        try:
+            if install:
+                funcoll.install(["xla"])
+            else:
+                funcoll.uninstall()
+            xla.reset_token()
+            _step_tensors()
+            outs, structure = _flatten(fn())
+            programs.append(_program(rank, outs, structure))
+            del outs
+        finally:
+            xla_transport._agreements.serve = None
+            xla.reset_token()
+            _step_tensors()
+            dist.destroy_process_group()
+            funcoll.groups.clear()
+    return programs
+
+
+def _step_tensors() -> List[torch.Tensor]:
+    """Takes the XLA tensors that step closures keep alive until the next ``torch_xla.sync()`` (which would run them):
+    a virtual world must never run them, and they belong to the rank's module."""
+    import torch_xla.core.xla_model as xm
+
+    devctx = xm._get_device_context()
+    closures = getattr(devctx, "step_closures", None) or []
+    devctx.step_closures = []  # type: ignore[attr-defined]
+    found = []
+    for c in closures:
+        for a in (getattr(c, "__defaults__", None) or ((),))[0] or ():
+            if isinstance(a, torch.Tensor) and a.device.type == "xla":
+                found.append(a)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------
+# execute (jaxlib, a subprocess)
+# ---------------------------------------------------------------------------------------------------
+_TORCH_OF = {"bool": torch.bool, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
+             "uint16": torch.uint16, "int32": torch.int32, "uint32": torch.uint32, "int64": torch.int64,
+             "uint64": torch.uint64, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+             "float64": torch.float64, "complex64": torch.complex64, "complex128": torch.complex128}
+_NAME_OF = {v: k for k, v in _TORCH_OF.items()}
+
+
+def _encode(t: torch.Tensor):
+    if t.dtype not in _NAME_OF:
+        raise TypeError(f"funcoll.replicas: a parameter of dtype {t.dtype} cannot be passed to the XLA CPU runtime")
+    t = t.detach().contiguous()
+    data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return (_NAME_OF[t.dtype], tuple(t.shape), data)
+
+
+def _decode(spec) -> torch.Tensor:
+    dtype, shape, data = spec
+    tdt = _TORCH_OF[dtype]
+    if not data:
+        return torch.empty(shape, dtype=tdt)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(tdt).reshape(shape)
+
+
+def _instruction_named(text: str, message: str) -> Optional[str]:
+    """The line of ``text`` defining the first instruction ``message`` names (``%name`` or a bare name)."""
+    names = {}
+    for line in text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m:
+            names[m.group(1)] = _METADATA.sub("", line).strip()
+    # XLA's verifier prints the instruction it rejects with the name torch_xla gave it as op_name
+    for token in re.findall(r'op_name="([^"]+)"', message):
+        if token in names:
+            return names[token]
+    tokens = [t for t in re.findall(r"%?([A-Za-z_][\w\-]*\.\d+)", message) if t in names]
+    for token in tokens:  # an operand (a parameter) is named too: the instruction itself first
+        if " parameter(" not in names[token]:
+            return names[token]
+    if tokens:
+        return names[tokens[0]]
+    for opcode in re.findall(r"(?:opcode|instruction|Unimplemented|not implemented)[^A-Za-z]*([a-z][\w\-]+)",
+                             message):
+        for line in names.values():
+            if f" {opcode}(" in line:
+                return line
+    for line in names.values():  # a custom call is what a TPU-only lowering brings
+        if "custom-call(" in line and "custom_call_target" in line:
+            target = re.search(r'custom_call_target="([^"]+)"', line)
+            if target and target.group(1) in message:
+                return line
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def _spawn(args: List[str], env: dict):
+    return subprocess.Popen([_python(), _WORKER, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def execute(worlds, timeout: float = 300.0) -> list:
+    """Runs the programs of a :class:`World` (or of each of a list of worlds of one size, all in one subprocess
+    start) on ``size`` replicas of the XLA CPU runtime. Returns, per rank, its outputs as CPU tensors in the
+    structure ``fn`` returned (for a list of worlds: one such list per world). Raises :class:`ReplicaRuntimeError`
+    naming the instruction XLA could not compile or run, or when the run takes longer than ``timeout`` seconds (a
+    collective that some replica never reaches waits)."""
+    from torch.utils._pytree import tree_unflatten
+
+    single = isinstance(worlds, World)
+    worlds = [worlds] if single else list(worlds)
+    if not worlds:
+        return []
+    why = available()
+    if why:
+        raise ReplicaRuntimeError(why)
+    size = worlds[0].size
+    if any(w.size != size for w in worlds):
+        raise ValueError("funcoll.replicas.execute: every world must have the same size")
+    mpmd = any(not w.same for w in worlds)
+    job = {"world": size, "modules": [[(p.proto, [_encode(t) for t in p.params]) for p in w.ranks]
+                                      for w in worlds]}
+    env = dict(os.environ)
+    env.pop("PJRT_DEVICE", None)
+    with tempfile.TemporaryDirectory(prefix="funcoll-replicas-") as tmp:
+        job_path = os.path.join(tmp, "job.pkl")
+        with open(job_path, "wb") as f:
+            pickle.dump(job, f)
+        if not mpmd:
+            outs = [os.path.join(tmp, "out.pkl")]
+            procs = [_spawn(["spmd", job_path, outs[0]], env)]
+        else:
+            port = _free_port()
+            outs = [os.path.join(tmp, f"out{r}.pkl") for r in range(size)]
+            procs = [_spawn(["mpmd", job_path, outs[r], str(r), str(port)], env) for r in range(size)]
+        answers = _wait(procs, outs, timeout, mpmd)
+    err = next((a for a in answers if "error" in a), None)
+    if err is not None:
+        raise _error(worlds, err, mpmd)
+    results = []
+    for i, w in enumerate(worlds):
+        per_rank = [a["outputs"][i][0] for a in answers] if mpmd else answers[0]["outputs"][i]
+        ranks = []
+        for r, specs in enumerate(per_rank):
+            tensors = [_decode(s) for s in specs[:w.ranks[r].returned]]
+            spec = w.ranks[r].structure
+            ranks.append(tree_unflatten(tensors, spec) if spec is not None else tensors)
+        results.append(ranks)
+    return results[0] if single else results
+
+
+def _wait(procs, outs, timeout, mpmd) -> list:
+    import time
+
+    deadline = time.monotonic() + timeout
+    failed = []
+    try:
+        for r, p in enumerate(procs):
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                _, stderr = p.communicate(timeout=left)
+            except subprocess.TimeoutExpired:
+                raise ReplicaRuntimeError(
+                    f"funcoll.replicas: the replicas did not finish in {timeout:g} s; a collective that some replica "
+                    f"never reaches waits for it (do the ranks' programs run the same collectives in the same "
+                    f"order?)") from None
+            if p.returncode != 0:
+                tail = "\n".join(stderr.strip().splitlines()[-8:])
+                failed.append(f"{'rank ' + str(r) + ' ' if mpmd else ''}(exit code {p.returncode}):\n{tail}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if failed:
+        raise ReplicaRuntimeError("funcoll.replicas: the XLA CPU runtime's process failed " + "\n".join(failed))
+    answers = []
+    for path in outs:
+        with open(path, "rb") as f:
+            answers.append(pickle.load(f))
+    return answers
+
+
+def _error(worlds, err: dict, mpmd: bool) -> ReplicaRuntimeError:
+    message = err["error"].strip()
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip() and not ln.startswith("See https")]
+    first = " ".join(lines[:2]) if lines else "unknown error"
+    i = err.get("module")
+    if i is None:
+        return ReplicaRuntimeError(f"funcoll.replicas: {first}")
+    program = worlds[i].ranks[0]
+    line = _instruction_named(program.text, message)
+    where = f"instruction {line}" if line else "an instruction XLA's message does not name"
+    return ReplicaRuntimeError(f"funcoll.replicas: the XLA CPU runtime cannot {err['stage']} {where} "
+                               f"(module {i}): {first}")
+
+
+def run(fn: Callable[[], Any], world_size: int, timeout: float = 300.0, install: bool = True) -> list:
+    """:func:`capture` then :func:`execute`: ``fn()`` as every rank of a virtual world of ``world_size`` ranks, run on
+    ``world_size`` CPU replicas; returns each rank's outputs (``result[r]`` is rank r's, shaped as fn's result)."""
+    return execute(capture(fn, world_size, install=install), timeout=timeout)
