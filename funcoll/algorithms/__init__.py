@@ -657,10 +657,13 @@ def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum
     if not tensors:
         return Pending()  # nothing to send: complete at once
     caps = tp.caps
-    if caps.has("all_reduce_coalesced") and all(
-            t.is_contiguous() and caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
+    # the plan reads only what every rank shares (op, dtypes); a tensor's layout changes only local copies
+    if all(caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
         _note(f"one tuple all_reduce of {len(tensors)} tensors")
-        return Pending([tp.all_reduce_coalesced(tensors, red)])
+        work = [_contig_in(t) for t in tensors]
+        p = Pending([tp.all_reduce_coalesced(work, red)])
+        staged = [(t, w) for t, w in zip(tensors, work) if w is not t]
+        return p.and_then(lambda: [t.copy_(w) for t, w in staged]) if staged else p
     pendings = []
     for idx in _by_dtype(tensors):
         ts = [tensors[i] for i in idx]
@@ -1004,6 +1007,10 @@ def all_to_all_single(tp: Transport, out: torch.Tensor, inp: torch.Tensor, outpu
     given = bool(output_split_sizes) or bool(input_split_sizes)
     out_splits, in_splits = semantics.check_all_to_all("all_to_all_single", out, inp, output_split_sizes,
                                                input_split_sizes, tp.size)
+    if given and not tp.caps.uneven_all_to_all and len(set(out_splits + in_splits)) == 1:
+        # split sizes that are all equal are the even exchange, whether a rank passes them or not: a rank passing
+        # [k, k] and one passing none take the same plan (the plan must not read what only one rank chose)
+        given = False
     inp = _contig_in(inp)
     return _with_contig_out(out, lambda o: _a2a(tp, o, inp, out_splits, in_splits, given))
 
@@ -1061,8 +1068,15 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
     inp = _contig_in(inp)
     caps = tp.caps
     outs = list(outs) if tp.rank == dst and outs is not None else []
-    if caps.has("gather") and caps.moves(inp.dtype) and all(o.is_contiguous() for o in outs):
-        return Pending([tp.gather(list(outs) if tp.rank == dst else None, inp, dst)])
+    # the plan reads only what every rank shares (the backend, the dtype): the root's output layout changes only
+    # the root's own copies (a plan only the root could evaluate would run different exchanges on the ranks)
+    if caps.has("gather") and caps.moves(inp.dtype):
+        if tp.rank != dst:
+            return Pending([tp.gather(None, inp, dst)])
+        work = [_contig_in(o) if o.is_contiguous() else o.new_empty(o.shape) for o in outs]
+        p = Pending([tp.gather(work, inp, dst)])
+        staged = [(o, w) for o, w in zip(outs, work) if w is not o]
+        return p.and_then(lambda: [o.copy_(w) for o, w in staged]) if staged else p
     _note("gather=all_gather")
     flat = _flat(inp)
     g = flat.new_empty((tp.size * flat.shape[0],) + tuple(flat.shape[1:]))
