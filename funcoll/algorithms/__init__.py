@@ -59,13 +59,14 @@ R = ReduceOp
 class Pending(Handle):
     """Native handles to wait on, then local finishing steps to run once, in order."""
 
-    __slots__ = ("_handles", "_then", "_future")
+    __slots__ = ("_handles", "_then", "_future", "_source")
     _future: Optional[torch.futures.Future]
 
     def __init__(self, handles: Sequence[Handle] = (), then: Optional[Callable[[], object]] = None):
         self._handles = [h for h in handles if h is not None]
         self._then = [then] if then is not None else []
         self._future = None
+        self._source: Optional[int] = None  # the peer of a recv
 
     def and_then(self, fn: Callable[[], object]) -> "Pending":
         self._then.append(fn)
@@ -80,10 +81,15 @@ class Pending(Handle):
     def wait(self, timeout: Optional[timedelta] = None) -> None:
         """Waits on the native handles (in all, at most ``timeout`` when given: a c10d Work raises past it), then
         runs the finishing steps."""
+        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         if self._future is not None:  # handed over to future(): its callback runs the finishing steps
+            while deadline is not None and not self._future.done():
+                if time.monotonic() >= deadline:
+                    assert timeout is not None
+                    raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
+                time.sleep(0.001)
             self._future.wait()
             return
-        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         while self._handles:
             h = self._handles[0]
             if deadline is None:
@@ -102,13 +108,18 @@ class Pending(Handle):
         without blocking: the steps run in the callback of the backend's own futures. Handles without a future
         (lazy or already complete) count as complete."""
         if self._future is None:
-            handles, self._handles = self._handles, []
             futs = []
-            for h in handles:
+            for h in self._handles:
                 if isinstance(h, Pending):
                     futs.append(h.future())
                 elif hasattr(h, "get_future"):
-                    futs.append(h.get_future())
+                    try:
+                        futs.append(h.get_future())
+                    except RuntimeError:  # a backend Work without a future ("Work::getFuture not implemented")
+                        from funcoll.transport.gloo import WaitedWork
+
+                        futs.append(WaitedWork(h).get_future())
+            self._handles = []
             if not futs:
                 self._run_thens()
                 done: torch.futures.Future = torch.futures.Future()
@@ -127,6 +138,12 @@ class Pending(Handle):
         if self._future is not None:
             return self._future.done()
         return not self._then and all(h.is_completed() for h in self._handles)
+
+    def source_rank(self) -> int:
+        """The group rank a receive got its data from (c10d's ``Work._source_rank()``)."""
+        if self._source is None:
+            raise RuntimeError("funcoll: source_rank() is only defined for the Work of a recv")
+        return self._source
 
 
 
@@ -1124,7 +1141,9 @@ def recv(tp: Transport, tensor: torch.Tensor, src: int, tag: int = 0) -> Pending
     semantics.check_root("recv", "src", src, tp.size)
     if src == tp.rank:
         raise ValueError(f"funcoll.recv: src={src} is the calling rank; receive from another rank")
-    return _with_contig_out(tensor, lambda t: Pending([tp.recv(_bits(t, tp.caps), src, tag)]))
+    p = _with_contig_out(tensor, lambda t: Pending([tp.recv(_bits(t, tp.caps), src, tag)]))
+    p._source = src
+    return p
 
 
 @_entry
