@@ -250,15 +250,16 @@ def _specs(v) -> Tuple[Tuple[torch.dtype, Tuple[int, ...]], ...]:
 
 
 def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collective]:
-    """The collectives of an FX graph, in graph order (``wait_tensor`` is not one). Shapes come from the
-    nodes' metadata (``val`` or ``example_value``)."""
+    """The collectives of an FX graph, in graph order (``wait_tensor`` is not one, nor torch 2.15's
+    ``wait_tensors``, which waits on a coalesced op's outputs). Shapes come from the nodes' metadata (``val`` or
+    ``example_value``)."""
     graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
     out = []
     for n in graph.nodes:
         if n.op != "call_function" or _namespace(n.target) not in _COLLECTIVE_NAMESPACES:
             continue
         name = _target_name(n.target).split(".", 1)[1].split(".")[0]
-        if name == "wait_tensor":
+        if name in ("wait_tensor", "wait_tensors"):
             continue
         named = _named_args(n)
         inputs, rest = [], []

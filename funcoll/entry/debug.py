@@ -95,8 +95,12 @@ class GroupState:
         self._pg = weakref.ref(pg)
         self.store = pg._store
         self.local_store = isinstance(_unwrap_store(pg._store), _LOCAL_STORES)
-        self.trace = flight_recorder.GroupTrace(pg.group_name or "(unnamed)", pg._global_ranks, pg.rank(), pg.size())
+        self.trace = flight_recorder.GroupTrace(pg.group_name or "(unnamed)", pg._global_ranks, pg.rank(), pg.size(),
+                                                desc=pg.group_desc)
         self.debug = debug_from_env() and not self.local_store and pg.size() > 1
+        # torch's backend-agnostic NaN check (torch >= 2.15 attaches it to every group; funcoll runs it itself, on every
+        # torch version): a floating input holding a NaN is refused before anything is sent
+        self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
 
     def timeout_s(self) -> float:
         pg = self._pg()
@@ -386,6 +390,20 @@ SPECS: Dict[str, Spec] = {
     "recv_anysource": Spec("recv", _fp_recv_any, p2p=True),
 }
 
+# where each method's inputs are (the tensors it sends), for the NaN check: the positional argument's index
+_INPUTS = {"allreduce": 0, "allreduce_coalesced": 0, "broadcast": 0, "reduce": 0, "send": 0, "barrier": None,
+           "recv": None, "recv_anysource": None}
+
+
+def check_nan(method: str, args, kwargs) -> bool:
+    """Whether a tensor the call sends holds a NaN (TORCH_DIST_NAN_CHECK=1), as torch's NanCheckHook checks."""
+    i = _INPUTS.get(method, 1)
+    if i is None:
+        return False
+    sent = args[i] if len(args) > i else None  # c10d passes every argument positionally
+    return any(t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()) for t in _flat(sent))
+
+
 # keys that legitimately differ between ranks: checked against each other by compare(), not for equality
 _PER_RANK = ("input_split_sizes", "output_split_sizes", "per_peer_in", "per_peer_out", "root_outputs",
              "root_inputs", "root_output_numel")
@@ -640,8 +658,8 @@ def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None
         # groups of 2+ ranks before they send: those take the full path, which runs it. Every step here is one the full
         # path also makes; this is the hot path of every small eager collective, so it reads each thing once.
         st = self.__dict__.get("_funcoll_state")
-        if (fast is not None and st is not None and not st.debug and self._coalesced is None and not kwargs
-                and not _tls.depth and not watched()):
+        if (fast is not None and st is not None and not st.debug and not st.nan_check and self._coalesced is None
+                and not kwargs and not _tls.depth and not watched()):
             try:
                 nat = fast(self, args)
             except Exception:  # noqa: BLE001 - a request the adapter cannot read: the full path names the problem
@@ -677,6 +695,12 @@ def _wrap(method: str, fn: Callable, spec: Spec, fast: Optional[Callable] = None
             call.failed(e, flight_recorder.INVALID)
             st.trace.keep(call)
             raise
+        if st.nan_check and check_nan(method, args, kwargs):
+            nan = RuntimeError(f"NaN found in input tensor. (funcoll: {spec.op} on group {st.trace.group!r}, "
+                               f"rank {self.rank()} of {self.size()}; TORCH_DIST_NAN_CHECK=1; nothing was sent)")
+            call.failed(nan, flight_recorder.INVALID)
+            st.trace.keep(call)
+            raise nan
         call.timeout = st.timeout_s()
         numbered = []
 

@@ -29,7 +29,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-__all__ = ["Call", "GroupTrace", "trace_of", "entries", "dump", "format", "buffer_size", "all_traces"]
+__all__ = ["Call", "GroupTrace", "trace_of", "entries", "dump", "format", "buffer_size", "all_traces", "torch_dump",
+           "write_torch_dump"]
 
 ISSUED, COMPLETED, FAILED, INVALID = "issued", "completed", "failed", "invalid"
 
@@ -143,8 +144,10 @@ def describe(fp: dict) -> str:
 class GroupTrace:
     """The ring buffer of one group, and its two counters."""
 
-    def __init__(self, group: str, global_ranks: Sequence[int], rank: int, size: int, maxlen: Optional[int] = None):
+    def __init__(self, group: str, global_ranks: Sequence[int], rank: int, size: int, maxlen: Optional[int] = None,
+                 desc: str = ""):
         self.group = group
+        self.desc = desc
         self.global_ranks = tuple(global_ranks)
         self.rank = rank
         self.size = size
@@ -155,6 +158,7 @@ class GroupTrace:
         self.enabled = n > 0
         self.buffer: collections.deque = collections.deque(maxlen=max(n, 1))
         _traces[id(self)] = self
+        _dump_at_exit()
 
     @property
     def seq(self) -> int:
@@ -289,17 +293,156 @@ def dump(group=None, path: Optional[str] = None) -> dict:
 
 
 def dump_on_timeout(trace: GroupTrace) -> Optional[str]:
-    """Writes the group's trace to ``$FUNCOLL_TRACE_DIR/funcoll_trace_<group>_rank<r>_<pid>.json`` when that
-    variable is set; returns the path (None otherwise). Never raises."""
+    """On a timeout: every group's trace on this rank in torch's format to ``$TORCH_FR_DUMP_TEMP_FILE<rank>``
+    (:func:`write_torch_dump`) when that variable is set, and this group's trace as funcoll's JSON to
+    ``$FUNCOLL_TRACE_DIR/funcoll_trace_<group>_rank<r>_<pid>.json`` when that one is; returns the path written
+    (the JSON one when both are; None when neither is set). Never raises."""
+    torch_path = write_torch_dump()
     where = os.environ.get("FUNCOLL_TRACE_DIR", "").strip()
     if not where:
-        return None
+        return torch_path
     try:
         os.makedirs(where, exist_ok=True)
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in trace.group) or "group"
         path = os.path.join(where, f"funcoll_trace_{safe}_rank{trace.rank}_{os.getpid()}.json")
         with open(path, "w") as f:
             json.dump(trace.dump(), f, indent=1)
+        return path
+    except Exception:  # noqa: BLE001 - a dump never hides the error it documents
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch's format: what ``python -m torch.distributed.flight_recorder.fr_trace DIR`` reads
+# ---------------------------------------------------------------------------------------------------
+# torch's dump (the version its analyser reads): one pickled dict per rank with every group of the rank, in the
+# file ``$TORCH_FR_DUMP_TEMP_FILE<global rank>``. Sequence numbers are funcoll's own (the ones its errors name).
+TORCH_DUMP_VERSION = "2.10"
+
+# funcoll's op -> the collective's name in torch's recorder (c10d's names, which its analyser knows)
+_TORCH_OP = {"all_reduce_coalesced": "allreduce_coalesced", "all_gather_into_tensor": "_all_gather_base",
+             "all_gather_coalesced": "allgather_coalesced", "reduce_scatter_tensor": "_reduce_scatter_base",
+             "gather_single": "gather"}
+
+# torch dtype -> c10's ScalarType name, as torch's recorder writes it
+_SCALAR_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+                 "complex64": "ComplexFloat", "complex128": "ComplexDouble", "complex32": "ComplexHalf",
+                 "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long", "uint8": "Byte",
+                 "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64", "bool": "Bool",
+                 "float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2",
+                 "float8_e4m3fnuz": "Float8_e4m3fnuz", "float8_e5m2fnuz": "Float8_e5m2fnuz"}
+
+
+def _sizes_of(call: Call) -> tuple:
+    """(input sizes, output sizes, dtypes) of a call, from its fingerprint, as torch's recorder lists them."""
+    fp = call.fingerprint or {}
+    tensors = [t for t in fp.get("tensors") or [] if t and t[1] is not None]
+    ins = [list(shape) for _, shape in tensors]
+    dtypes = [_SCALAR_NAMES.get(d, d) for d, _ in (fp.get("tensors") or []) if d]
+    op = call.op
+    outs = ins
+    if op == "all_to_all_single":
+        rest = ins[0] if ins else []
+        ins = [[sum(fp.get("input_split_sizes") or [0]), *rest]]
+        outs = [[sum(fp.get("output_split_sizes") or [0]), *rest]]
+    elif op == "all_to_all":
+        ins, outs = fp.get("per_peer_in") or [], fp.get("per_peer_out") or []
+    elif op in ("all_gather", "all_gather_coalesced"):
+        outs = [s for shapes in fp.get("outputs") or [] for s in shapes]
+    elif op == "reduce_scatter":
+        ins = [s for shapes in fp.get("inputs") or [] for s in shapes]
+    elif op == "gather":
+        outs = fp.get("root_outputs") or []
+    elif op == "gather_single":
+        outs = [[fp["root_output_numel"]]] if fp.get("root_output_numel") is not None else []
+    elif op == "scatter":
+        ins = fp.get("root_inputs") or []
+    elif fp.get("outputs") is not None:
+        outs = fp["outputs"]
+    return ins, outs, dtypes
+
+
+def _torch_entry(call: Call, pg_id: int, record_id: int, trace: GroupTrace) -> dict:
+    ins, outs, dtypes = _sizes_of(call)
+    p2p = call.op in ("send", "recv")
+    name = _TORCH_OP.get(call.op, call.op)
+    if p2p:
+        peer = call.fingerprint.get("peer")
+        peer = "?" if peer in (None, "any") else peer
+        name = f"send {call.rank}->{peer}" if call.op == "send" else f"recv {call.rank}<-{peer}"
+    done = call.state in (COMPLETED, FAILED, INVALID)
+    return {"frames": [], "record_id": record_id, "pg_id": pg_id, "process_group": (trace.group, trace.desc),
+            "thread_name": call.thread, "thread_id": call.thread,
+            "collective_seq_id": trace.seq if p2p else call.seq,
+            "p2p_seq_id": call.p2p_seq if p2p else 0, "op_id": record_id,
+            "profiling_name": f"funcoll:{name}", "time_created_ns": int(call.t_issued * 1e9),
+            "input_sizes": ins, "input_dtypes": dtypes, "output_sizes": outs, "output_dtypes": dtypes,
+            "state": "completed" if call.state == COMPLETED else "scheduled",
+            "time_discovered_started_ns": None,
+            "time_discovered_completed_ns": int(call.t_done * 1e9) if call.t_done is not None and done else None,
+            "retired": call.state == COMPLETED, "timeout_ms": int((call.timeout or 0) * 1e3), "is_p2p": p2p,
+            "funcoll_state": call.state, "funcoll_strategies": list(call.strategies)}
+
+
+def torch_dump() -> dict:
+    """Every funcoll group of this process, in the format of torch's flight recorder (the dict torch pickles into
+    ``$TORCH_FR_DUMP_TEMP_FILE<rank>``), so ``python -m torch.distributed.flight_recorder.fr_trace DIR`` analyses
+    a funcoll job as it does an NCCL one: the group table names every group, and each entry its collective, group and
+    sequence number. Only numbered entries are listed: a request rejected before anything was sent, or a
+    monitored_barrier, has no sequence number to match across ranks."""
+    pg_config: dict = {}
+    pg_status: dict = {}
+    entries: list = []
+    for pg_id, trace in enumerate(sorted(all_traces(), key=lambda t: (t.group, t.global_ranks))):
+        pg_config[trace.group] = {"name": trace.group, "desc": trace.desc, "ranks": str(list(trace.global_ranks))}
+        calls = [c for c in trace.entries() if c.seq is not None or c.p2p_seq is not None]
+        done = [c.seq for c in calls if c.seq is not None and c.state == COMPLETED]
+        pg_status[str(pg_id)] = {"last_enqueued_collective": trace.seq - 1, "last_started_collective": -1,
+                                 "last_completed_collective": max(done) if done else -1}
+        entries += [_torch_entry(c, pg_id, len(entries) + i, trace) for i, c in enumerate(calls)]
+    entries.sort(key=lambda e: e["time_created_ns"])
+    for i, e in enumerate(entries):
+        e["record_id"] = e["op_id"] = i
+    return {"version": TORCH_DUMP_VERSION, "pg_config": pg_config, "pg_status": pg_status, "comm_lib_version": "",
+            "entries": entries}
+
+
+_at_exit: list = []
+
+
+def _dump_at_exit() -> None:
+    """With ``TORCH_FR_DUMP_TEMP_FILE`` set, a rank also writes its dump when the interpreter exits (and when a
+    group is destroyed): a rank that never joined a collective its peers timed out in leaves its dump too, which
+    torch's analyser needs from every rank to name the missing one."""
+    if not _at_exit and os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "").strip():
+        import atexit
+
+        _at_exit.append(atexit.register(write_torch_dump))
+
+
+def _global_rank() -> Optional[int]:
+    for trace in all_traces():
+        return trace.global_ranks[trace.rank]
+    return None
+
+
+def write_torch_dump(path: Optional[str] = None) -> Optional[str]:
+    """Writes :func:`torch_dump` (pickled, as torch writes its own) to ``path``, by default
+    ``$TORCH_FR_DUMP_TEMP_FILE<global rank>`` (torch's default prefix ``/tmp/nccl_trace_rank_`` is not assumed:
+    without the variable nothing is written); returns the path, or None. Never raises."""
+    import pickle
+
+    try:
+        if path is None:
+            prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "").strip()
+            rank = _global_rank()
+            if not prefix or rank is None:
+                return None
+            path = f"{prefix}{rank}"
+        d = torch_dump()
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "wb") as f:
+            pickle.dump(d, f)
         return path
     except Exception:  # noqa: BLE001 - a dump never hides the error it documents
         return None

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from funcoll import algorithms
+from funcoll.entry import flight_recorder
 from funcoll.entry.work import (
     FuncollWork,  # the Work of every collective (exception(), futures, timeouts: funcoll.entry.work)
 )
@@ -318,6 +319,10 @@ class ProcessGroupFuncoll(ProcessGroup):
     # group answers for itself, and it says it does not coalesce natively, so c10d takes its generic paths.
     supports_coalescing = False
     supports_splitting = True  # split_group() below; c10d asks the backend of the accelerator (torch >= 2.10)
+    # torch >= 2.15 asks before registering abort or completion hooks (the C++ answer looks for a registered backend
+    # and raises for a Python group): funcoll runs neither kind of hook
+    supports_abort_hooks = False
+    supports_completion_hooks = False
 
     def eager_connect_single_device(self, device=None) -> None:
         """``init_process_group(device_id=...)``: the transport of that device is created now, not at first use."""
@@ -391,7 +396,9 @@ class ProcessGroupFuncoll(ProcessGroup):
                     pass
 
     def shutdown(self) -> None:
-        """``destroy_process_group``: the transports' own backends are shut down and dropped."""
+        """``destroy_process_group``: the transports' own backends are shut down and dropped. With
+        ``TORCH_FR_DUMP_TEMP_FILE`` set, this rank's flight recorder is written first, in torch's format."""
+        flight_recorder.write_torch_dump()
         self._stop_transports("shutdown")
         if self._group_name:
             groups.unregister(self._group_name)
