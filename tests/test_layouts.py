@@ -20,7 +20,7 @@ KINDS = ["strided", "transposed", "offset", "channels_last"]
 
 
 def lay(t: torch.Tensor, kind: str) -> torch.Tensor:
-    """``t``'s values and shape in memory layout ``kind`` ("contiguous" as it is)."""
+    """A new tensor with ``t``'s values and shape in memory layout ``kind`` (never sharing ``t``'s memory)."""
     if kind == "contiguous":
         return t.clone()
     if kind == "strided":  # every other element of a buffer twice as wide
@@ -29,9 +29,9 @@ def lay(t: torch.Tensor, kind: str) -> torch.Tensor:
         v.copy_(t)
         return v
     if kind == "transposed" and t.dim() >= 2:
-        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return t.transpose(-1, -2).clone(memory_format=torch.contiguous_format).transpose(-1, -2)
     if kind == "channels_last" and t.dim() == 4:
-        return t.contiguous(memory_format=torch.channels_last)
+        return t.clone(memory_format=torch.channels_last)
     # offset (and the fallback of the kinds a shape cannot take): a view 3 elements into a larger buffer
     buf = torch.zeros(t.numel() + 3, dtype=t.dtype)
     v = buf[3:].view(t.shape)
