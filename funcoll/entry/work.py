@@ -244,7 +244,11 @@ class FuncollWork(Work):
                     self._call.completed()
                 out.set_result(result)
 
-            self._pending.future().add_done_callback(finish)
+            from funcoll.transport.gloo import track_callbacks
+
+            backend_fut = self._pending.future()
+            backend_fut.add_done_callback(finish)
+            track_callbacks(backend_fut)
             self._fut = out
             return self._fut
 
@@ -358,7 +362,11 @@ class NativeWork(FuncollWork):
             self._completed()
             out.set_result(value)
 
-        self._h.get_future().add_done_callback(finish)
+        from funcoll.transport.gloo import track_callbacks
+
+        backend_fut = self._h.get_future()
+        backend_fut.add_done_callback(finish)
+        track_callbacks(backend_fut)
         return out
 
 

@@ -42,25 +42,42 @@ def _allreduce_options(red: Reduction) -> C.AllreduceOptions:
 # gloo's send/recv and reduce_scatter Works have no future ("Work::getFuture not implemented") and say
 # is_completed() == False until someone calls wait() (reduce_scatter's, even after it). funcoll supplies both: such a
 # Work is waited on by a background thread from the moment it is issued, which completes a future (the Work's
-# result, or its error) and a flag. The threads are daemons, reused, never joined: a Work that never completes (a peer
-# that never sends) keeps one blocked until the backend's timeout or the process's exit, and never delays the exit.
+# result, or its error) and a flag.
+#
+# The threads are NOT daemons, on purpose: a daemon thread blocked in a C++ wait with the GIL released, whose wait
+# returns while the interpreter finalizes (a pending receive failing as the peer process exits, a send completing),
+# re-takes the GIL in a destructor, where CPython 3.11 ends the thread with pthread_exit: the forced unwind through
+# that noexcept destructor is std::terminate ("terminate called without an active exception", SIGABRT). So at
+# interpreter exit (threading's shutdown hook, before finalization) idle threads leave, and busy ones finish their
+# wait first -- a pending operation completes, fails as its peer exits, or fails at the group's timeout.
 class _Waiters:
-    """A pool of daemon threads running jobs; a new thread starts when none is idle (a job may block for long)."""
+    """A pool of threads running jobs; a new thread starts when none is idle (a job may block for long)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._idle = 0
         self._jobs: list = []
         self._cv = threading.Condition(self._lock)
+        self._closing = False
+        self._hooked = False
 
     def submit(self, job) -> None:
         with self._lock:
-            if self._idle:
+            if self._idle and not self._closing:
                 self._idle -= 1  # reserved for this job
                 self._jobs.append(job)
                 self._cv.notify()
                 return
-        threading.Thread(target=self._run, args=(job,), name="funcoll-waiter", daemon=True).start()
+            if not self._hooked:
+                self._hooked = True
+                _at_threading_exit(self.close)
+        threading.Thread(target=self._run, args=(job,), name="funcoll-waiter", daemon=False).start()
+
+    def close(self) -> None:
+        """Idle threads leave (busy ones after their job): called before the interpreter joins its threads."""
+        with self._lock:
+            self._closing = True
+            self._cv.notify_all()
 
     def _run(self, job) -> None:
         while True:
@@ -68,12 +85,56 @@ class _Waiters:
             job = None
             with self._lock:
                 self._idle += 1
-                while not self._jobs:
+                while not self._jobs and not self._closing:
                     self._cv.wait()
+                if not self._jobs:
+                    self._idle -= 1
+                    return
                 job = self._jobs.pop(0)
 
 
+def _at_threading_exit(fn) -> None:
+    """Runs ``fn`` when the interpreter starts to exit, before it joins non-daemon threads (what concurrent.futures
+    uses); atexit where that hook is missing."""
+    hook = getattr(threading, "_register_atexit", None)
+    try:
+        if hook is not None:
+            hook(fn)
+            return
+    except RuntimeError:  # already shutting down
+        fn()
+        return
+    import atexit
+
+    atexit.register(fn)
+
+
 _WAITERS = _Waiters()
+
+# Futures with Python callbacks that a backend's own C++ threads will run (FuncollWork.get_future chains the finishing
+# steps on the backend's futures): a callback run while the interpreter finalizes takes the GIL on a C++ thread and
+# ends as above. At exit the ones still pending get a bounded grace period to complete first.
+_CALLBACKS: list = []
+_CALLBACK_GRACE_S = 10.0
+_callbacks_hooked = []
+
+
+def track_callbacks(fut) -> None:
+    """Remembers ``fut`` (whose completion runs Python callbacks on a backend thread) until it is done."""
+    if len(_CALLBACKS) > 256:
+        _CALLBACKS[:] = [f for f in _CALLBACKS if not f.done()]
+    _CALLBACKS.append(fut)
+    if not _callbacks_hooked:
+        _callbacks_hooked.append(True)
+        _at_threading_exit(_drain_callbacks)
+
+
+def _drain_callbacks() -> None:
+    import time
+
+    end = time.monotonic() + _CALLBACK_GRACE_S
+    while any(not f.done() for f in _CALLBACKS) and time.monotonic() < end:
+        time.sleep(0.005)
 
 
 class WaitedWork(C.Work):
