@@ -37,7 +37,8 @@ from tests import reference as ref
 
 CASES_PER_SEED = 40
 WAIT = timedelta(seconds=60)  # every async wait has a timeout
-HANG_S = float(os.environ.get("FUNCOLL_DIFF_HANG_S", "90"))  # a case running longer than this is a hang: the watchdog fails it
+# a case running longer than this is a hang: the watchdog fails it
+HANG_S = float(os.environ.get("FUNCOLL_DIFF_HANG_S", "90"))
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64]
@@ -352,7 +353,7 @@ class Runner:
             self.count[key] = self.count.get(key, 0) + 1
             dist.barrier(group=self.gloo)  # a rank gloo refused before sending stays in step with one it did not
             return
-        for j, (a, b) in enumerate(zip(got, ggot)):
+        for j, b in enumerate(ggot[:len(got)]):
             if ref.close(b.contiguous(), want[j], n if op != "none" else 1, op if op != "none" else "sum", vals):
                 self.count["gloo wrong (funcoll right)"] = self.count.get("gloo wrong (funcoll right)", 0) + 1
                 return
@@ -365,8 +366,8 @@ _GLOO_MOVES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torc
 
 def _gloo_can(c: dict) -> bool:
     """Whether the case may be sent to raw gloo: gloo aborts the process (SIGABRT, not an exception) on some requests
-    funcoll serves -- dtypes it does not move -- or fails them on a worker thread leaving the group broken (integer AVG);
-    those are recorded as not asked."""
+    funcoll serves -- dtypes it does not move -- or fails them on a worker thread, leaving the group broken (integer
+    AVG); those are recorded as not asked."""
     if c["kind"] in ("compiled", "objects", "async_batch"):
         return True
     if c["kind"] in REDUCING and c["op"] == "avg" and not c["dtype"].is_floating_point:

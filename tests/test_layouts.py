@@ -24,7 +24,8 @@ def lay(t: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "contiguous":
         return t.clone()
     if kind == "strided":  # every other element of a buffer twice as wide
-        buf = torch.zeros(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype) if t.dim() else torch.zeros(2, dtype=t.dtype)
+        wide = t.shape[:-1] + (2 * t.shape[-1],) if t.dim() else (2,)
+        buf = torch.zeros(wide, dtype=t.dtype)
         v = buf[..., ::2] if t.dim() else buf[0]
         v.copy_(t)
         return v

@@ -52,7 +52,8 @@ def _cases(rank, n):
 
     @add("all_reduce_coalesced")
     def _():
-        a, b = ref.all_inputs(n, torch.float32, (3,), "arc1", "grid"), ref.all_inputs(n, torch.float32, (2, 2), "arc2", "grid")
+        a = ref.all_inputs(n, torch.float32, (3,), "arc1", "grid")
+        b = ref.all_inputs(n, torch.float32, (2, 2), "arc2", "grid")
         ts = [a[rank].clone(), b[rank].clone()]
         opts = dist.AllreduceCoalescedOptions()
         opts.reduceOp = dist.ReduceOp.SUM

@@ -116,7 +116,7 @@ _WAITERS = _Waiters()
 # ends as above. At exit the ones still pending get a bounded grace period to complete first.
 _CALLBACKS: list = []
 _CALLBACK_GRACE_S = 10.0
-_callbacks_hooked = []
+_callbacks_hooked: list = []
 
 
 def track_callbacks(fut) -> None:
