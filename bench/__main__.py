@@ -1,7 +1,9 @@
 """funcoll benchmarks (``./dev bench [blocks]``): funcoll against the raw path in the same run, alternating blocks.
 
 Runs bench/overhead.py on a 1-rank and a 2-rank CPU world (eager per-call cost 4 B - 1 MiB, async issue, a compiled
-step, the gap-filling strategies at 16 MiB with their peak memory and bytes sent), then, where torch_xla is
+step, the gap-filling strategies at 16 MiB with their peak memory and bytes sent), bench/training.py (whole training
+steps: DDP, FSDP2, tensor + sequence parallel, a ZeRO-like loop, funcoll vs gloo, losses compared), then, where
+torch_xla is
 installed, bench/xla.py (the cost of building one functional all_reduce on virtual worlds of 4, 64 and 256 ranks,
 and the compiled-step table). Prints one table and writes docs/performance.md with a plot (docs/performance.png) of
 per-call cost against message size. Progress goes to stderr.
@@ -32,6 +34,9 @@ def run(blocks: int = BLOCKS, write_docs: bool = True) -> list:
     for n in (1, 2):
         _progress(f"CPU world of {n} rank(s)")
         rows += run_world("bench.overhead:rank_main", n, None, args=(blocks,), timeout=900)[0]
+    from bench import training
+
+    rows += training.run(max(2, blocks // 2))  # whole training steps take longer: half as many blocks
     xla = importlib.util.find_spec("torch_xla") is not None
     if xla:
         for world in (4, 64, 256):
@@ -58,6 +63,8 @@ def table(rows) -> str:
             extra = f"peak +{r['peak_extra']:.2f}x"
         if "bytes_sent_ratio" in r:
             extra += f" sent {r['bytes_sent_ratio']:.2f}x"
+        if "losses_equal" in r:
+            extra = "losses equal" if r["losses_equal"] else "LOSSES DIFFER"
         out.append(f"{r['case']:<{w}}  {r['world']:>5} {r['raw_us']:>8.1f}us {r['funcoll_us']:>8.1f}us "
                    f"{r['ratio']:>6.2f} {r['q1']:>6.2f}-{r['q3']:<6.2f} {extra:>16}")
     return "\n".join(out)
@@ -84,11 +91,27 @@ def write(rows, xla: bool) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(ROOT, "docs", "performance.png"), dpi=110)
+    plt.close(fig)
+    train = [r for r in rows if r["case"].startswith("train step: ")]
+    if train:  # one bar per training row: the median ratio, its quartiles as the error bar
+        fig, ax = plt.subplots(figsize=(7, 0.45 * len(train) + 1.2))
+        ys = list(range(len(train)))[::-1]
+        med = [r["ratio"] for r in train]
+        err = [[m - r["q1"] for m, r in zip(med, train)], [r["q3"] - m for m, r in zip(med, train)]]
+        ax.barh(ys, med, xerr=err, color="tab:blue", alpha=0.7, capsize=3)
+        ax.axvline(1.0, color="tab:gray", linestyle="--")
+        ax.set_yticks(ys, [r["case"][len("train step: "):] for r in train])
+        ax.set_xlabel("time per step, funcoll / gloo (median of paired blocks, quartiles)")
+        ax.set_title(f"training steps on 2 CPU ranks, torch {torch.__version__}")
+        fig.tight_layout()
+        fig.savefig(os.path.join(ROOT, "docs", "performance-training.png"), dpi=110)
+        plt.close(fig)
     page = os.path.join(ROOT, "docs", "performance.md")
     head = open(page).read().split("<!-- bench -->")[0] if os.path.exists(page) else "# Performance\n\n"
     body = ("<!-- bench -->\n\nThe last `./dev bench` run (2 shared cores: read the ratios, not the microseconds"
             f"{'' if xla else '; torch_xla absent, no XLA rows'}):\n\n```\n{table(rows)}\n```\n\n"
-            "![per-call cost of dist.all_reduce against message size](performance.png)\n")
+            "![per-call cost of dist.all_reduce against message size](performance.png)\n"
+            "\n![training steps, funcoll / gloo](performance-training.png)\n")
     with open(page, "w") as f:
         f.write(head + body)
 

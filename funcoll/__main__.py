@@ -1,9 +1,9 @@
 """funcoll's command line: ``python -m funcoll report|probe|bench|demo``.
 
 * ``report``: the capability table, derived from the code (what funcoll's algorithms do for each request), for the
-  named columns (default: those of docs/capabilities.md) or for devices (``--device xpu
-  --torch-version 2.9 --oneccl-version 2021.16.1``), as Markdown or JSON; ``--probed`` adds the probe results
-  cached on this machine.
+  named columns (default: those of docs/capabilities.md) or for devices (``--device xpu --torch-version 2.11
+  --oneccl-version 2022.0 --oneccl-build-version 2021.17.2 --topology scale-up``: then also the XCCL fact rows of
+  that stack), as Markdown or JSON; ``--probed`` adds the probe results cached on this machine.
 * ``probe``: :func:`funcoll.probe` on a live group. Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) on the
   world it joins; otherwise on a local world of ``--world`` CPU ranks over gloo (``--profile xccl``: the XCCL
   table). ``--simulate-wrong "all_reduce max int32"`` makes the transport return a wrong result for that request,
@@ -43,7 +43,8 @@ def _device_caps(device: str, args):
         from funcoll.transport import xpu
 
         given = {"profile": args.profile, "torch_version": args.torch_version,
-                 "oneccl_version": args.oneccl_version, "override": args.override, "topology": args.topology}
+                 "oneccl_version": args.oneccl_version, "override": args.override, "topology": args.topology,
+                 "oneccl_build": args.oneccl_build_version}
         params = inspect.signature(xpu.capabilities).parameters
         caps: Capabilities = xpu.capabilities(**{k: v for k, v in given.items() if v is not None and k in params})
     else:
@@ -86,6 +87,22 @@ def _cached_probes(device_types) -> List[dict]:
     return out
 
 
+def _xccl_facts(cols) -> Optional[dict]:
+    """The XCCL fact rows (funcoll's choice, what ProcessGroupXCCL does on that torch version) of the first XPU column,
+    or None when no column is one."""
+    from funcoll.transport import xpu
+
+    for _, caps in cols:
+        v = getattr(caps, "versions", None)
+        if v and "oneccl" in v:
+            row = None if v["torch"] == "?" else v["torch"]
+            return {"stack": dict(v), "known_until": xpu.KNOWN_UNTIL,
+                    "facts": [{"fact": key, "funcoll": caps.sources[f"xccl.{key}"].split(":", 1)[0],
+                               "xccl": fact.at(row), "strategy": fact.strategy}
+                              for key, fact in xpu.XCCL_FACTS.items()]}
+    return None
+
+
 def cmd_report(args) -> int:
     from funcoll import report
 
@@ -96,11 +113,14 @@ def cmd_report(args) -> int:
     cols = _columns(args)
     rows = [(name, [report._cell(caps, run) for _, caps in cols]) for name, run in report.rows()]
     probes = _cached_probes(args.device or []) if args.probed else []
+    facts = _xccl_facts(cols)
     if args.format == "json":
-        doc = {"torch": torch.__version__,
+        doc: dict = {"torch": torch.__version__,
                "columns": [{"name": label, "capabilities": caps.name, "sources": dict(caps.sources)}
                            for label, caps in cols],
                "rows": [{"request": name, "cells": dict(zip([c[0] for c in cols], cells))} for name, cells in rows]}
+        if facts is not None:
+            doc["xccl_facts"] = facts
         if args.probed:
             doc["probe"] = probes
         print(json.dumps(doc, indent=1, sort_keys=False))
@@ -109,6 +129,13 @@ def cmd_report(args) -> int:
     print("|---|" + "---|" * len(cols))
     for name, cells in rows:
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if facts is not None:
+        v = facts["stack"]
+        print(f"\n## XCCL facts: torch {v['torch']}, oneCCL {v['oneccl']} at run time, {v['oneccl_build']} at build "
+              f"time, {v['topology']}\n")
+        print(f"(graph capture: {v['graph_capture']}; torch 2.15 is known up to {facts['known_until']})\n")
+        for f in facts["facts"]:
+            print(f"- `{f['fact']}`: **{f['funcoll']}** - ProcessGroupXCCL: {f['xccl']}")
     if args.probed:
         print("\n## Verified on this machine (funcoll.probe cache)\n")
         if not probes:
@@ -308,7 +335,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--profile", help="columns (comma-separated: gloo, xccl, xccl-2022-scale-up, xla or any profile), "
                                      "or with --device the profile to intersect with (as FUNCOLL_PROFILE)")
     r.add_argument("--torch-version", help="XPU: the torch version to derive the table for")
-    r.add_argument("--oneccl-version", help="XPU: the oneCCL version to derive the table for")
+    r.add_argument("--oneccl-version", help="XPU: the oneCCL version found at run time to derive the table for")
+    r.add_argument("--oneccl-build-version", help="XPU: the oneCCL version torch was built against")
     r.add_argument("--override", help="XPU: FUNCOLL_XPU_OVERRIDE, e.g. avg=strategy")
     r.add_argument("--topology", help="XPU: scale-up (one host) or scale-out")
     r.add_argument("--format", choices=("markdown", "json"), default="markdown")

@@ -95,6 +95,8 @@ def rows():
         tp, [f(torch.float32, 2), f(torch.float32, 3), f(torch.float32, 4)], "sum")
     yield "reduce_scatter avg float32", lambda tp: algorithms.reduce_scatter_tensor(
         tp, f(torch.float32, 2), f(torch.float32), "avg")
+    yield "reduce_scatter premul_sum float32", lambda tp: algorithms.reduce_scatter_tensor(
+        tp, f(torch.float32, 2), f(torch.float32), Reduction(algorithms.R.PREMUL_SUM, 0.5))
     yield "reduce_scatter bor int32", lambda tp: algorithms.reduce_scatter_tensor(
         tp, f(torch.int32, 2), f(torch.int32), "bor")
     yield "all_gather float32", lambda tp: algorithms.all_gather_into_tensor(
@@ -114,25 +116,96 @@ def rows():
 
 
 COLUMNS = ("gloo", "xccl", "xccl-2022-scale-up", "xla")
+XCCL_COLUMNS_TORCH = "2.15"  # the xccl columns are torch 2.15's row (the newest): the page is the same on every torch
 
 
 def transport_capabilities(name: str):
     """The capabilities of a real transport, by column name: ``gloo`` (the CPU transport), ``xccl`` (the XPU
-    transport for an unknown or pre-2022 oneCCL, scale-out: what a job gets when nothing better is known),
-    ``xccl-2022-scale-up`` (oneCCL >= 2022.0, all ranks on one node), ``xla`` (the XLA transport on a group whose
-    replica groups have one size; torch_xla need not be installed: it is the ``xla`` profile, which a test checks
-    against the transport). Any other name is a capability profile."""
-    import torch
-
+    transport of torch 2.15 for an unknown or pre-2022 oneCCL, scale-out: what a job gets when nothing better is
+    known), ``xccl-2022-scale-up`` (torch 2.15, oneCCL >= 2022.0, all ranks on one node), ``xla`` (the XLA transport on
+    a group whose replica groups have one size; torch_xla need not be installed: it is the ``xla`` profile, which a
+    test checks against the transport). Any other name is a capability profile."""
     from funcoll.transport import gloo, xpu
 
     if name == "gloo":
         return gloo.capabilities("gloo")
     if name == "xccl":
-        return xpu.derive(torch.__version__, None, override="")
+        return xpu.derive(XCCL_COLUMNS_TORCH, None, override="")
     if name == "xccl-2022-scale-up":
-        return xpu.derive(torch.__version__, "2022.0", override="", topology="scale-up")
+        return xpu.derive(XCCL_COLUMNS_TORCH, "2022.0", override="", topology="scale-up")
     return transport.profile(name)
+
+
+def _xccl_cell(key: str, row: str) -> str:
+    """funcoll's choice for one XCCL fact on torch ``row``, over the oneCCL versions and topologies that change it."""
+    from funcoll.transport import xpu
+
+    def label(oneccl, topology):
+        return xpu.derive(row, oneccl, "", topology).sources[f"xccl.{key}"].split(":", 1)[0]
+
+    old = {t: label(None, t) for t in xpu.TOPOLOGIES}
+    new = {t: label("2022.0", t) for t in xpu.TOPOLOGIES}
+    if len(set(old.values()) | set(new.values())) == 1:
+        return old[xpu.SCALE_UP]
+    if set(old.values()) == {"strategy"} and set(new.values()) == {"native"}:
+        return "native from oneCCL 2022.0"
+    if set(old.values()) == {"strategy"} and new == {xpu.SCALE_UP: "native", xpu.SCALE_OUT: "strategy"}:
+        return "native from oneCCL 2022.0 (scale-up)"
+    return "; ".join(f"{o or 'unknown'} {t}: {label(o, t)}" for o in (None, "2022.0") for t in xpu.TOPOLOGIES)
+
+
+def xccl_fact_table() -> str:
+    """docs/xpu.md's table: per XCCL fact and torch version, what funcoll does by default (derive(), no override),
+    and where FUNCOLL_XPU_OVERRIDE may flip it."""
+    from funcoll.transport import xpu
+
+    rows = xpu.TORCH_ROWS
+    lines = ["| fact | request | " + " | ".join(f"torch {r}" for r in rows) + " | override | funcoll's strategy |",
+             "|---|---|" + "---|" * len(rows) + "---|---|"]
+    for key, fact in xpu.XCCL_FACTS.items():
+        runs: list = []  # (first row, last row, topologies) of consecutive rows with the same overridability
+        for r in rows:
+            topo = xpu.overridable(key, r, (2022, 0))
+            if runs and runs[-1][2] == topo:
+                runs[-1][1] = r
+            else:
+                runs.append([r, r, topo])
+        if len(runs) == 1:
+            ov = ", ".join(runs[0][2]) or "no"
+        else:
+            parts = []
+            for first, last, topo in runs:
+                if topo:
+                    when = first if first == last else f"{first}+" if last == rows[-1] else f"{first}-{last}"
+                    extra = " (built against oneCCL >= 2021.17)" if first == "2.11" else ""
+                    parts.append(f"{when}: {', '.join(topo)}{extra}")
+            ov = "; ".join(parts)
+        cells = [_xccl_cell(key, r) for r in rows]
+        lines.append(f"| `{key}` | {fact.what} | " + " | ".join(cells) + f" | {ov} | {fact.strategy} |")
+    return "\n".join(lines) + "\n"
+
+
+def xccl_fact_details() -> str:
+    """docs/xpu.md's list: per XCCL fact, what ProcessGroupXCCL does from which torch version, what depends on the
+    oneCCL torch was built against, what is unknown, and the sources."""
+    from funcoll.transport import xpu
+
+    out = []
+    for key, fact in xpu.XCCL_FACTS.items():
+        out.append(f"- **`{key}`** ({fact.what}):")
+        for i, (first, what) in enumerate(fact.by_torch):
+            if i + 1 < len(fact.by_torch):  # up to the row before the next entry
+                last = xpu.TORCH_ROWS[xpu.TORCH_ROWS.index(fact.by_torch[i + 1][0]) - 1]
+                when = f"torch {first}" if last == first else f"torch {first}-{last}"
+            else:
+                when = f"torch {first}+"
+            out.append(f"  - {when}: {what}")
+        if fact.build:
+            out.append(f"  - built against: {fact.build}")
+        if fact.unknown:
+            out.append(f"  - unknown: {fact.unknown}")
+        out.append(f"  - sources: {fact.source}")
+    return "\n".join(out) + "\n"
 
 
 def capability_table(profiles=COLUMNS) -> str:
@@ -144,4 +217,9 @@ def capability_table(profiles=COLUMNS) -> str:
 
 
 if __name__ == "__main__":
-    print(capability_table(), end="")
+    import sys
+
+    if "--xccl-facts" in sys.argv[1:]:
+        print(xccl_fact_table() + "\n" + xccl_fact_details(), end="")
+    else:
+        print(capability_table(), end="")

@@ -26,6 +26,10 @@ def test_bench_runs_and_reports_every_case(bench_run):
     for case in ("BXOR 16 MiB i32", "MAX 16 MiB i32", "any (MAX) 16 MiB bool", "AVG 16 MiB bf16"):
         assert "peak +" in rows[case][0], rows[case]
     assert "sent " in rows["uneven all_to_all 16 MiB, 10:1"][0]
+    for case in ("DDP", "DDP + bf16_compress_hook", "FSDP2 fp32", "FSDP2 bf16 mixed precision",
+                 "tensor parallel + sequence parallel", "ZeRO-like dist.* loop"):  # funcoll trains to gloo's losses
+        (line,) = rows[f"train step: {case}"]
+        assert line.rstrip().endswith("losses equal"), line
     try:
         import torch_xla  # noqa: F401
     except ImportError:

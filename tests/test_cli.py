@@ -51,6 +51,37 @@ def test_report_for_a_device_and_versions_as_json():
     assert "xccl.bitwise" in doc["columns"][0]["sources"]
 
 
+def test_report_shows_the_xccl_fact_rows_of_a_chosen_stack():
+    """--torch-version / --oneccl-version / --oneccl-build-version / --topology / --override pick the row: torch 2.11
+    built against oneCCL 2021.17.2 may send PREMUL_SUM to oneCCL on one node when asked; torch 2.15 hands the
+    all_reduce to ProcessGroupXCCL (it scales and sums itself), never the reduce_scatter."""
+    p = _run("report", "--device", "xpu", "--torch-version", "2.11.0", "--oneccl-version", "2022.0",
+             "--oneccl-build-version", "2021.17.2", "--topology", "scale-up", "--override", "premul_sum=native")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert "## XCCL facts: torch 2.11, oneCCL 2022.0 at run time, 2021.17.2 at build time, scale-up" in lines
+    assert "| all_reduce premul_sum float32 | native |" in lines
+    premul = [line for line in lines if line.startswith("- `premul_sum`: ")]
+    assert premul == ["- `premul_sum`: **native** - ProcessGroupXCCL: oneCCL PreMulSum on all_reduce, reduce_scatter "
+                      "and reduce, fp16/bf16/fp32/fp64, no scale-out guard; ValueError 'PreMulSum requires "
+                      "oneCCL>=2021.17' in builds against older oneCCL (release/2.11 xccl.h:29-33, :341-363)"]
+    assert "- `bitwise`: **strategy** - ProcessGroupXCCL: raises ValueError" in lines
+    p = _run("report", "--device", "xpu", "--torch-version", "2.15.0", "--oneccl-version", "2021.17.2", "--format",
+             "json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    facts = {f["fact"]: f for f in doc["xccl_facts"]["facts"]}
+    assert doc["xccl_facts"]["stack"]["graph_capture"] == "refused (NotImplementedError): oneCCL < 2022.0"
+    assert facts["premul_sum"]["funcoll"] == "native" and facts["premul_sum_reduce_scatter"]["funcoll"] == "strategy"
+    assert facts["uneven_all_to_all"]["xccl"] == "one grouped send/recv (uniform splits: native all_to_all)"
+    assert doc["rows"][4]["request"] == "all_reduce premul_sum float32"
+    assert list(doc["rows"][4]["cells"].values()) == ["native"]
+    # a flip the row does not allow: the error, on the command line
+    p = _run("report", "--device", "xpu", "--torch-version", "2.10.0", "--override", "premul_sum=native")
+    assert p.returncode != 0 and ("funcoll.xpu: override 'premul_sum' cannot be overridden on torch 2.10 "
+                                  "(ProcessGroupXCCL raises on PREMUL_SUM)") in p.stderr
+
+
 def test_probe_catches_a_simulated_wrong_result():
     p = _run("probe", "--simulate-wrong", "all_reduce max int32", "--no-cache", "--format", "json", timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -27,9 +27,9 @@ SLACK = 10.0  # "no hang past timeout + 10 s"
 def _world(fn: str, world: int = 2, env=None, deadline: float = 45.0, args=(), profile=None,
            coll_timeout: float = COLL_TIMEOUT):
     """``tests.test_faults:<fn>`` on ``world`` ranks through the one harness (:func:`funcoll.launch.spawn_world`),
-    the debug switches off and the size guard at its default (on) unless ``env`` sets them: ``(results, exit codes,
-    hung)``."""
-    env = {"FUNCOLL_DEBUG": None, "TORCH_DISTRIBUTED_DEBUG": None, "FUNCOLL_GUARD": None, **(env or {})}
+    the debug switches off and the size guard on (``FUNCOLL_GUARD=1``; by default it is off unless
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL``) unless ``env`` sets them: ``(results, exit codes, hung)``."""
+    env = {"FUNCOLL_DEBUG": None, "TORCH_DISTRIBUTED_DEBUG": None, "FUNCOLL_GUARD": "1", **(env or {})}
     return spawn_world(f"tests.test_faults:{fn}", world, profile, args, deadline=deadline,
                        coll_timeout=coll_timeout, env=env)
 
@@ -256,7 +256,7 @@ MISMATCHES = {
 DEBUG_SUFFIX = "(cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL)"
 GUARD_SUFFIX = "(funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off)"
 CHECKS = {"FUNCOLL_DEBUG": {"FUNCOLL_DEBUG": "1"}, "TORCH_DISTRIBUTED_DEBUG": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
-          "guard": {}}  # "guard": no debug mode; the size guard is on by default on CPU groups
+          "guard": {}}  # "guard": no debug mode; the size guard on (FUNCOLL_GUARD=1, as _world sets it)
 
 
 @pytest.fixture(scope="module")
@@ -697,3 +697,27 @@ def test_malformed_requests_raise_on_the_calling_rank_only(debug):
     # nothing was sent and no sequence number used: rank 1, which issued none of them, is in step
     assert r0["seq_before"] == r1["seq_before"] == 0 and r0["in_step"] and r1["in_step"]
     assert r0["invalid"] == ["invalid"] * r0["count"]  # the flight recorder keeps them, unnumbered
+
+
+@pytest.mark.parametrize("env, on", [
+    ({}, False),  # a user's job pays no extra collective by default
+    ({"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, True),  # torch's convention for cross-rank checks
+    ({"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "FUNCOLL_GUARD": "0"}, False),
+    ({"TORCH_DISTRIBUTED_DEBUG": "INFO"}, False),
+    ({"FUNCOLL_GUARD": "1"}, True),
+])
+def test_the_guard_is_on_under_detail_or_when_asked(monkeypatch, env, on):
+    import torch.distributed as dist
+
+    from funcoll.entry import guard
+
+    for var in ("TORCH_DISTRIBUTED_DEBUG", "FUNCOLL_GUARD"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    try:
+        dist.set_debug_level_from_env()
+        assert guard.guard_from_env() is on
+    finally:
+        monkeypatch.undo()
+        dist.set_debug_level_from_env()

@@ -151,3 +151,14 @@ def test_the_spy_sees_host_tensors_the_uneven_split_agreement():
     # the local split sizes, built from Python ints on the host and moved to the device; the gathered 2n values
     # then come back with .cpu() (which meta cannot do: the NotImplementedError above)
     assert spy.off_device == [("aten.lift_fresh.default", "cpu")] * 2 + [("aten._to_copy.default", "cpu")]
+
+
+def test_premul_sum_on_the_torch_2_15_row_stays_on_the_device():
+    """torch 2.12+: the all_reduce goes to the backend with PREMUL_SUM (it scales the tensor in place itself); the
+    reduce_scatter is funcoll's scaled copy and a SUM. Both on the device, nothing else sent."""
+    caps = xpu.derive("2.15.0", None)
+    rec, spy = run(2, CASES["premul_sum"][0], torch.float32, (6,), caps)
+    assert [(m, d) for m, _, d in rec.log] == [("allreduce", {torch.float32})] and spy.off_device == []
+    rs = lambda tp, t, o, _: algorithms.reduce_scatter_tensor(tp, o[:3], t, premul()).wait()  # noqa: E731
+    rec, spy = run(2, rs, torch.float32, (6,), caps)
+    assert [(m, d) for m, _, d in rec.log] == [("_reduce_scatter_base", {torch.float32})] and spy.off_device == []

@@ -60,8 +60,9 @@ def test_each_gap_is_filled_by_the_named_strategy(world):
         for dtype in xpu_cases.MOVED:
             for kind in ("all_gather", "broadcast"):
                 notes = res["notes"][(kind, "", str(dtype), "xpu_tp")]
-                # the first same-width dtype XCCL carries (no 16-bit integer: float16 bits)
-                width = {1: "torch.uint8", 2: "torch.float16", 4: "torch.int32", 8: "torch.int64"}
+                # the same-width integer XCCL carries; no 16-bit integer: bytes (never float bits, which can be a
+                # NaN pattern that XCCL's NaN check rejects)
+                width = {1: "torch.uint8", 2: "bytes", 4: "torch.int32", 8: "torch.int64"}
                 carrier = width[dtype.itemsize]
                 # recorded once per call (the output and input views of all_gather share the note)
                 assert notes == [f"{dtype} moved as {carrier}"], (kind, dtype, notes)
@@ -100,8 +101,100 @@ def test_the_eager_group_never_sends_what_xccl_refuses(world):
         for (prim, op, dtype), count in res["pg_calls"].items():
             assert count > 0
             assert dtype not in UNCARRIED, (prim, dtype)
-            assert op not in ("avg", "premul_sum", "band", "bor", "bxor"), (prim, op)
+            # PREMUL_SUM reaches the backend on all_reduce only, and only where the running torch's row has it
+            # (2.12+: ProcessGroupXCCL scales the tensor in place and sums; the CPU transport does the same)
+            premul_ok = op == "premul_sum" and prim == "all_reduce" and xpu_cases.PREMUL_NATIVE
+            assert op not in ("avg", "premul_sum", "band", "bor", "bxor") or premul_ok, (prim, op)
             assert not (op in ("min", "max") and dtype in INT_NAMES), (prim, op, dtype)
+        if xpu_cases.PREMUL_NATIVE:
+            assert res["pg_calls"].get(("all_reduce", "premul_sum", "torch.float32"), 0) > 0
+
+
+def test_no_buffer_sent_holds_a_nan_even_when_uninitialised_memory_is_nan():
+    """XCCL's NaN check (TORCH_XCCL_NAN_CHECK) asserts on a NaN in any buffer sent. Every strategy runs with
+    torch.empty / empty_like / new_empty returning NaN-filled floating tensors, over the spied backend, which checks
+    what XCCL checks (the inputs of every collective; the root's buffer of broadcast and scatter; a send): no buffer
+    sent holds a NaN (the inputs are finite), and every result is still right. A control send of a torch.empty buffer
+    is caught, so the fill and the check are live."""
+    results = run_world("tests.xpu_cases:gaps", 2, "xccl", args=(None, True), timeout=170, coll_timeout=40)
+    for res in results:
+        bad = [(k, d) for k, (ok, d) in res["results"].items() if not ok]
+        assert not bad, bad
+        assert res["nan"] == []
+        assert res["nan_control"] == [("allreduce", "sum", "torch.float32")]
+        assert len(res["spy"]) > 50
+
+
+def premul_trap(rank, n):
+    """Rank body: PREMUL_SUM through every entry that reaches a reducing primitive, on the running torch's row
+    (eager, FUNCOLL_PROFILE=xccl), on the 2.15 row over the XPU transport class (whatever torch runs), and on a naive
+    table that calls PREMUL_SUM native on reduce_scatter (the control: the caller's input is scaled in place)."""
+    import dataclasses
+
+    from funcoll import algorithms
+    from funcoll.semantics import ReduceOp as R
+    from funcoll.transport import xpu
+    from tests import reference as ref
+
+    op = ref.c10d_op("premul_sum")
+    ins = xpu_cases.inputs(n, torch.float32, (2 * n, 3), 500)
+    want_rs = ref.reduce("premul_sum", ins)[2 * rank:2 * rank + 2]
+    want_ar = ref.reduce("premul_sum", ins)
+    out = {}
+
+    def rs(name, run):
+        x = ins[rank].clone()
+        o = torch.zeros((2, 3))
+        with funcoll.record() as log:
+            run(o, x)
+        out[name] = (xpu_cases.check(o, want_rs, n, "premul_sum")[0], torch.equal(x, ins[rank]),
+                     torch.equal(x, ins[rank] * ref.PREMUL), [s for _, ss in log for s in ss])
+
+    def ar(name, run):
+        t = ins[rank].clone()
+        with funcoll.record() as log:
+            run(t)
+        out[name] = (xpu_cases.check(t, want_ar, n, "premul_sum")[0], [s for _, ss in log for s in ss])
+
+    rs("eager reduce_scatter_tensor", lambda o, x: dist.reduce_scatter_tensor(o, x, op=op))
+    rs("eager reduce_scatter (list)", lambda o, x: dist.reduce_scatter(o, list(x.chunk(n)), op=op))
+    ar("eager all_reduce", lambda t: dist.all_reduce(t, op=op))
+    t = ins[rank].clone()
+    dist.reduce(t, dst=0, op=op)
+    out["eager reduce"] = xpu_cases.check(t, want_ar if rank == 0 else ins[rank], n, "premul_sum" if rank == 0
+                                          else "")[0]
+    tp, spy = xpu_cases.spied_transport(rank, n, None, "2.15.0", prefix="trap")
+    rs("2.15 reduce_scatter_tensor", lambda o, x: algorithms.reduce_scatter_tensor(tp, o, x, op).wait())
+    ar("2.15 all_reduce", lambda t: algorithms.all_reduce(tp, t, op).wait())
+    out["2.15 calls"] = sorted((p, o) for p, o, _ in tp.calls)
+    derived = xpu.derive("2.15.0", None)
+    naive = dataclasses.replace(derived, refused_on=derived.refused_on - {("reduce_scatter", R.PREMUL_SUM)})
+    tp2, _ = xpu_cases.spied_transport(rank, n, None, caps=naive, prefix="naive")
+    rs("naive reduce_scatter_tensor", lambda o, x: algorithms.reduce_scatter_tensor(tp2, o, x, op).wait())
+    dist.barrier()
+    return out
+
+
+def test_premul_sum_never_scales_the_callers_input():
+    """From torch 2.12, ProcessGroupXCCL does PREMUL_SUM as input.mul_(factor) + SUM on the tensor it is handed;
+    under the xccl profile the CPU transport does the same. funcoll hands it only all_reduce (the tensor is the
+    output), never reduce_scatter (the caller's input) or reduce: every output is right and no caller's input changes.
+    The naive table (PREMUL_SUM native on reduce_scatter) gets the right output and a scaled input: the trap is
+    real."""
+    results = run_world("tests.test_xpu_profile:premul_trap", 2, "xccl", timeout=150, coll_timeout=40)
+    ar_note = ["native"] if xpu_cases.PREMUL_NATIVE else ["premul_sum=scale+sum"]
+    for res in results:
+        for name in ("eager reduce_scatter_tensor", "eager reduce_scatter (list)", "2.15 reduce_scatter_tensor"):
+            right, unchanged, scaled, notes = res[name]
+            assert right and unchanged and not scaled, (name, res[name])
+            assert "premul_sum=scale+sum" in notes, (name, notes)
+        assert res["eager all_reduce"] == (True, ar_note)
+        assert res["eager reduce"] is True
+        assert res["2.15 all_reduce"] == (True, ["native"])
+        assert ("all_reduce", "premul_sum") in res["2.15 calls"]
+        assert ("reduce_scatter", "premul_sum") not in res["2.15 calls"]
+        right, unchanged, scaled, notes = res["naive reduce_scatter_tensor"]
+        assert right and not unchanged and scaled and notes == ["native"], res["naive reduce_scatter_tensor"]
 
 
 def test_with_onccl_2022_avg_goes_native_but_reduce_avg_does_not():

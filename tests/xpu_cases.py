@@ -17,6 +17,7 @@ test_xpu_hardware.py.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import torch
@@ -25,7 +26,7 @@ from torch._C import _distributed_c10d as C
 
 import funcoll
 from funcoll import algorithms
-from funcoll.semantics import FLOAT8, ReduceOp
+from funcoll.semantics import FLOAT8, ReduceOp, Reduction
 from funcoll.transport import xpu
 from tests import reference as ref
 
@@ -47,6 +48,10 @@ def check(got, want, n, op=""):
 
 # -- the cases: (name, collective, dtype, op, note expected in funcoll.record()) ---------------------------
 N_ELEM = 6
+# PREMUL_SUM on all_reduce: from torch 2.12 ProcessGroupXCCL scales the tensor handed to it in place and sums, and the
+# running torch's row hands it natively (the CPU transport does the same in-place scaling); before, funcoll scales
+PREMUL_NATIVE = xpu.derive(torch.__version__, None).reduces("all_reduce", ReduceOp.PREMUL_SUM, torch.float32)
+PREMUL_AR = "native" if PREMUL_NATIVE else "premul_sum=scale+sum"
 ALL_REDUCE = [
     ("avg", torch.float32, "avg=sum+scale"),
     ("avg", torch.bfloat16, "avg=float32 reduce_scatter+scale+all_gather"),
@@ -54,8 +59,8 @@ ALL_REDUCE = [
     ("avg", torch.int32, "avg=int64 sum+truncating divide"),
     ("avg", torch.int64, "avg=int64 sum+truncating divide"),
     ("avg", torch.complex64, "avg=sum+scale"),
-    ("premul_sum", torch.float32, "premul_sum=scale+sum"),
-    ("premul_sum", torch.bfloat16, "premul_sum=scale+sum"),
+    ("premul_sum", torch.float32, PREMUL_AR),
+    ("premul_sum", torch.bfloat16, PREMUL_AR),
     ("band", torch.int32, "all_to_all+local band+all_gather"),
     ("bor", torch.int64, "all_to_all+local bor+all_gather"),
     ("bxor", torch.uint8, "all_to_all+local bxor+all_gather"),
@@ -107,13 +112,31 @@ def rows_from(n, j, rank, dtype, salt, cols=3):
 
 
 # -- the three entry paths --------------------------------------------------------------------------------
+# which arguments of a c10d backend method ProcessGroupXCCL NaN-checks (TORCH_XCCL_NAN_CHECK): the inputs of every
+# collective (PGX:868-870), on the root only for broadcast and scatter (:1303, :1457), the tensor of a send (:1024)
+SENT = {"allreduce": lambda a, rank: a[0], "allreduce_coalesced": lambda a, rank: a[0],
+        "_reduce_scatter_base": lambda a, rank: [a[1]], "_allgather_base": lambda a, rank: [a[1]],
+        "alltoall_base": lambda a, rank: [a[1]], "reduce": lambda a, rank: a[0], "gather": lambda a, rank: a[1],
+        "send": lambda a, rank: a[0],
+        "broadcast": lambda a, rank: a[0] if a[1].rootRank == rank else [],
+        "scatter": lambda a, rank: [t for x in a[1] for t in x] if a[2].rootRank == rank else []}
+
+
+def has_nan(t: torch.Tensor) -> bool:
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return bool(t.is_floating_point() and t.dtype not in FLOAT8 and torch.isnan(t).any())
+
+
 class Spy:
     """A transparent proxy around a real c10d backend that logs every native call it receives:
-    (method, reduce op name or "", dtype name, uneven splits?)."""
+    (method, reduce op name or "", dtype name, uneven splits?), and, as XCCL's NaN check would, every call that sends
+    a floating buffer holding a NaN (``nan``)."""
 
     def __init__(self, backend):
         self._b = backend
         self.log = []
+        self.nan = []
 
     def __getattr__(self, name):
         fn = getattr(self._b, name)
@@ -133,6 +156,9 @@ class Spy:
             uneven = name == "alltoall_base" and bool(args[2] or args[3])
             self.log.append((name, op, str(tensors[0].dtype) if tensors else "", uneven,
                              sorted({t.device.type for t in tensors})))
+            sent = SENT.get(name)
+            if sent is not None and any(has_nan(t) for t in sent(args, self._b.rank())):
+                self.nan.append((name, op, str(tensors[0].dtype) if tensors else ""))
             return fn(*args)
 
         return call
@@ -174,14 +200,50 @@ def _xpu_key(group_name, kind, t, op, n, out=None):
     return c.wait_tensor(r)
 
 
-def gaps(rank, n, oneccl=None):
-    """Runs every case through the three paths; returns results for the parent to assert on."""
-    results, notes = {}, {}
+def spied_transport(rank, n, oneccl=None, torch_version=None, caps=None, prefix="xpu-spy"):
+    """The XPU transport class over a spied real gloo backend, with the capabilities ``derive`` gives for
+    ``torch_version`` (default: the running torch) and ``oneccl`` (or ``caps``), intersected with gloo's, and
+    PREMUL_SUM done as ProcessGroupXCCL 2.12+ does it (the tensor handed scaled in place, then SUM) where the row has
+    it. Returns (transport, spy)."""
     store = dist.distributed_c10d._get_default_store()
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore(f"xpu-spy-{oneccl}/", store), rank, n, timedelta(seconds=60))
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}-{oneccl}-{torch_version}/", store), rank, n,
+                                 timedelta(seconds=60))
     spy = Spy(gloo)
-    caps = xpu.derive(torch.__version__, oneccl, "").restrict(funcoll.PROFILES["gloo"])
+    derived = caps if caps is not None else xpu.derive(torch_version or torch.__version__, oneccl, "")
+    caps = derived.restrict(funcoll.PROFILES["gloo"])
+    if ReduceOp.PREMUL_SUM in derived.reduce_ops:  # gloo has none: the transport scales in place, as XCCL does
+        caps = dataclasses.replace(caps, reduce_ops=caps.reduce_ops | {ReduceOp.PREMUL_SUM})
     tp = xpu.XcclTransport(spy, caps, device="cpu", device_type="cpu")
+    tp.premul_in_place = True
+    return tp, spy
+
+
+def fill_empty_with_nan():
+    """From now on in this process, torch.empty / empty_like / Tensor.new_empty return floating tensors full of NaN:
+    what uninitialised memory may hold, made certain (XCCL's NaN check asserts on it)."""
+    def nan_filled(fn):
+        def wrapped(*args, **kwargs):
+            t = fn(*args, **kwargs)
+            if (t.is_floating_point() or t.is_complex()) and t.dtype not in FLOAT8:
+                with torch.no_grad():
+                    t.fill_(float("nan"))
+            return t
+        return wrapped
+
+    torch.empty = nan_filled(torch.empty)
+    torch.empty_like = nan_filled(torch.empty_like)
+    torch.Tensor.new_empty = nan_filled(torch.Tensor.new_empty)
+
+
+def gaps(rank, n, oneccl=None, nan_fill=False):
+    """Runs every case through the three paths; returns results for the parent to assert on. ``nan_fill``: every
+    torch.empty-made floating buffer holds NaN (:func:`fill_empty_with_nan`), and one deliberate send of such a
+    buffer shows the spy catches it."""
+    if nan_fill:
+        fill_empty_with_nan()
+    results, notes = {}, {}
+    tp, spy = spied_transport(rank, n, oneccl)
+    caps = tp.caps
     c10d_group = dist.new_group(backend="gloo")
     funcoll.install(["xpu"])
 
@@ -280,9 +342,16 @@ def gaps(rank, n, oneccl=None):
         refs = [ref.reduce("avg", ins), ref.reduce("avg", [i * 2 for i in ins]), ref.reduce("avg", ins16)]
         record(("all_reduce_coalesced", "avg", "float32+bfloat16", path),
                lambda: (fn(), (torch.cat([t.float() for t in ts]), torch.cat([r.float() for r in refs])))[1])
+    nan_control = None
+    if nan_fill:  # the control: a buffer nobody wrote, sent as it is, is caught
+        before = len(spy.nan)
+        tp.all_reduce(torch.empty(4), Reduction(ReduceOp.SUM)).wait()
+        nan_control = spy.nan[before:]
+        del spy.nan[before:]
     dist.barrier()
     funcoll.uninstall()
     pg_calls = {k: v for k, v in dist.group.WORLD.transport("cpu").calls.items()}
-    return {"results": results, "notes": notes, "spy": spy.log, "tp_calls": dict(tp.calls),
+    return {"results": results, "notes": notes, "spy": spy.log, "tp_calls": dict(tp.calls), "nan": spy.nan,
+            "nan_control": nan_control,
             "pg_calls": {(p, o, str(d)): v for (p, o, d), v in pg_calls.items()},
             "caps_name": caps.name, "native_avg": caps.reduces("all_reduce", ReduceOp.AVG, torch.float32)}

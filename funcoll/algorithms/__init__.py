@@ -442,9 +442,9 @@ def native_broadcast_request(tp: Transport, t: torch.Tensor, src, root_tensor) -
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
-# dtypes with the same element size, tried in order to move raw bits
-_SAME_WIDTH = {1: (torch.uint8, torch.int8), 2: (torch.int16, torch.float16, torch.bfloat16),
-               4: (torch.int32, torch.float32), 8: (torch.int64, torch.float64)}
+# dtypes with the same element size, tried in order to move raw bits: integers only (bits of other data seen as a
+# float can be a NaN pattern, which a backend's NaN check rejects: XCCL's TORCH_XCCL_NAN_CHECK); else as bytes
+_SAME_WIDTH = {1: (torch.uint8, torch.int8), 2: (torch.int16,), 4: (torch.int32,), 8: (torch.int64,)}
 
 
 def _contig_in(t: torch.Tensor) -> torch.Tensor:

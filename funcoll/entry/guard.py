@@ -1,10 +1,12 @@
-"""The size guard: an always-on, cheap cross-rank check of every collective on a CPU (gloo) funcoll group.
+"""The size guard: a cheap cross-rank check of every blocking collective on a CPU (gloo) funcoll group, on under
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` or ``FUNCOLL_GUARD=1`` (torch's convention for checks that cost a collective: a
+user's job does not pay for it by default).
 
 gloo aborts the whole process (``gloo::EnforceNotMet ... Received data size doesn't match expected size``, SIGABRT)
 when the ranks of a group disagree on how many bytes a collective moves: all_reduce of shapes [4] and [5], an
 all_gather or reduce_scatter of different shapes, all_to_all with split sizes that do not pair up, dtypes of
 different widths. The debug mode (:func:`funcoll.entry.debug.check`) prevents that, but costs four store round trips
-per collective, so it is opt-in. The guard prevents it always, for the price of one small collective:
+per collective, so it is opt-in. The guard prevents it, where it is on, for the price of one small collective:
 
 1. right before the collective's first primitive sends (the entry's ``before_send`` hook: funcoll's own validation
    has passed, the call has its sequence number), every rank makes a *digest* of the call, three int64: the
@@ -27,10 +29,11 @@ A rank that never reaches the collective makes the others' digest exchange time 
 Where it runs: blocking collectives (never ``async_op=True`` ones, whose issue must not wait for the peers, nor
 point-to-point send/recv) on the CPU transport of funcoll groups of two or more ranks with a real store. Not on
 world size 1, virtual worlds (HashStore, FakeStore), XLA or XPU tensors: there an
-extra collective costs real device latency, and the debug mode stays opt-in. Off with ``FUNCOLL_GUARD=0`` (read when
-a group runs its first collective), per group with :func:`set_guard` (on every rank between the same two
-collectives), or ``funcoll.Options(guard=False)`` where that field exists. In debug mode the debug check runs
-instead (it checks the same and more).
+extra collective costs real device latency, and the debug mode stays opt-in. On with ``FUNCOLL_GUARD=1`` or
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (``FUNCOLL_GUARD=0`` keeps it off under DETAIL; read when a group runs its first
+collective), per group with :func:`set_guard` (on every rank between the same two collectives), or
+``funcoll.Options(guard=True)``. In debug mode the debug check runs instead (it checks the same and more).
+Without it, a size mismatch does what it does on raw gloo: the receiving process aborts.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from funcoll.entry.work import CollectiveError, CollectiveMismatchError, Collect
 
 __all__ = ["guard", "set_guard", "guard_enabled", "guard_from_env", "digest", "agree", "applies"]
 
+_TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _M = (1 << 64) - 1
 _SLOTS = 3  # seq, hash of the common fields, sum of the per-peer hashes
@@ -59,8 +63,20 @@ _PER_RANK = frozenset(("input_split_sizes", "output_split_sizes", "per_peer_in",
 
 
 def guard_from_env() -> bool:
-    """``FUNCOLL_GUARD`` (default on; 0/false/no/off turns the guard off)."""
-    return os.environ.get("FUNCOLL_GUARD", "").strip().lower() not in _FALSE
+    """``FUNCOLL_GUARD``: 1/true/yes/on turns the guard on, 0/false/no/off off; unset, it follows torch's convention
+    for cross-rank checks: on under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, off otherwise (a user's job pays no extra
+    collective by default)."""
+    v = os.environ.get("FUNCOLL_GUARD", "").strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    try:
+        import torch.distributed as dist
+
+        return dist.get_debug_level() == dist.DebugLevel.DETAIL
+    except Exception:  # noqa: BLE001 - a torch without debug levels
+        return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
 
 
 class _Guard:

@@ -38,7 +38,7 @@ class Options:
     as when a single process builds a virtual world to read the HLO it would compile.
     ``profile``: a capability profile for this group's CPU transport, overriding ``FUNCOLL_PROFILE``.
     ``guard``: the size guard on this group's CPU collectives (:mod:`funcoll.entry.guard`); None (default) means
-    ``FUNCOLL_GUARD`` (on unless set to 0).
+    ``FUNCOLL_GUARD`` (on when 1, off when 0; unset: on only under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``).
     """
 
     lazy_cpu: Optional[bool] = None

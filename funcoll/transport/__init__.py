@@ -59,6 +59,9 @@ class Capabilities:
     # point-to-point messages of sizes that differ per pair (False on XLA: every rank must build the same program)
     p2p_any_shape: bool = True
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # (primitive, reduce op) pairs refused on that primitive only (XCCL: AVG on reduce; PREMUL_SUM on reduce_scatter,
+    # whose input ProcessGroupXCCL would scale in place)
+    refused_on: frozenset = frozenset()
 
     def has(self, primitive: str) -> bool:
         return primitive in self.primitives
@@ -68,7 +71,7 @@ class Capabilities:
 
     def reduces(self, primitive: str, op: ReduceOp, dtype: torch.dtype) -> bool:
         return (primitive in self.primitives and op in self.reduce_ops and dtype in self.reduce_dtypes
-                and (op, dtype) not in self.refused_pairs)
+                and (op, dtype) not in self.refused_pairs and (primitive, op) not in self.refused_on)
 
     def restrict(self, other: "Capabilities") -> "Capabilities":
         """What both can do natively (a transport run under another backend's profile)."""
@@ -83,6 +86,7 @@ class Capabilities:
             is_async=self.is_async,
             p2p_any_shape=self.p2p_any_shape and other.p2p_any_shape,
             sources={**self.sources, **other.sources},
+            refused_on=self.refused_on | other.refused_on,
         )
 
 
@@ -151,8 +155,8 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
 
 class _Profiles(Mapping):
     """name -> Capabilities. ``"xccl"`` is derived on first use from the XCCL fact table
-    (:func:`funcoll.transport.xpu.conservative_profile`: an unknown oneCCL on the scale-out path), so that XCCL's facts
-    have one source; importing that module touches no XPU runtime."""
+    (:func:`funcoll.transport.xpu.conservative_profile`: the running torch's row for an unknown oneCCL on the scale-out
+    path), so that XCCL's facts have one source; importing that module touches no XPU runtime."""
 
     _DERIVED = {"xccl": ("funcoll.transport.xpu", "conservative_profile")}
 

@@ -1,12 +1,15 @@
 """The CPU reference transport: the primitives of a c10d gloo backend.
 
 Its capabilities are the ``gloo`` profile, intersected with the profile named by ``FUNCOLL_PROFILE`` (so
-the XCCL or XLA gap-filling paths run for real on any CPU machine).
+the XCCL or XLA gap-filling paths run for real on any CPU machine). Where that profile has PREMUL_SUM natively (the
+``xccl`` profile on torch 2.12+), the transport does what ProcessGroupXCCL does there: it scales the tensor it is
+handed in place, then sums (gloo has no PREMUL_SUM): the misbehaviour a reduce_scatter's input would suffer is real.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import timedelta
 from typing import Optional
 
@@ -219,19 +222,44 @@ def capabilities(profile_name: Optional[str] = None) -> Capabilities:
     caps = profile("gloo")
     name = profile_name if profile_name is not None else active_profile_name()
     if name and name != "gloo":
-        caps = caps.restrict(profile(name))
+        other = profile(name)
+        caps = caps.restrict(other)
+        if ReduceOp.PREMUL_SUM in other.reduce_ops:  # emulated as XCCL 2.12+ does it (C10dTransport.premul_in_place)
+            caps = replace(caps, reduce_ops=caps.reduce_ops | {ReduceOp.PREMUL_SUM},
+                           sources={**caps.sources, "gloo.premul_sum": "emulated as ProcessGroupXCCL 2.12+ does it: "
+                                    "the tensor handed is scaled in place (mul_), then summed"})
     return caps
 
 
 class C10dTransport(Transport):
-    """Primitives of a c10d backend object (ProcessGroupGloo, ProcessGroupXCCL, ...)."""
+    """Primitives of a c10d backend object (ProcessGroupGloo, ProcessGroupXCCL, ...).
+
+    ``premul_in_place`` (True on gloo, which has no PREMUL_SUM: only a profile lists it, the xccl profile on torch
+    2.12+): a PREMUL_SUM is done as ProcessGroupXCCL 2.12+ does it, ``t.mul_(factor)`` on the tensor handed (a
+    reduce_scatter's *input*), then SUM."""
 
     def __init__(self, backend, caps: Capabilities, device_type: str = "cpu"):
         super().__init__(backend.rank(), backend.size(), caps)
         self.backend = backend
         self.device_type = device_type
+        self.premul_in_place = isinstance(backend, dist.ProcessGroupGloo)
+
+    def _premul(self, t: torch.Tensor, red: Reduction) -> Reduction:
+        """The reduction to hand the backend for ``red`` on ``t``: PREMUL_SUM's factor as the backend needs it (a
+        scalar tensor on ``t``'s device, in its dtype: XCCL multiplies ``t`` by it), or, with ``premul_in_place``,
+        ``t`` scaled in place and SUM."""
+        f = red.factor
+        assert f is not None  # semantics.parse_reduction refuses a PREMUL_SUM without one
+        if isinstance(f, torch.Tensor):
+            f = f.to(device=t.device, dtype=t.dtype).reshape(())
+        if self.premul_in_place:
+            t.mul_(f)
+            return Reduction(ReduceOp.SUM)
+        return Reduction(ReduceOp.PREMUL_SUM, f)
 
     def _all_reduce(self, t, red):
+        if red.op is ReduceOp.PREMUL_SUM:
+            red = self._premul(t, red)
         return self.backend.allreduce([t], _allreduce_options(red))
 
     def all_reduce_functional(self, t, red: Reduction):
@@ -250,6 +278,8 @@ class C10dTransport(Transport):
         return self.backend._allgather_base(out, inp, C.AllgatherOptions())
 
     def _reduce_scatter(self, out, inp, red):
+        if red.op is ReduceOp.PREMUL_SUM:
+            red = self._premul(inp, red)
         o = C.ReduceScatterOptions()
         o.reduceOp = c10d_op(red)
         return waited(self.backend._reduce_scatter_base(out, inp, o), [out])

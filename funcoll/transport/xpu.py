@@ -2,11 +2,11 @@
 
 * Primitives: :class:`XcclTransport` is the CPU reference :class:`~funcoll.transport.gloo.C10dTransport` driving a
   ``ProcessGroupXCCL`` instead of a ``ProcessGroupGloo``; tensors are handed to it on the device and stay there.
-* Capabilities: derived from the running stack, by :func:`derive`, a pure function of
-  ``(torch version, oneCCL version, override)`` over the fact table :data:`XCCL_FACTS` (the only place XCCL facts
-  live, each with its source). ``FUNCOLL_PROFILE=<name>`` additionally intersects them with a named profile
-  (``FUNCOLL_PROFILE=xccl``: the most conservative XCCL table); ``FUNCOLL_XPU_OVERRIDE="avg=strategy,..."``
-  flips single facts for a stack known to be broken (or known to be good).
+* Capabilities: derived from the running stack, by :func:`derive`, a pure function of ``(torch version, oneCCL at
+  run time, override, topology, oneCCL torch was built against)`` over the fact table :data:`XCCL_FACTS` (the only
+  place XCCL facts live, each with its source, per torch version). ``FUNCOLL_PROFILE=<name>`` additionally intersects
+  them with a named profile (``FUNCOLL_PROFILE=xccl``: the running torch's row for an unknown oneCCL on the scale-out
+  path); ``FUNCOLL_XPU_OVERRIDE="avg=strategy,..."`` flips single facts for a stack known to be broken (or good).
 * Groups: a funcoll group gets a ``ProcessGroupXCCL`` of its own, built from the group's store; a group made with
   another backend (``"xccl"``, ``"cpu:gloo,xpu:xccl"``) lends funcoll its XPU backend.
 
@@ -30,20 +30,21 @@ from funcoll.transport.gloo import C10dTransport
 from funcoll.transport.registry import GroupContext, register_device
 
 __all__ = ["XCCL_FACTS", "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
-           "stack_versions", "parse_override", "parse_topology", "measure_topology", "ENV_OVERRIDE",
-           "ENV_ONECCL_VERSION", "ENV_TOPOLOGY", "SCALE_UP", "SCALE_OUT", "TOPOLOGIES"]
+           "stack_versions", "build_version", "parse_override", "parse_topology", "measure_topology", "torch_row",
+           "ENV_OVERRIDE", "ENV_ONECCL_VERSION", "ENV_ONECCL_BUILD_VERSION", "ENV_TOPOLOGY", "SCALE_UP", "SCALE_OUT",
+           "TOPOLOGIES", "TORCH_ROWS", "KNOWN_UNTIL"]
 
 R = ReduceOp
 ENV_OVERRIDE = "FUNCOLL_XPU_OVERRIDE"
 ENV_ONECCL_VERSION = "FUNCOLL_ONECCL_VERSION"
+ENV_ONECCL_BUILD_VERSION = "FUNCOLL_ONECCL_BUILD_VERSION"
 
 Version = Tuple[int, ...]
 
-# dtypes ProcessGroupXCCL moves and reduces: the ``xcclDatatypes`` map of ProcessGroupXCCL.cpp
-# (intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp; torch <= 2.7: torch/csrc/distributed/c10d/ProcessGroupXCCL.cpp).
-# bool is carried as ccl uint8. float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz are carried as ccl uint8 for non-reducing
-# ops only; funcoll moves every float8 dtype as a uint8 view itself (the same bytes on the wire, and it also
-# covers float8_e8m0fnu, which is not in the map), so no float8 dtype is listed natively here.
+# dtypes ProcessGroupXCCL moves and reduces: the ``xcclDatatypes`` map (intel/torch-xpu-ops src/xccl/xccl.h:96-111
+# at ab84f925; ProcessGroupXCCL.cpp before). bool is carried as ccl uint8. float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz are
+# carried as ccl uint8 for non-reducing ops only; funcoll moves every float8 dtype as a uint8 view itself (the same
+# bytes on the wire, and it also covers float8_e8m0fnu, which is not in the map), so no float8 dtype is listed here.
 _XCCL_DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.float32,
                           torch.float64, torch.bfloat16, torch.bool})
 _XCCL_INTS = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64})
@@ -54,16 +55,44 @@ SCALE_UP, SCALE_OUT = "scale-up", "scale-out"
 TOPOLOGIES = (SCALE_UP, SCALE_OUT)
 ENV_TOPOLOGY = "FUNCOLL_XPU_TOPOLOGY"
 
+# The torch versions the table has a row for. A row is what ProcessGroupXCCL does in that release, read from
+# intel/torch-xpu-ops release/2.x branch tips (assumed to be what torch 2.x pins); "2.15" is torch-xpu-ops main as of
+# 2026-08-22 (no release/2.15 branch was readable: what 2.15 pins later is unknown). torch 2.8 takes the 2.9 row (the
+# same PREMUL_SUM refusal); a torch newer than 2.15 takes the 2.15 row.
+TORCH_ROWS = ("2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15")
+KNOWN_UNTIL = "intel/torch-xpu-ops main at ab84f925 (2026-08-22)"
+
+
+def torch_row(torch_version) -> Optional[str]:
+    """The row of :data:`TORCH_ROWS` for a torch version ('2.13.0+xpu' -> '2.13'), None when unknown."""
+    tv = parse_version(torch_version)
+    if tv is None or len(tv) < 2:
+        return None
+    if tv[:2] < (2, 9):
+        return "2.9"
+    if tv[:2] > (2, 15):
+        return "2.15"
+    return f"{tv[0]}.{tv[1]}"
+
+
+def _row_key(row: str) -> Version:
+    return tuple(int(x) for x in row.split("."))
+
 
 @dataclass(frozen=True)
 class Fact:
     """One fact about ProcessGroupXCCL / oneCCL.
 
-    ``native_since``: the oneCCL version from which funcoll uses the native path by default on the scale-up path
-    (one node, XeLink), None: never by default. ``scale_out_since``: the same on the scale-out path (several nodes,
-    OFI); oneCCL's two paths have different reduce ops, so a multi-node job is never handed what only the scale-up
-    path has. ``overridable``: the topologies on which ``FUNCOLL_XPU_OVERRIDE`` may flip it (none where the library
-    raises: there is nothing native to switch to).
+    ``native_since``: the oneCCL version (found at run time) from which funcoll uses the native path by default on
+    the scale-up path (one node, XeLink), None: never by default. ``scale_out_since``: the same on the scale-out path
+    (several nodes, OFI); oneCCL's two paths have different reduce ops, so a multi-node job is never handed what only
+    the scale-up path has. ``overridable``: the topologies on which ``FUNCOLL_XPU_OVERRIDE`` may flip it (none where
+    the library raises: there is nothing native to switch to; ``premul_sum`` depends on the torch version, see
+    :func:`overridable`). ``by_torch``: what ProcessGroupXCCL does, per torch row, as ``(first row, text)`` pairs,
+    each text with its source (merge dates); a row without an entry has the previous entry's text. ``build``: what
+    depends on the oneCCL torch was *built* against (not readable from the pip ``oneccl`` package). ``unknown``: what
+    no source says, and the safe choice funcoll makes for it. ``info``: a fact funcoll reports and relies on but that
+    switches no plan (a constraint its strategies respect on every version).
     """
 
     key: str
@@ -73,103 +102,266 @@ class Fact:
     overridable: Tuple[str, ...]
     strategy: str  # what funcoll does when the fact is not native
     source: str
+    by_torch: Tuple[Tuple[str, str], ...] = ()
+    build: str = ""
+    unknown: str = ""
+    info: bool = False
 
     def since(self, topology: str) -> Optional[Version]:
         return self.native_since if topology == SCALE_UP else self.scale_out_since
 
+    def at(self, row: Optional[str]) -> str:
+        """What ProcessGroupXCCL does on torch ``row`` (the ``by_torch`` entry in force there; "" if none)."""
+        if row is None:
+            return "unknown torch version: " + (self.unknown or "the strategy is used")
+        text = ""
+        for first, what in self.by_torch:
+            if _row_key(first) <= _row_key(row):
+                text = what
+        return text
+
 
 _BOTH = TOPOLOGIES
 _NEVER: Tuple[str, ...] = ()
+_PREMUL_NATIVE_AR = "2.12"  # from this row, ProcessGroupXCCL scales and sums PREMUL_SUM itself (all_reduce: native)
+_PREMUL_ONECCL_ROW = "2.11"  # the only row in which oneCCL's own PreMulSum is used for all_reduce / reduce_scatter
+_PREMUL_BUILD_2_11 = (2021, 17)  # ENABLE_XCCL_PREMUL_SUM_SUPPORT in torch 2.11 (release/2.11 xccl.h:29-33)
+_GRAPH_CAPTURE_ROW, _GRAPH_CAPTURE_ONECCL = "2.13", (2022, 0)
 
 
 # ======================================================================================================
 # THE XCCL FACT TABLE. Every XCCL capability funcoll relies on is here, with its source; derive() reads
-# nothing else. docs/xpu.md renders the same table.
+# nothing else. docs/xpu.md renders the same table. Paths are intel/torch-xpu-ops src/xccl/... at main ab84f925
+# (2026-08-22) unless a release branch is named; PGX = ProcessGroupXCCL.cpp; dates are merge dates.
 # ======================================================================================================
 XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
     Fact("avg",
          "ReduceOp.AVG on floating dtypes (all_reduce)",
          native_since=(2022, 0), scale_out_since=(2022, 0), overridable=_BOTH,
          strategy="SUM, then divide on the device (fp16/bf16: float32 reduce_scatter, divide, all_gather)",
-         source="ProcessGroupXCCL.cpp: oneCCL < 2021.15 has no ccl avg (XCCL_HAS_AVG unset) and the backend "
-                "itself does SUM + div_; >= 2021.15 calls ccl avg, which raises on the scheduler path "
-                "(intel/torch-xpu-ops#2361) and divided twice for small messages on Arc B60 "
-                "(intel/torch-xpu-ops#3020, fixed in the oneAPI 2026.0 bundle); AVG in scale-out (OFI) "
-                "AllReduce lands in oneCCL 2022.0 (uxlfoundation/oneCCL#195)"),
+         source="funcoll's gate: oneCCL >= 2022.0 at run time, the release that adds AVG to scale-out AllReduce "
+                "(uxlfoundation/oneCCL#195, maintainer 2026-03-16); ccl avg raises on the scheduler path, seen on "
+                "one node (intel/torch-xpu-ops#2361, open) and divided twice on Arc B60 (#3020, open; 'fixed in "
+                "oneAPI 2026.0' is a third-party comment only, verl-project/verl#7917)",
+         by_torch=(("2.9", "ccl avg when torch was built against oneCCL >= 2021.15 (XCCL_HAS_AVG, xccl.h:40-44 in "
+                           "release/2.12-2.13), else SUM + div_ (source builds only: every stock wheel since 2.9 "
+                           "was built against >= 2021.15)"),
+                   ("2.14", "always onecclAvg, no XCCL_HAS_AVG and no div_ fallback (xccl.h:88-94; #4145 'Drop "
+                            "oneCCL v1', merged 2026-07-10); no topology check in torch")),
+         build="torch <= 2.13: XCCL_HAS_AVG needs oneCCL >= 2021.15 at torch's build time (below it: SUM + div_, "
+               "right for floats)",
+         unknown="whether #3020 is fixed in a released oneCCL: no maintainer statement found; oneCCL unknown at run "
+                 "time: the strategy"),
     Fact("avg_reduce_scatter",
          "ReduceOp.AVG on floating dtypes (reduce_scatter)",
          native_since=(2022, 0), scale_out_since=None, overridable=(SCALE_UP,),
          strategy="SUM, then divide on the device (fp16/bf16 summed in float32)",
-         source="scale-up: as avg (ccl avg from oneCCL 2021.15, trusted from 2022.0); scale-out: oneCCL 2022.0 adds "
-                "AVG to scale-out AllReduce only (uxlfoundation/oneCCL#195), nothing says ReduceScatter"),
+         source="scale-up: as avg (onecclAvg passed to onecclReduceScatter on every path, xccl.cpp:79-95); "
+                "scale-out: uxlfoundation/oneCCL#195 lists AVG gaps for Reduce and scale-out AllReduce only and "
+                "says nothing about ReduceScatter",
+         by_torch=(("2.9", "as avg: ccl avg (or SUM + div_ in builds against oneCCL < 2021.15)"),
+                   ("2.14", "always onecclAvg (#4145, 2026-07-10)")),
+         build="as avg",
+         unknown="scale-out ReduceScatter AVG: no source either way; funcoll uses the strategy there"),
     Fact("avg_reduce",
          "ReduceOp.AVG on reduce (to one rank)",
          native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="all_reduce path (AVG as above), result kept on dst",
-         source="AVG in Reduce is missing for scale-up and scale-out (uxlfoundation/oneCCL#195, MLSL-4062)"),
+         source="AVG in Reduce is missing for scale-up and scale-out (uxlfoundation/oneCCL#195, MLSL-4062; closed, "
+                "its closing comment covers scale-out AllReduce only); torch passes onecclAvg to onecclReduce "
+                "unchecked (xccl.cpp:42-60, PGX:1544,1568); list-form reduce_scatter with unequal inputs becomes "
+                "per-rank reduce in torch (PGX:1806-1818)",
+         by_torch=(("2.9", "AVG handed to ccl reduce unchecked"),),
+         unknown="whether oneCCL 2022.x added AVG to Reduce: the strategy"),
     Fact("avg_int",
          "ReduceOp.AVG on integer dtypes",
          native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="int64 SUM, then truncating divide (NCCL semantics)",
-         source="ProcessGroupXCCL.cpp: without ccl avg the backend's in-place div_ fails on integer tensors; "
-                "the integer semantics of ccl avg are undocumented"),
+         source="the integer semantics of onecclAvg are undocumented (an enum value only, oneCCL 2022.2 "
+                "include/oneapi/ccl/v2/types.h:162); bool AVG is a TypeError (xccl.h:199-207)",
+         by_torch=(("2.9", "ccl avg with an integer datatype (builds against oneCCL < 2021.15: div_ on an integer "
+                           "tensor, which fails)"),
+                   ("2.14", "integer AVG reaches onecclAvg with no error (#4145)")),
+         unknown="what onecclAvg does with integers: the strategy on every version"),
     Fact("premul_sum",
-         "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum) on all_reduce / reduce_scatter",
-         native_since=None, scale_out_since=None, overridable=(SCALE_UP,),
+         "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum) on all_reduce",
+         native_since=None, scale_out_since=None, overridable=_NEVER,  # per torch row: see overridable()
          strategy="multiply by the factor on the device, then SUM (the same bytes on the wire)",
-         source="'Cannot use ReduceOp.PREMUL_SUM with XCCL' (intel/torch-xpu-ops#1571) up to torch 2.10; "
-                "support for allreduce/reduce_scatter on the scale-up (XeLink) path only, with oneCCL >= 2021.17, "
-                "landed in #1948 (2025-08), was reverted in #2913 (2026-02) and relanded in #3173 (2026-03); on "
-                "scale-out oneCCL has no PreMulSum (uxlfoundation/oneCCL#196) and ProcessGroupXCCL itself falls "
-                "back to scale+SUM (#2903); reduce has no PREMUL_SUM on either path (#3173 review, oneCCL#196). "
-                "funcoll scales itself by default (one multiply, the same bytes on the wire); premul_sum=native "
-                "may be set on a scale-up group only, and never reaches reduce"),
+         source="torch <= 2.10: ValueError 'Cannot use ReduceOp.PREMUL_SUM with XCCL' (release/2.10 PGX:161-186, "
+                "intel/torch-xpu-ops#1571); 2.11: oneCCL PreMulSum (#1948, merged 2026-01-12) when built against "
+                "oneCCL >= 2021.17, on every topology though scale-out oneCCL has none (uxlfoundation/oneCCL#196; "
+                "multi-node crash pytorch/torchtitan#2332); reverted by #2913 (2026-03-02); 2.12+: ProcessGroupXCCL "
+                "scales the tensor handed to it in place (applyPreMulSumIfNeeded: input.mul_, PGX:85-103, #2903 "
+                "merged 2026-03-25) and sends SUM on every topology, also after the reland #3173 (2026-04-20)",
+         by_torch=(("2.9", "raises ValueError (no PREMUL_SUM)"),
+                   ("2.11", "oneCCL PreMulSum on all_reduce, reduce_scatter and reduce, fp16/bf16/fp32/fp64, no "
+                            "scale-out guard; ValueError 'PreMulSum requires oneCCL>=2021.17' in builds against "
+                            "older oneCCL (release/2.11 xccl.h:29-33, :341-363)"),
+                   ("2.12", "input.mul_(factor) on the tensor handed, then SUM, on every topology (#2903); reduce "
+                            "raises ValueError"),
+                   ("2.13", "all_reduce / reduce_scatter: input.mul_(factor), then SUM (oneCCL never sees "
+                            "PREMUL_SUM, PGX:1338,1417,1784,1862,1903); reduce: onecclRedOpCreatePreMulSum when "
+                            "built against oneCCL >= 2022.0 (#3173), else ValueError")),
+         build="torch 2.11: oneCCL >= 2021.17 at build time; 2.13+ reduce: oneCCL >= 2022.0 at build time",
+         unknown="torch 2.11 with an unknown build oneCCL: no override (it could raise); torch > 2.15: the 2.15 row"),
+    Fact("premul_sum_reduce_scatter",
+         "ReduceOp.PREMUL_SUM on reduce_scatter and reduce",
+         native_since=None, scale_out_since=None, overridable=_NEVER,  # torch 2.11 scale-up: see overridable()
+         strategy="multiply a copy of the input by the factor on the device, then SUM (the caller's input is never "
+                  "scaled)",
+         source="torch 2.12+: reduce_scatter scales its *input* in place (input.mul_ in applyPreMulSumIfNeeded, "
+                "PGX:85-103, called at :1784,:1862,:1903 with the caller's tensor, which collective() passes "
+                "through, PGX:770-880), so a native reduce_scatter_tensor with PREMUL_SUM would change the "
+                "caller's input; reduce: no PreMulSum in oneCCL's Reduce (uxlfoundation/oneCCL#196, open; the "
+                "upstream test comments it out, test_c10d_ops_xccl.py:307)",
+         by_torch=(("2.9", "raises ValueError"),
+                   ("2.11", "oneCCL PreMulSum (input left as it is) when built against oneCCL >= 2021.17"),
+                   ("2.12", "reduce_scatter: the caller's input scaled in place, then SUM; reduce: ValueError"),
+                   ("2.13", "reduce_scatter: the caller's input scaled in place; reduce: oneCCL PreMulSum (build "
+                            ">= 2022.0)")),
+         build="as premul_sum",
+         unknown="never native on reduce: funcoll's reduce goes through all_reduce"),
     Fact("bitwise",
          "ReduceOp.BAND / BOR / BXOR",
          native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="all_to_all, reduce each block locally in rank order, all_gather (reduce_scatter: all_to_all + "
                   "local)",
-         source="ProcessGroupXCCL.cpp xcclOps maps only MIN/MAX/SUM/PRODUCT(/AVG): "
-                "'Cannot use ReduceOp.BAND with XCCL'"),
+         source="xcclOps maps only MIN/MAX/SUM/PRODUCT/AVG (xccl.h:88-94): ValueError 'Cannot use ReduceOp.BAND "
+                "with XCCL' (:233-236, asserted by test_c10d_ops_xccl.py:222-226); oneCCL has no bitwise op "
+                "either (onecclRedOp_t = Sum/Prod/Max/Min/Avg, oneCCL 2022.2 types.h:157-167)",
+         by_torch=(("2.9", "raises ValueError"),)),
     Fact("int_minmax",
          "ReduceOp.MIN / MAX on integer and bool dtypes",
          native_since=None, scale_out_since=None, overridable=_BOTH,
          strategy="all_to_all, min/max of each block locally, all_gather (bool: a uint8 count and one compare; "
                   "reduce_scatter: all_to_all + local)",
-         source="int64 MAX over [-1, 0] returned a wrong result on Arc B60 (intel/torch-xpu-ops#3059); "
-                "verl routes its integer MAX through a CPU group (seed 002); no fixed version published"),
+         source="int64 MAX over [-1, 0] returned a wrong result on Arc B60 (intel/torch-xpu-ops#3059: closed, "
+                "resolution and fixed version not found); torch maps MIN/MAX to onecclMin/Max for int8, uint8, "
+                "int32, int64 and bool with no gate; verl routes its integer MAX through a CPU group (seed 002)",
+         by_torch=(("2.9", "handed to oneCCL"),),
+         unknown="which oneCCL fixes #3059: the strategy until a fixed version is cited"),
     Fact("dtypes_16_unsigned",
          "int16, uint16, uint32, uint64",
          native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="moved as raw bits of a same-width dtype; reduced as the signed dtype (sign bit flipped "
                   "for MIN/MAX) or widened int16 -> int32",
-         source="ProcessGroupXCCL.cpp xcclDatatypes has no kShort/kUInt16/kUInt32/kUInt64: "
-                "'Input tensor data type is not supported for XCCL process group'"),
+         source="xcclDatatypes has no kShort/kUInt16/kUInt32/kUInt64 (xccl.h:96-111): TypeError 'Input tensor "
+                "data type is not supported for XCCL process group' (:184-189); oneCCL 2022.x has uint32/uint64 "
+                "(types.h:131-147), so those two are a gap of torch's map only; int16/uint16 are absent in oneCCL "
+                "too",
+         by_torch=(("2.9", "raises TypeError"),),
+         unknown="torch may add uint32/uint64 to its map without notice; funcoll keeps the strategy"),
     Fact("float8",
          "float8 dtypes",
          native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="moved as a uint8 view (no copy); reductions are a TypeError in funcoll's semantics",
-         source="ProcessGroupXCCL.cpp maps float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz to ccl uint8 for "
-                "non-reducing ops, raises for reductions, and has no float8_e8m0fnu"),
+         source="float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz map to ccl uint8 for non-reducing ops (xccl.h:106-110); "
+                "reductions raise 'Float8 dtypes are not currently supported for XCCL reductions' (:179-183); no "
+                "float8_e8m0fnu",
+         by_torch=(("2.9", "moved as uint8; reductions raise"),)),
     Fact("uneven_all_to_all",
          "all_to_all_single with split sizes",
          native_since=None, scale_out_since=None, overridable=_BOTH,
          strategy="n-1 rounds of pairwise send/recv, each message exactly its split (no agreement, no padding)",
-         source="uneven all_to_all_single has returned wrong results on some GPUs (DESIGN.md section 1); "
-                "ProcessGroupXCCL uses ccl::alltoallv, and the oneCCL v2 path emulates it with grouped "
-                "send/recv until onecclAllToAllV (oneCCL 2022.2, intel/torch-xpu-ops#5057)"),
+         source="uneven all_to_all_single has returned wrong results on some GPUs (DESIGN.md section 1; "
+                "intel/torch-xpu-ops#3021 on B60, torch 2.9, open); torch 2.9/2.10 call ccl::alltoallv (release/2.10 "
+                "PGX:2295,2387); from 2.11 (#2803, merged 2026-02-06) non-uniform splits are one group of send/recv "
+                "on the v1 and v2 paths (xccl.cpp:211-282); onecclAllToAllV (#5057) is an open PR as of 2026-08-20",
+         by_torch=(("2.9", "ccl::alltoallv"),
+                   ("2.11", "one grouped send/recv (uniform splits: native all_to_all)")),
+         build="#5057 would use onecclAllToAllV only when torch is built against oneCCL headers that declare it "
+               "(XCCL_HAS_ALLTOALLV, oneCCL 2022.2) and only for contiguous displacements",
+         unknown="whether torch 2.15 includes #5057"),
     Fact("all_reduce_coalesced",
          "one tuple all_reduce of several tensors",
          native_since=None, scale_out_since=None, overridable=_NEVER,
          strategy="one flat buffer per dtype, one all_reduce each",
-         source="ProcessGroupXCCL::allreduce_coalesced requires identical dtypes ('Tensors must have "
-                "identical type'); funcoll's tuple path does not group by dtype"),
+         source="allreduce_coalesced requires identical dtypes ('Tensors must have identical type', "
+                "checkTensorOnSameDevice PGX:105-126); funcoll's tuple path does not group by dtype",
+         by_torch=(("2.9", "identical dtypes only"),)),
+    # -- facts funcoll's strategies respect on every version (they switch no plan) ------------------------
+    Fact("graph_capture",
+         "XPU graph capture of XCCL collectives",
+         native_since=None, scale_out_since=None, overridable=_NEVER, info=True,
+         strategy="every strategy runs on the device with no host synchronisation, so a captured graph can hold it",
+         source="#2992: capturing is allowed only with oneCCL >= 2022.0.0 found at run time (onecclGetVersion), "
+                "else NotImplementedError 'Capturing XCCL collectives is only allowed with oneCCL >= 2022.0.0' "
+                "(PGX:150-168, checked in collective() at :786, :937)",
+         by_torch=(("2.9", "not supported (no capture check before #2992)"),
+                   ("2.13", "allowed with oneCCL >= 2022.0.0 at run time")),
+         unknown="oneCCL unknown at run time: whether capture is allowed is unknown"),
+    Fact("nan_check",
+         "TORCH_XCCL_NAN_CHECK (or _set_enable_nan_check): a device assert on NaN in any buffer sent",
+         native_since=None, scale_out_since=None, overridable=_NEVER, info=True,
+         strategy="no buffer funcoll sends holds undefined bytes: padding and scratch that are sent are written "
+                  "first (zeros or results), only receive buffers are left uninitialised",
+         source="PGX:396 (default off), checkForNan on every input of collective() (PGX:868-870), on the root only "
+                "for broadcast and scatter (:1303, :1457, :1485), on send (:1024); NanCheck_XPU.cpp",
+         by_torch=(("2.9", "checks the inputs of every collective when enabled"),)),
+    Fact("oneccl_api",
+         "which oneCCL API ProcessGroupXCCL uses",
+         native_since=None, scale_out_since=None, overridable=_NEVER, info=True,
+         strategy="nothing depends on it in funcoll; the oneCCL version is read with get_xccl_version()",
+         source="2.11-2.13: the v1 C++ API by default, the v2 C API with USE_CCL_V2=1 (release/2.13 xccl.h:77-90); "
+                "2.14+: the v1 API removed, USE_CCL_V2 gone (#4145, merged 2026-07-10)",
+         by_torch=(("2.9", "the oneCCL C++ API (v1)"),
+                   ("2.11", "v1 by default, v2 (C API) with USE_CCL_V2=1"),
+                   ("2.14", "the C API only"))),
+    Fact("send_recv",
+         "single send/recv",
+         native_since=None, scale_out_since=None, overridable=_NEVER, info=True,
+         strategy="uneven all_to_all's pairwise rounds are single sends and receives, ordered so that no cycle "
+                  "of ranks all send first",
+         source="#3071 (merged 2026-04-08): a single send or recv is wrapped in onecclGroupStart/End",
+         by_torch=(("2.9", "plain send/recv"),
+                   ("2.12", "each wrapped in a group call"))),
 )}
 
-# The torch version names the table and says whether the backend exists at all; no capability in the table depends
-# on it today: the only torch-side change found (native PREMUL_SUM, torch-xpu-ops #3173) is not used natively.
-XCCL_BACKEND_SINCE = (2, 8)  # stock torch wheels ship ProcessGroupXCCL from 2.8 (DESIGN.md section 1);
-#                              source builds with USE_XCCL=1 from 2.7 (huggingface/accelerate#3401)
+# stock torch wheels ship ProcessGroupXCCL from 2.8 (DESIGN.md section 1); source builds with USE_XCCL=1 from 2.7
+# (huggingface/accelerate#3401)
+XCCL_BACKEND_SINCE = (2, 8)
+
+# The oneCCL each stock XPU wheel pins (its Requires-Dist; funcoll reads the installed wheel's own metadata, this table
+# is for the docs and the report): pytorch .github/scripts/generate_binary_build_matrix.py for 2.9/2.10; 2.11-2.13
+# from third-party environment dumps and torch-xpu-ops CI (.github/scripts/build.sh); 2.14 from vLLM's XPU docs
+# (the oneAPI 2026.1.1 set); 2.15: no source.
+WHEEL_ONECCL = {"2.9": "2021.16.1", "2.10": "2021.17.1", "2.11": "2021.17.2", "2.12": "2021.17.2",
+                "2.13": "2022.0.0", "2.14": "2022.1.2", "2.15": None}
+
+
+def overridable(key: str, row: Optional[str], build: Optional[Version]) -> Tuple[str, ...]:
+    """The topologies on which ``FUNCOLL_XPU_OVERRIDE`` may flip fact ``key`` on torch ``row`` built against oneCCL
+    ``build`` (None: unknown). PREMUL_SUM depends on the torch version: nothing to switch to up to 2.10 (it raises);
+    on 2.11 oneCCL's own PreMulSum exists on scale-up only and only in builds against oneCCL >= 2021.17; from 2.12 the
+    all_reduce may be flipped on every topology (ProcessGroupXCCL scales and sums itself). PREMUL_SUM on
+    reduce_scatter may be flipped on torch 2.11 scale-up only: from 2.12 it would scale the caller's input."""
+    if key in ("premul_sum", "premul_sum_reduce_scatter"):
+        if row is None or _row_key(row) < _row_key(_PREMUL_ONECCL_ROW):
+            return _NEVER
+        if row == _PREMUL_ONECCL_ROW:
+            return (SCALE_UP,) if build is not None and build >= _PREMUL_BUILD_2_11 else _NEVER
+        return _BOTH if key == "premul_sum" else _NEVER
+    return XCCL_FACTS[key].overridable
+
+
+def _not_overridable_why(key: str, topology: str, row: Optional[str], build: Optional[Version]) -> str:
+    fact = XCCL_FACTS[key]
+    if key in ("premul_sum", "premul_sum_reduce_scatter") and row is not None:
+        if _row_key(row) < _row_key(_PREMUL_ONECCL_ROW):
+            return f"cannot be overridden on torch {row} (ProcessGroupXCCL raises on PREMUL_SUM)"
+        if row == _PREMUL_ONECCL_ROW:
+            if build is None or build < _PREMUL_BUILD_2_11:
+                b = ".".join(map(str, build)) if build else "an unknown oneCCL"
+                return (f"cannot be overridden on torch 2.11 built against {b} (PreMulSum needs oneCCL >= 2021.17 "
+                        f"at torch's build time; set {ENV_ONECCL_BUILD_VERSION})")
+            return "cannot be overridden on the scale-out path (oneCCL has PreMulSum on scale-up only)"
+        return (f"cannot be overridden on torch {row} (ProcessGroupXCCL would scale the caller's input in place)")
+    if fact.info:
+        return "is not a switch (funcoll's strategies respect it on every version)"
+    if fact.overridable:
+        return (f"cannot be overridden on the {topology} path (the library has it on "
+                f"{', '.join(fact.overridable)} only)")
+    return "cannot be overridden (the library has no native path)"
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -177,19 +369,14 @@ XCCL_BACKEND_SINCE = (2, 8)  # stock torch wheels ship ProcessGroupXCCL from 2.8
 # ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class XcclCapabilities(Capabilities):
-    """Capabilities plus (primitive, reduce op) pairs refused on one primitive only (AVG on reduce)."""
+    """Capabilities plus the versions and topology they were derived for."""
 
-    refused_on: frozenset = frozenset()
     versions: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def reduces(self, primitive: str, op: ReduceOp, dtype: torch.dtype) -> bool:
-        return super().reduces(primitive, op, dtype) and (primitive, op) not in self.refused_on
 
     def restrict(self, other: Capabilities) -> "XcclCapabilities":
         base = Capabilities.restrict(self, other)
         kw = {f.name: getattr(base, f.name) for f in fields(Capabilities)}
-        return XcclCapabilities(**kw, refused_on=self.refused_on | getattr(other, "refused_on", frozenset()),
-                                versions=self.versions)
+        return XcclCapabilities(**kw, versions=self.versions)
 
 
 def parse_version(v) -> Optional[Version]:
@@ -216,9 +403,11 @@ def parse_topology(topology) -> str:
     return t
 
 
-def parse_override(override, topology: str = SCALE_OUT) -> Dict[str, bool]:
+def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
+                   oneccl_build=None) -> Dict[str, bool]:
     """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}. Unknown facts, and facts that
-    cannot be flipped on ``topology``, are a ValueError naming the valid ones."""
+    cannot be flipped on ``topology`` for this torch version and build oneCCL, are a ValueError naming the valid
+    ones."""
     if not override:
         return {}
     if isinstance(override, Mapping):
@@ -234,18 +423,12 @@ def parse_override(override, topology: str = SCALE_OUT) -> Dict[str, bool]:
                 raise ValueError(f"funcoll.xpu: override entry {part!r} must be <fact>=native or "
                                  f"<fact>=strategy")
             items.append((key.strip(), val.strip()))
+    row, build = torch_row(torch_version), parse_version(oneccl_build)
     out = {}
-    allowed = sorted(k for k, f in XCCL_FACTS.items() if topology in f.overridable)
+    allowed = sorted(k for k in XCCL_FACTS if topology in overridable(k, row, build))
     for key, val in items:
-        fact = XCCL_FACTS.get(key)
-        if fact is None or topology not in fact.overridable:
-            if fact is None:
-                why = "is not a fact"
-            elif fact.overridable:
-                where = ", ".join(fact.overridable)
-                why = f"cannot be overridden on the {topology} path (the library has it on {where} only)"
-            else:
-                why = "cannot be overridden (the library has no native path)"
+        if key not in XCCL_FACTS or topology not in overridable(key, row, build):
+            why = "is not a fact" if key not in XCCL_FACTS else _not_overridable_why(key, topology, row, build)
             raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts on {topology}: "
                              f"{', '.join(allowed)}")
         if isinstance(val, bool):
@@ -259,20 +442,31 @@ def parse_override(override, topology: str = SCALE_OUT) -> Dict[str, bool]:
     return out
 
 
-def derive(torch_version, oneccl_version, override=None, topology=None) -> XcclCapabilities:
-    """The XCCL capabilities of a stack: a pure function of (torch version, oneCCL version, override, topology).
+def _vstr(v: Optional[Version]) -> str:
+    return ".".join(map(str, v)) if v else "unknown"
 
-    ``oneccl_version`` None means unknown: every version-gated fact takes its conservative (strategy) side.
-    ``topology`` None means unknown: the scale-out row (what every path has).
+
+def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_build=None) -> XcclCapabilities:
+    """The XCCL capabilities of a stack: a pure function of (torch version, oneCCL found at run time, override,
+    topology, oneCCL torch was built against).
+
+    ``oneccl_version`` None means unknown: every fact gated on it takes its strategy. ``topology`` None means
+    unknown: the scale-out row (what every path has). ``oneccl_build`` None means unknown: no override that needs a
+    build-time oneCCL is allowed. ``torch_version`` None means unknown: no torch-gated fact is native.
     """
-    tv, ov = parse_version(torch_version), parse_version(oneccl_version)
+    row, ov, build = torch_row(torch_version), parse_version(oneccl_version), parse_version(oneccl_build)
     topo = parse_topology(topology)
-    flips = parse_override(override, topo)
+    flips = parse_override(override, topo, torch_version, oneccl_build)
 
     def native(key: str) -> bool:
         if key in flips:
             return flips[key]
-        since = XCCL_FACTS[key].since(topo)
+        fact = XCCL_FACTS[key]
+        if fact.info:
+            return False
+        if key == "premul_sum":  # the torch row decides: ProcessGroupXCCL's own scale + SUM from 2.12
+            return row is not None and _row_key(row) >= _row_key(_PREMUL_NATIVE_AR)
+        since = fact.since(topo)
         return since is not None and ov is not None and ov >= since
 
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
@@ -284,18 +478,30 @@ def derive(torch_version, oneccl_version, override=None, topology=None) -> XcclC
             refused_on.add(("all_reduce", R.AVG))
         if not native("avg_reduce_scatter"):
             refused_on.add(("reduce_scatter", R.AVG))
-    if native("premul_sum"):  # scale-up only; fp16/bf16/fp32 (unpackPreMulSumV2 in #3173); never on reduce
+    premul_ar, premul_rs = native("premul_sum"), native("premul_sum_reduce_scatter")
+    if premul_ar or premul_rs:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12); never reduce
         reduce_ops.add(R.PREMUL_SUM)
-        refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - {torch.float16, torch.bfloat16, torch.float32}}
+        refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - _FLOATS}
         refused_on.add(("reduce", R.PREMUL_SUM))
+        if not premul_ar:
+            refused_on.add(("all_reduce", R.PREMUL_SUM))
+        if not premul_rs:
+            refused_on.add(("reduce_scatter", R.PREMUL_SUM))
     if not native("int_minmax"):
         refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_INTS | {torch.bool}}
     primitives = set(PRIMITIVES) - {"all_reduce_coalesced"}
-    used = {k: ("native" if native(k) else "strategy") for k in XCCL_FACTS}
-    tstr = ".".join(map(str, tv[:2])) if tv else "?"
-    ostr = ".".join(map(str, ov)) if ov else "unknown"
+
+    def label(k: str) -> str:
+        return "info" if XCCL_FACTS[k].info else ("native" if native(k) else "strategy")
+
+    if row is not None and _row_key(row) >= _row_key(_GRAPH_CAPTURE_ROW):
+        capture = ("unknown (oneCCL unknown at run time)" if ov is None else
+                   "allowed" if ov >= _GRAPH_CAPTURE_ONECCL else "refused (NotImplementedError): oneCCL < 2022.0")
+    else:
+        capture = "not supported before torch 2.13" if row is not None else "unknown (torch version unknown)"
+    tstr = row or "?"
     return XcclCapabilities(
-        name=f"xccl[torch {tstr}, oneCCL {ostr}, {topo}]",
+        name=f"xccl[torch {tstr}, oneCCL {_vstr(ov)}, {topo}]",
         primitives=frozenset(primitives),
         reduce_ops=frozenset(reduce_ops),
         dtypes=_XCCL_DTYPES,
@@ -304,15 +510,30 @@ def derive(torch_version, oneccl_version, override=None, topology=None) -> XcclC
         uneven_all_to_all=native("uneven_all_to_all"),
         is_async=True,
         refused_on=frozenset(refused_on),
-        sources={f"xccl.{k}": f"{used[k]}: {f.source}" for k, f in XCCL_FACTS.items()},
-        versions={"torch": tstr, "oneccl": ostr, "topology": topo},
+        sources={f"xccl.{k}": f"{label(k)}: {f.source}" for k, f in XCCL_FACTS.items()},
+        versions={"torch": tstr, "oneccl": _vstr(ov), "oneccl_build": _vstr(build), "topology": topo,
+                  "graph_capture": capture},
     )
 
 
-def conservative_profile() -> Capabilities:
+def facts_at(torch_version, oneccl_version=None, override=None, topology=None, oneccl_build=None):
+    """The rows of :data:`XCCL_FACTS` for one stack: ``[(key, "native"|"strategy"|"info", what ProcessGroupXCCL does
+    on this torch version, funcoll's strategy, source)]`` (what ``python -m funcoll report --device xpu`` prints)."""
+    caps = derive(torch_version, oneccl_version, override, topology, oneccl_build)
+    row = torch_row(torch_version)
+    out = []
+    for key, fact in XCCL_FACTS.items():
+        used = caps.sources[f"xccl.{key}"].split(":", 1)[0]
+        out.append((key, used, fact.at(row), fact.strategy, fact.source))
+    return caps, out
+
+
+def conservative_profile(torch_version=None) -> Capabilities:
     """``PROFILES["xccl"]`` (what ``FUNCOLL_PROFILE=xccl`` imposes on another transport): the row :func:`derive` gives
-    for an unknown oneCCL on the scale-out path, as plain :class:`Capabilities`, plus float8 moved as bytes."""
-    d = derive(None, None, "", None)
+    for the running torch (or ``torch_version``) with an unknown oneCCL on the scale-out path, as plain
+    :class:`Capabilities`, plus float8 moved as bytes. On torch 2.12+ that row has PREMUL_SUM native on all_reduce
+    (ProcessGroupXCCL scales the tensor handed to it in place, then sums), which the CPU transport reproduces."""
+    d = derive(torch.__version__ if torch_version is None else torch_version, None, "", None)
     kw = {f.name: getattr(d, f.name) for f in fields(Capabilities)}
     kw.update(name="xccl", dtypes=d.dtypes | FLOAT8,
               sources={**d.sources, "xccl.fp8": "fp8 reductions raise (DESIGN.md section 1); fp8 is moved as bytes"})
@@ -322,6 +543,19 @@ def conservative_profile() -> Capabilities:
 # ------------------------------------------------------------------------------------------------------
 # reading the running stack (guarded; never touches the XPU runtime)
 # ------------------------------------------------------------------------------------------------------
+def _oneccl_from_torch() -> Optional[str]:
+    """``torch._C._distributed_c10d.get_xccl_version()``: onecclGetVersion of the oneCCL library loaded (xccl.h:71-84),
+    in XPU builds of torch (the upstream tests compare the flight recorder's version with it)."""
+    try:
+        from torch._C import _distributed_c10d as C
+
+        fn = getattr(C, "get_xccl_version", None)
+        v = fn() if fn is not None else None
+        return v if v and v[0].isdigit() else None
+    except Exception:
+        return None
+
+
 def _oneccl_from_metadata() -> Optional[str]:
     """The pip ``oneccl`` package torch's XPU wheels depend on (torch 2.9: oneccl==2021.16.1)."""
     try:
@@ -333,7 +567,8 @@ def _oneccl_from_metadata() -> Optional[str]:
 
 
 def _oneccl_from_flight_recorder() -> Optional[str]:
-    """ProcessGroupXCCL records the oneCCL version (getXcclVersion) in its flight recorder when created."""
+    """ProcessGroupXCCL records the oneCCL version (getXcclVersion) in its flight recorder when created; the dump
+    carries an empty version when the recorder is off."""
     try:
         import pickle
 
@@ -348,11 +583,29 @@ def _oneccl_from_flight_recorder() -> Optional[str]:
         return None
 
 
+def _oneccl_pinned_by_torch() -> Optional[str]:
+    """The ``oneccl==X`` pin in the installed torch wheel's Requires-Dist (stock XPU wheels have one): the oneCCL the
+    wheel was built and released against."""
+    try:
+        from importlib import metadata
+
+        for req in metadata.requires("torch") or ():
+            m = re.match(r"\s*oneccl\s*==\s*([0-9.]+)", req)
+            if m:
+                return m.group(1)
+    except Exception:
+        pass
+    return None
+
+
 def stack_versions(backend_created: bool = False) -> Tuple[str, Optional[str], str]:
-    """(torch version, oneCCL version or None, where the oneCCL version came from)."""
+    """(torch version, oneCCL version found at run time or None, where it came from)."""
     env = os.environ.get(ENV_ONECCL_VERSION, "").strip()
     if env:
         return torch.__version__, env, ENV_ONECCL_VERSION
+    v = _oneccl_from_torch()
+    if v:
+        return torch.__version__, v, "torch._C._distributed_c10d.get_xccl_version()"
     v = _oneccl_from_metadata()
     if v:
         return torch.__version__, v, "pip metadata of package 'oneccl'"
@@ -363,14 +616,25 @@ def stack_versions(backend_created: bool = False) -> Tuple[str, Optional[str], s
     return torch.__version__, None, "unknown (conservative: every version-gated fact uses its strategy)"
 
 
+def build_version() -> Tuple[Optional[str], str]:
+    """(the oneCCL torch was built against, or None, where it came from): ``FUNCOLL_ONECCL_BUILD_VERSION``, else the
+    torch wheel's own ``oneccl==`` requirement, else unknown."""
+    env = os.environ.get(ENV_ONECCL_BUILD_VERSION, "").strip()
+    if env:
+        return env, ENV_ONECCL_BUILD_VERSION
+    v = _oneccl_pinned_by_torch()
+    if v:
+        return v, "the torch wheel's Requires-Dist pin"
+    return None, "unknown (no override that needs it is allowed)"
+
+
 def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_version=None, override=None,
-                 topology=None, _backend_created: bool = False) -> XcclCapabilities:
+                 topology=None, oneccl_build=None, _backend_created: bool = False) -> XcclCapabilities:
     """What funcoll's XPU transport does natively on this stack (the rest funcoll fills).
 
     Versions default to the running stack; ``override`` defaults to ``FUNCOLL_XPU_OVERRIDE``; ``topology`` to
     ``FUNCOLL_XPU_TOPOLOGY`` (a funcoll group measures it: all ranks on one host is scale-up), unknown meaning
-    scale-out; ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with, e.g. ``"xccl"``
-    for the most conservative XCCL table.
+    scale-out; ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with, e.g. ``"xccl"``.
     """
     src = "given"
     if torch_version is None or oneccl_version is None:
@@ -380,19 +644,24 @@ def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_ve
             oneccl_version = ov
         else:
             src = "given"
+    build_src = "given"
+    if oneccl_build is None:
+        oneccl_build, build_src = build_version()
     if override is None:
         override = os.environ.get(ENV_OVERRIDE, "")
     topo_src = "given"
     if topology is None:
         topology = os.environ.get(ENV_TOPOLOGY, "").strip() or None
         topo_src = ENV_TOPOLOGY if topology else "unknown: scale-out assumed (every path has it)"
-    caps = derive(torch_version, oneccl_version, override, topology)
+    caps = derive(torch_version, oneccl_version, override, topology, oneccl_build)
     name = profile if profile is not None else active_profile_name()
     if name:
         caps = caps.restrict(_named_profile(name))
     return replace(caps, sources={**caps.sources,
                                   "xccl.version": f"oneCCL {caps.versions['oneccl']} ({src})",
-                                  "xccl.topology": f"{caps.versions['topology']} ({topo_src})"})
+                                  "xccl.build": f"oneCCL {caps.versions['oneccl_build']} at build time ({build_src})",
+                                  "xccl.topology": f"{caps.versions['topology']} ({topo_src})",
+                                  "xccl.capture": f"graph capture: {caps.versions['graph_capture']}"})
 
 
 def measure_topology(store, rank: int, size: int, timeout=None) -> str:
