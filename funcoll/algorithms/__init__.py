@@ -482,7 +482,7 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     _note(f"{t.dtype} moved as bytes")
     if t.dim() == 1:
         return t.view(torch.uint8)
-    return t.view(t.shape[0], -1).view(torch.uint8)
+    return t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8)  # rows of bytes (also of 0 elements)
 
 
 _IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {
