@@ -59,13 +59,14 @@ R = ReduceOp
 class Pending(Handle):
     """Native handles to wait on, then local finishing steps to run once, in order."""
 
-    __slots__ = ("_handles", "_then", "_future")
+    __slots__ = ("_handles", "_then", "_future", "_source")
     _future: Optional[torch.futures.Future]
 
     def __init__(self, handles: Sequence[Handle] = (), then: Optional[Callable[[], object]] = None):
         self._handles = [h for h in handles if h is not None]
         self._then = [then] if then is not None else []
         self._future = None
+        self._source: Optional[int] = None  # the peer of a recv
 
     def and_then(self, fn: Callable[[], object]) -> "Pending":
         self._then.append(fn)
@@ -80,10 +81,15 @@ class Pending(Handle):
     def wait(self, timeout: Optional[timedelta] = None) -> None:
         """Waits on the native handles (in all, at most ``timeout`` when given: a c10d Work raises past it), then
         runs the finishing steps."""
+        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         if self._future is not None:  # handed over to future(): its callback runs the finishing steps
+            while deadline is not None and not self._future.done():
+                if time.monotonic() >= deadline:
+                    assert timeout is not None
+                    raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
+                time.sleep(0.001)
             self._future.wait()
             return
-        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         while self._handles:
             h = self._handles[0]
             if deadline is None:
@@ -102,13 +108,18 @@ class Pending(Handle):
         without blocking: the steps run in the callback of the backend's own futures. Handles without a future
         (lazy or already complete) count as complete."""
         if self._future is None:
-            handles, self._handles = self._handles, []
             futs = []
-            for h in handles:
+            for h in self._handles:
                 if isinstance(h, Pending):
                     futs.append(h.future())
                 elif hasattr(h, "get_future"):
-                    futs.append(h.get_future())
+                    try:
+                        futs.append(h.get_future())
+                    except RuntimeError:  # a backend Work without a future ("Work::getFuture not implemented")
+                        from funcoll.transport.gloo import WaitedWork
+
+                        futs.append(WaitedWork(h).get_future())
+            self._handles = []
             if not futs:
                 self._run_thens()
                 done: torch.futures.Future = torch.futures.Future()
@@ -127,6 +138,12 @@ class Pending(Handle):
         if self._future is not None:
             return self._future.done()
         return not self._then and all(h.is_completed() for h in self._handles)
+
+    def source_rank(self) -> int:
+        """The group rank a receive got its data from (c10d's ``Work._source_rank()``)."""
+        if self._source is None:
+            raise RuntimeError("funcoll: source_rank() is only defined for the Work of a recv")
+        return self._source
 
 
 
@@ -465,7 +482,7 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     _note(f"{t.dtype} moved as bytes")
     if t.dim() == 1:
         return t.view(torch.uint8)
-    return t.view(t.shape[0], -1).view(torch.uint8)
+    return t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8)  # rows of bytes (also of 0 elements)
 
 
 _IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {
@@ -658,10 +675,13 @@ def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum
     if not tensors:
         return Pending()  # nothing to send: complete at once
     caps = tp.caps
-    if caps.has("all_reduce_coalesced") and all(
-            t.is_contiguous() and caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
+    # the plan reads only what every rank shares (op, dtypes); a tensor's layout changes only local copies
+    if all(caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
         _note(f"one tuple all_reduce of {len(tensors)} tensors")
-        return Pending([tp.all_reduce_coalesced(tensors, red)])
+        work = [_contig_in(t) for t in tensors]
+        p = Pending([tp.all_reduce_coalesced(work, red)])
+        staged = [(t, w) for t, w in zip(tensors, work) if w is not t]
+        return p.and_then(lambda: [t.copy_(w) for t, w in staged]) if staged else p
     pendings = []
     for idx in _by_dtype(tensors):
         ts = [tensors[i] for i in idx]
@@ -1007,6 +1027,10 @@ def all_to_all_single(tp: Transport, out: torch.Tensor, inp: torch.Tensor, outpu
     given = bool(output_split_sizes) or bool(input_split_sizes)
     out_splits, in_splits = semantics.check_all_to_all("all_to_all_single", out, inp, output_split_sizes,
                                                input_split_sizes, tp.size)
+    if given and not tp.caps.uneven_all_to_all and len(set(out_splits + in_splits)) == 1:
+        # split sizes that are all equal are the even exchange, whether a rank passes them or not: a rank passing
+        # [k, k] and one passing none take the same plan (the plan must not read what only one rank chose)
+        given = False
     inp = _contig_in(inp)
     return _with_contig_out(out, lambda o: _a2a(tp, o, inp, out_splits, in_splits, given))
 
@@ -1064,8 +1088,15 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
     inp = _contig_in(inp)
     caps = tp.caps
     outs = list(outs) if tp.rank == dst and outs is not None else []
-    if caps.has("gather") and caps.moves(inp.dtype) and all(o.is_contiguous() for o in outs):
-        return Pending([tp.gather(list(outs) if tp.rank == dst else None, inp, dst)])
+    # the plan reads only what every rank shares (the backend, the dtype): the root's output layout changes only
+    # the root's own copies (a plan only the root could evaluate would run different exchanges on the ranks)
+    if caps.has("gather") and caps.moves(inp.dtype):
+        if tp.rank != dst:
+            return Pending([tp.gather(None, inp, dst)])
+        work = [_contig_in(o) if o.is_contiguous() else o.new_empty(o.shape) for o in outs]
+        p = Pending([tp.gather(work, inp, dst)])
+        staged = [(o, w) for o, w in zip(outs, work) if w is not o]
+        return p.and_then(lambda: [o.copy_(w) for o, w in staged]) if staged else p
     _note("gather=all_gather")
     flat = _flat(inp)
     g = flat.new_empty((tp.size * flat.shape[0],) + tuple(flat.shape[1:]))
@@ -1113,7 +1144,9 @@ def recv(tp: Transport, tensor: torch.Tensor, src: int, tag: int = 0) -> Pending
     semantics.check_root("recv", "src", src, tp.size)
     if src == tp.rank:
         raise ValueError(f"funcoll.recv: src={src} is the calling rank; receive from another rank")
-    return _with_contig_out(tensor, lambda t: Pending([tp.recv(_bits(t, tp.caps), src, tag)]))
+    p = _with_contig_out(tensor, lambda t: Pending([tp.recv(_bits(t, tp.caps), src, tag)]))
+    p._source = src
+    return p
 
 
 @_entry

@@ -255,7 +255,7 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     def send(self, tensors, dstRank, tag=0):
         t = self._one("send", tensors)
-        return self._work(algorithms.send(self._tp(t), t, dstRank, tag))
+        return self._work(algorithms.send(self._tp(t), t, dstRank, tag), tensors)
 
     def recv(self, tensors, srcRank, tag=0):
         t = self._one("recv", tensors)

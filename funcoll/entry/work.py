@@ -208,6 +208,14 @@ class FuncollWork(Work):
     def synchronize(self) -> None:
         self.wait()
 
+    def _source_rank(self) -> int:
+        """The group rank a receive from any source (``dist.recv`` without ``src``) got its data from."""
+        self.wait()
+        return self._pending.source_rank()
+
+    def source_rank(self) -> int:
+        return self._source_rank()
+
     def get_future(self) -> torch.futures.Future:
         """A future completed with the outputs once the collective and its finishing steps are done, or with the
         collective's error; never blocks where the transport is asynchronous (DDP comm hooks chain on it)."""
@@ -236,7 +244,11 @@ class FuncollWork(Work):
                     self._call.completed()
                 out.set_result(result)
 
-            self._pending.future().add_done_callback(finish)
+            from funcoll.transport.gloo import track_callbacks
+
+            backend_fut = self._pending.future()
+            backend_fut.add_done_callback(finish)
+            track_callbacks(backend_fut)
             self._fut = out
             return self._fut
 
@@ -256,7 +268,9 @@ class NativeWork(FuncollWork):
 
     def __init__(self, handle, rec: list, state):  # noqa: D107 - FuncollWork's __init__ is not run
         Work.__init__(self)
-        self._h = handle
+        from funcoll.transport.gloo import waited
+
+        self._h = waited(handle)  # a backend Work without a future (gloo's reduce_scatter) gets one
         self._rec = rec  # the call's flight-recorder record (GroupTrace.native_record): a Call only when it fails
         self._st = state  # the group's funcoll.entry.debug.GroupState
 
@@ -280,7 +294,10 @@ class NativeWork(FuncollWork):
 
     @property
     def _result(self):  # type: ignore[override]
-        return self._h.result()
+        h = self._h
+        if not h.is_completed():  # c10d's result() needs a wait() first, also once the future has completed
+            h.wait()
+        return h.result()
 
     @property
     def _pending(self):  # type: ignore[override]  # the handle, for code that waits on a FuncollWork's pending part
@@ -345,7 +362,11 @@ class NativeWork(FuncollWork):
             self._completed()
             out.set_result(value)
 
-        self._h.get_future().add_done_callback(finish)
+        from funcoll.transport.gloo import track_callbacks
+
+        backend_fut = self._h.get_future()
+        backend_fut.add_done_callback(finish)
+        track_callbacks(backend_fut)
         return out
 
 

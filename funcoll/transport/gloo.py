@@ -8,7 +8,9 @@ handed in place, then sums (gloo has no PREMUL_SUM): the misbehaviour a reduce_s
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
+from datetime import timedelta
 from typing import Optional
 
 import torch
@@ -35,6 +37,185 @@ def _allreduce_options(red: Reduction) -> C.AllreduceOptions:
     o = C.AllreduceOptions()
     o.reduceOp = c10d_op(red)
     return o
+
+
+# ---------------------------------------------------------------------------------------------------
+# Works the backend leaves short of c10d's contract
+# ---------------------------------------------------------------------------------------------------
+# gloo's send/recv and reduce_scatter Works have no future ("Work::getFuture not implemented") and say
+# is_completed() == False until someone calls wait() (reduce_scatter's, even after it). funcoll supplies both: such a
+# Work is waited on by a background thread from the moment it is issued, which completes a future (the Work's
+# result, or its error) and a flag.
+#
+# The threads are NOT daemons, on purpose: a daemon thread blocked in a C++ wait with the GIL released, whose wait
+# returns while the interpreter finalizes (a pending receive failing as the peer process exits, a send completing),
+# re-takes the GIL in a destructor, where CPython 3.11 ends the thread with pthread_exit: the forced unwind through
+# that noexcept destructor is std::terminate ("terminate called without an active exception", SIGABRT). So at
+# interpreter exit (threading's shutdown hook, before finalization) idle threads leave, and busy ones finish their
+# wait first -- a pending operation completes, fails as its peer exits, or fails at the group's timeout.
+class _Waiters:
+    """A pool of threads running jobs; a new thread starts when none is idle (a job may block for long)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._jobs: list = []
+        self._cv = threading.Condition(self._lock)
+        self._closing = False
+        self._hooked = False
+
+    def submit(self, job) -> None:
+        with self._lock:
+            if self._idle and not self._closing:
+                self._idle -= 1  # reserved for this job
+                self._jobs.append(job)
+                self._cv.notify()
+                return
+            if not self._hooked:
+                self._hooked = True
+                _at_threading_exit(self.close)
+        threading.Thread(target=self._run, args=(job,), name="funcoll-waiter", daemon=False).start()
+
+    def close(self) -> None:
+        """Idle threads leave (busy ones after their job): called before the interpreter joins its threads."""
+        with self._lock:
+            self._closing = True
+            self._cv.notify_all()
+
+    def _run(self, job) -> None:
+        while True:
+            job()
+            job = None
+            with self._lock:
+                self._idle += 1
+                while not self._jobs and not self._closing:
+                    self._cv.wait()
+                if not self._jobs:
+                    self._idle -= 1
+                    return
+                job = self._jobs.pop(0)
+
+
+def _at_threading_exit(fn) -> None:
+    """Runs ``fn`` when the interpreter starts to exit, before it joins non-daemon threads (what concurrent.futures
+    uses); atexit where that hook is missing."""
+    hook = getattr(threading, "_register_atexit", None)
+    try:
+        if hook is not None:
+            hook(fn)
+            return
+    except RuntimeError:  # already shutting down
+        fn()
+        return
+    import atexit
+
+    atexit.register(fn)
+
+
+_WAITERS = _Waiters()
+
+# Futures with Python callbacks that a backend's own C++ threads will run (FuncollWork.get_future chains the finishing
+# steps on the backend's futures): a callback run while the interpreter finalizes takes the GIL on a C++ thread and
+# ends as above. At exit the ones still pending get a bounded grace period to complete first.
+_CALLBACKS: list = []
+_CALLBACK_GRACE_S = 10.0
+_callbacks_hooked: list = []
+
+
+def track_callbacks(fut) -> None:
+    """Remembers ``fut`` (whose completion runs Python callbacks on a backend thread) until it is done."""
+    if len(_CALLBACKS) > 256:
+        _CALLBACKS[:] = [f for f in _CALLBACKS if not f.done()]
+    _CALLBACKS.append(fut)
+    if not _callbacks_hooked:
+        _callbacks_hooked.append(True)
+        _at_threading_exit(_drain_callbacks)
+
+
+def _drain_callbacks() -> None:
+    import time
+
+    end = time.monotonic() + _CALLBACK_GRACE_S
+    while any(not f.done() for f in _CALLBACKS) and time.monotonic() < end:
+        time.sleep(0.005)
+
+
+class WaitedWork(C.Work):
+    """A backend Work with c10d's whole contract: ``wait([timeout])`` (past a timeout: "Operation timed out!", the
+    operation stays pending, as c10d's), ``is_completed()`` True once the data is in place, ``get_future()`` completed
+    with the Work's result or error, ``exception()``, ``result()``, ``_source_rank()``. The backend's Work is waited on
+    by a background thread (:class:`_Waiters`) from construction on."""
+
+    def __init__(self, work, result=None):
+        super().__init__()
+        self._work = work
+        self._res = result
+        self._event = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._fut: torch.futures.Future = torch.futures.Future()
+        _WAITERS.submit(self._wait_backend)
+
+    def _wait_backend(self) -> None:
+        try:
+            self._work.wait()
+        except BaseException as e:  # noqa: BLE001 - kept for wait(), exception() and the future
+            self._error = e
+        self._event.set()
+        if self._error is not None:
+            self._fut.set_exception(self._error)
+        else:
+            self._fut.set_result(self._res if self._res is not None else self._result_of_work())
+
+    def _result_of_work(self):
+        try:
+            return self._work.result()
+        except Exception:  # noqa: BLE001 - a Work without result(): nothing to hand over
+            return []
+
+    def wait(self, timeout=None) -> bool:
+        limit = None if timeout is None or timeout <= timedelta(0) else timeout.total_seconds()
+        if not self._event.wait(limit):
+            raise RuntimeError("Operation timed out!")  # what c10d's Work.wait(timeout) raises
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+    def result(self):
+        self.wait()
+        return self._res if self._res is not None else self._result_of_work()
+
+    def _source_rank(self) -> int:
+        self.wait()
+        return self._work._source_rank()
+
+    def source_rank(self) -> int:
+        return self._source_rank()
+
+
+def has_future(work) -> bool:
+    """Whether a backend Work serves ``get_future()`` (asking is harmless: the Work stays usable)."""
+    try:
+        work.get_future()
+    except RuntimeError:
+        return False
+    return True
+
+
+def waited(work, result=None):
+    """``work`` itself when it serves c10d's contract, else a :class:`WaitedWork` of it."""
+    return work if has_future(work) else WaitedWork(work, result)
 
 
 def capabilities(profile_name: Optional[str] = None) -> Capabilities:
@@ -101,7 +282,7 @@ class C10dTransport(Transport):
             red = self._premul(inp, red)
         o = C.ReduceScatterOptions()
         o.reduceOp = c10d_op(red)
-        return self.backend._reduce_scatter_base(out, inp, o)
+        return waited(self.backend._reduce_scatter_base(out, inp, o), [out])
 
     def _all_to_all(self, out, inp, out_splits, in_splits):
         return self.backend.alltoall_base(out, inp, out_splits or [], in_splits or [], C.AllToAllOptions())
@@ -130,10 +311,10 @@ class C10dTransport(Transport):
         return self.backend.scatter([out], [list(inps)] if inps is not None else [], o)
 
     def _send(self, t, dst, tag):
-        return self.backend.send([t], dst, tag)
+        return waited(self.backend.send([t], dst, tag), [t])
 
     def _recv(self, t, src, tag):
-        return self.backend.recv([t], src, tag)
+        return waited(self.backend.recv([t], src, tag), [t])
 
     def _barrier(self):
         return self.backend.barrier(C.BarrierOptions())

@@ -1,0 +1,27 @@
+"""The short run of the randomized differential test (tests/differential.py): seeded random collective programs on a
+funcoll group and a raw gloo group of the same 2-rank world, per profile. Every case's funcoll result matches the
+value rebuilt from the seed, and gloo's wherever gloo serves the case; invalid requests raise on every rank and the
+ranks stay in step; nothing hangs (the watchdog). The long run is one command:
+``./dev python -m tests.differential --seeds 0-999`` (see the module)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import differential
+
+# (profile, seeds, compiled): about a minute per environment in all
+RUNS = [(None, [0, 1], True), ("xccl", [3], False), ("xla", [5], False)]
+
+
+@pytest.mark.parametrize("profile,seeds,compiled", RUNS, ids=["native", "xccl", "xla"])
+def test_random_programs_agree_with_the_seed_and_with_gloo(profile, seeds, compiled):
+    results, codes, hung = differential.run(seeds, profile, 2, None, compiled, deadline=400)
+    assert not hung, f"ranks {hung} hung (the watchdog prints the case): exit codes {codes}"
+    for r, res in enumerate(results):
+        assert res is not None, f"rank {r} died without a result (exit code {codes[r]}; a hang prints its repro)"
+        assert res[0] == "ok", res[1]
+        assert res[1]["failures"] == [], "\n".join(res[1]["failures"])
+        counts = res[1]["counts"]
+        assert counts["cases"] == len(seeds) * differential.CASES_PER_SEED, counts
+        assert counts["invalid"] > 0 and counts.get("agreed with gloo", 0) > counts["cases"] // 4, counts
