@@ -460,9 +460,12 @@ def test_digest_differs_in_every_common_field_and_the_sequence_number():
         assert not agree(_table([fp, {**fp, key: value}]), 2), key
 
 
-def test_the_guard_stays_out_of_world_1_virtual_worlds_and_other_devices():
-    """No exchange where it does not apply: one rank, a local store, a tensor that is not on the CPU."""
+def test_the_guard_stays_out_of_world_1_virtual_worlds_and_other_devices(monkeypatch):
+    """No exchange where it does not apply: one rank, a local store, a tensor that is not on the CPU (the guard
+    turned on, FUNCOLL_GUARD=1)."""
     from funcoll.entry import flight_recorder, guard
+
+    monkeypatch.setenv("FUNCOLL_GUARD", "1")
 
     class Backend:
         def _allgather_base(self, out, inp):
