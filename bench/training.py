@@ -15,9 +15,7 @@ parameters, a broadcast of a step counter). The defaults are funcoll's (no size 
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 
@@ -198,15 +196,10 @@ def _rows():
     ]
 
 
-def _block(side: _Side, k: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(k):
-        side.step()
-    return (time.perf_counter() - t0) / k
-
-
 def rank_main(rank: int, n: int, blocks: int, only=None) -> list:
     import torch.distributed as dist
+
+    from bench.overhead import paired
 
     torch.set_num_threads(1)
     ours = dist.group.WORLD
@@ -216,23 +209,10 @@ def rank_main(rank: int, n: int, blocks: int, only=None) -> list:
         if only and case not in only:
             continue
         a, b = _Side(make(ours, rank)), _Side(make(raw, rank))
-        a.step()
-        b.step()  # warm up: lazy init, connections
-        tr, to, ratios = [], [], []
-        for i in range(blocks):
-            if i % 2:
-                t_raw = _block(b, STEPS)
-                t_ours = _block(a, STEPS)
-            else:
-                t_ours = _block(a, STEPS)
-                t_raw = _block(b, STEPS)
-            tr.append(t_raw)
-            to.append(t_ours)
-            ratios.append(t_ours / t_raw)
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        rows.append({"case": f"train step: {case}", "bytes": 0, "world": n,
-                     "raw_us": statistics.median(tr) * 1e6, "funcoll_us": statistics.median(to) * 1e6,
-                     "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2],
+        # overhead.paired: a warm-up step each (lazy init, connections), then alternating blocks of STEPS steps
+        r = paired(b.step, a.step, blocks, k=STEPS)
+        r.pop("ratios")
+        rows.append({"case": f"train step: {case}", "bytes": 0, "world": n, **r,
                      "losses_equal": a.losses == b.losses, "steps": len(a.losses)})
     dist.barrier()
     return rows
