@@ -179,7 +179,8 @@ def _eager_calls():
         "reduce_scatter_tensor avg": (rs(R.AVG), ident, 0),
         "reduce_scatter (list)": (rs_list, ident, 0),
         "all_to_all_single even": (a2a(None), ident, 0),
-        "all_to_all_single split sizes (agreement: one sync)": (a2a([4]), ident, 1),
+        # all-equal split sizes (world 1: one split) are the even exchange on every rank: nothing to agree on
+        "all_to_all_single split sizes (all equal: the even exchange, no sync)": (a2a([4]), ident, 0),
         "all_to_all_single split sizes, static bound": (a2a([4], bound=6), ident, 0),
         "all_to_all (list: sizes given, agreement: one sync)": (a2a_list, ident, 1),
         "reduce max": (reduce, lambda x: [ref.reduce(R.MAX, [x])], 0),
@@ -214,12 +215,15 @@ def test_eager_broadcast_is_bit_exact(group):
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-def test_eager_uneven_split_bound_is_checked_locally(group):
+def test_equal_split_sizes_need_no_split_bound(group):
+    """All-equal split sizes (world 1: one split) are the even exchange on every rank, whether or not a rank passes
+    them, so a static split bound (which only uneven exchanges pad to) is not read: a split above it is no error."""
     x = torch.arange(4.0).to(dev())
-    with xla.static_split_bound(3), pytest.raises(ValueError) as e:
-        dist.all_to_all_single(torch.empty(4, device=dev()), x, [4], [4])
-    assert str(e.value) == ("funcoll.all_to_all_single: a split size (4) exceeds the static split bound 3 promised "
-                            "by funcoll.xla.static_split_bound; raise the bound")
+    out = torch.empty(4, device=dev())
+    with xla.static_split_bound(3), Steps() as s:
+        dist.all_to_all_single(out, x, [4], [4])
+    assert (s.executions, s.fallbacks) == (0, [])
+    assert same(out, torch.arange(4.0))
 
 
 # ---------------------------------------------------------------------------------------------------

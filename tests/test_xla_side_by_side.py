@@ -80,7 +80,7 @@ all-gather(s32[1]) -> s32[4]  replica_groups={} dimensions={0}
 [funcoll] 0 graph execution(s) before any result is read
 -- all_to_all_single with split sizes
 [ProcessGroupXla] raises AssertionError: XLA doesn't support specifying non-empty output_split_sizes and input_split_sizes
-[funcoll] 1 graph execution(s) before any result is read
+[funcoll] 0 graph execution(s) before any result is read
 -- all_to_all_single with split sizes, static_split_bound(4)
 [ProcessGroupXla] raises AssertionError: XLA doesn't support specifying non-empty output_split_sizes and input_split_sizes
 [funcoll] 0 graph execution(s) before any result is read

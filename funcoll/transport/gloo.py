@@ -208,7 +208,7 @@ def has_future(work) -> bool:
     """Whether a backend Work serves ``get_future()`` (asking is harmless: the Work stays usable)."""
     try:
         work.get_future()
-    except RuntimeError:
+    except (RuntimeError, AttributeError):  # c10d's "not implemented", or a handle with no futures at all
         return False
     return True
 
