@@ -1,4 +1,4 @@
-"""The eager native fast path (issue 11): a request the transport's backend serves natively goes to the backend's own
+"""The eager native fast path: a request the transport's backend serves natively goes to the backend's own
 method after one cached lookup, and everything around it keeps working: results, sequence numbers and the flight
 recorder, ``record()``, validation of every new signature, debug mode, coalescing, capability changes, the Work's
 contract and failures naming the collective.
