@@ -480,9 +480,8 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     if not caps.moves(torch.uint8):  # pragma: no cover - every backend moves bytes
         raise NotImplementedError(f"funcoll: the {caps.name} transport moves no dtype that can carry {t.dtype}")
     _note(f"{t.dtype} moved as bytes")
-    if t.dim() == 1:
-        return t.view(torch.uint8)
-    return t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8)  # rows of bytes (also of 0 elements)
+    # rows of bytes, one per element of dim 0 (also of 0 elements, also of a 1-D tensor): split sizes still count rows
+    return t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8)
 
 
 _IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {
