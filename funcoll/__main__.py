@@ -22,16 +22,12 @@ from typing import List, Optional
 
 import torch
 
-PROFILE_COLUMNS = ("gloo", "xccl", "xla")  # funcoll.report.COLUMNS where it has them
-
 
 # ---------------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------------
 def _device_caps(device: str, args):
     """(column label, Capabilities) of one device type, with the versions/profile the user named."""
-    import inspect
-
     import funcoll
     from funcoll.transport import Capabilities
 
@@ -41,27 +37,19 @@ def _device_caps(device: str, args):
         given = {"profile": args.profile, "torch_version": args.torch_version,
                  "oneccl_version": args.oneccl_version, "override": args.override, "topology": args.topology,
                  "oneccl_build": args.oneccl_build_version}
-        params = inspect.signature(xpu.capabilities).parameters
-        caps: Capabilities = xpu.capabilities(**{k: v for k, v in given.items() if v is not None and k in params})
+        caps: Capabilities = xpu.capabilities(**{k: v for k, v in given.items() if v is not None})
     else:
         caps = funcoll.capabilities(device, profile=args.profile)
     return f"{device}: {caps.name}", caps
 
 
-def _default_columns() -> tuple:
-    from funcoll import report
-
-    return tuple(getattr(report, "COLUMNS", PROFILE_COLUMNS))
-
-
 def _columns(args):
-    from funcoll import report, transport
+    from funcoll import report
 
     if args.device:
         return [_device_caps(d, args) for d in args.device]
-    names = args.profile.split(",") if args.profile else list(_default_columns())
-    caps_of = getattr(report, "transport_capabilities", transport.profile)  # a column name -> its capabilities
-    return [(n, caps_of(n)) for n in names]
+    names = args.profile.split(",") if args.profile else list(report.COLUMNS)
+    return [(n, report.transport_capabilities(n)) for n in names]
 
 
 def _cached_probes(device_types) -> List[dict]:
@@ -103,7 +91,7 @@ def cmd_report(args) -> int:
     from funcoll import report
 
     if not args.device and args.format == "markdown" and not args.probed:
-        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else _default_columns()),
+        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else report.COLUMNS),
               end="")
         return 0
     cols = _columns(args)

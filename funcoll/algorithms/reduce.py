@@ -50,6 +50,15 @@ except ImportError:  # pragma: no cover - torch without distributed
 _native_cache: dict = {}
 
 
+def _native_reduction(tp: Transport, op, dtype: torch.dtype) -> Optional[Reduction]:
+    """The validated :class:`Reduction` when all_reduce of ``dtype`` with ``op`` is one native call under funcoll's
+    semantics (the planner's plan), else None; raises as the algorithm does for an invalid request."""
+    red = semantics.parse_reduction(op, "all_reduce")
+    semantics.check_reduction("all_reduce", red, dtype)
+    native = red.op is not R.PREMUL_SUM and planner.plan(tp.caps, "all_reduce", red.op, dtype, tp.size).native
+    return red if native else None
+
+
 def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reduction]:
     """The :class:`Reduction` to hand ``tp.all_reduce`` as it is, when reducing ``dtype`` with ``op`` is native under
     funcoll's semantics (the planner's plan is one native call); None when it is not, when the request is invalid
@@ -65,13 +74,11 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
     except TypeError:  # an unhashable op (a premul_sum factor tensor): the full path
         return None
     try:
-        red = semantics.parse_reduction(op, "all_reduce")
-        semantics.check_reduction("all_reduce", red, dtype)
+        red = _native_reduction(tp, op, dtype)
     except (ValueError, TypeError):
         return None  # not cached: the full path raises the error, every time
-    native = planner.plan(tp.caps, "all_reduce", red.op, dtype, tp.size).native and red.op is not R.PREMUL_SUM
-    _native_cache[key] = red if native else None
-    return _native_cache[key]
+    _native_cache[key] = red
+    return red
 
 
 def _op_key(op):
@@ -82,11 +89,8 @@ def _op_key(op):
 
 
 def _all_reduce_native(tp: Transport, op, t: torch.Tensor) -> Optional[tuple]:
-    red = semantics.parse_reduction(op, "all_reduce")
-    semantics.check_reduction("all_reduce", red, t.dtype)
-    caps = tp.caps
-    if (t.numel() == 0 or red.op is R.PREMUL_SUM or not caps.moves(t.dtype)
-            or not planner.plan(caps, "all_reduce", red.op, t.dtype, tp.size).native):
+    red = _native_reduction(tp, op, t.dtype)
+    if red is None or t.numel() == 0 or not tp.caps.moves(t.dtype):
         return None
     return ("all_reduce", str(red.op), t.dtype)
 
