@@ -151,20 +151,15 @@ def _note(strategy: str) -> None:
         notes.append(strategy)
 
 
-def _observed() -> bool:
-    """A profiler records or the funcoll log is at DEBUG: collectives open ranges and log their decisions."""
-    return bool(_profiler._is_profiler_enabled) or _LOG.isEnabledFor(10)
-
-
 def _entry(fn):
     """Marks a public algorithm, named after the op it implements (the name ``record()`` reports): runs it without
-    autograd and records its strategies; while :func:`_observed`, :mod:`funcoll.algorithms.observe` opens its ranges
-    and logs its strategy decision."""
+    autograd and records its strategies; while a profiler records or the funcoll log is at DEBUG,
+    :mod:`funcoll.algorithms.observe` opens its ranges and logs its strategy decision."""
     op = fn.__name__
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        observed = _observed()
+        observed = bool(_profiler._is_profiler_enabled) or _LOG.isEnabledFor(10)
         if _current.notes is not None or not (_recorders or observed):  # nested, or nobody listens
             with torch.no_grad():
                 return fn(*args, **kwargs)
@@ -186,6 +181,5 @@ def _entry(fn):
 def watched() -> bool:
     """Someone observes collectives: ``record()``, a strategy being noted on this thread, a profiler, the funcoll debug
     log. The fast path is off while they do: the full path reports to them."""
-    # _observed() inlined: this is read before every eager collective
     return (bool(_recorders) or _current.notes is not None or bool(_profiler._is_profiler_enabled)
             or _LOG.isEnabledFor(10))
