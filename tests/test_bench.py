@@ -12,12 +12,17 @@ def test_bench_runs_and_reports_every_case(bench_run):
     p, before = bench_run  # tests/conftest.py
     page = os.path.join(ROOT, "docs", "performance.md")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert p.stdout.startswith("funcoll bench: torch ") and "[bench] CPU world of 2 rank(s)" in p.stderr
-    # every row: case, world, raw and funcoll µs per call, the median ratio, its quartiles, the extra column
-    row = re.compile(r"^(?P<case>.+?)  +(?P<world>\d+) +(?P<raw>\d+\.\d)us +(?P<ours>\d+\.\d)us +(?P<ratio>\d+\.\d\d) +"
-                     r"(?P<q1>\d+\.\d\d)-(?P<q3>\d+\.\d\d) *(?P<extra>.*)$")
+    assert "[bench] CPU world of 2 rank(s)" in p.stderr  # progress on stderr
+    # the table closes the output (the ranks' backends print their own lines before it): a title, a header, then every
+    # row: case, world, raw and funcoll µs per call, the median ratio, its quartiles, the extra column
+    lines = p.stdout.splitlines()
+    title = [i for i, line in enumerate(lines) if line.startswith("funcoll bench: torch ")]
+    assert len(title) == 1 and lines[title[0] + 1].split() == ["case", "world", "raw", "funcoll", "ratio", "spread",
+                                                               "extra"], p.stdout[-3000:]
+    row = re.compile(r"^(?P<case>.+?)  +(?P<world>\d+) +(?P<raw>\d+\.\d)us +(?P<ours>\d+\.\d)us +"
+                     r"(?P<ratio>\d+\.\d\d) +(?P<q1>-?\d+\.\d\d)-(?P<q3>\d+\.\d\d) *(?P<extra>.*)$")
     rows = {}
-    for line in p.stdout.splitlines()[2:]:
+    for line in lines[title[0] + 2:]:
         m = row.match(line)
         assert m, line
         assert float(m["q1"]) <= float(m["ratio"]) <= float(m["q3"]), line  # the median within its quartiles
