@@ -1,7 +1,8 @@
 """funcoll benchmarks (``./dev bench [blocks]``): funcoll against the raw path in the same run, alternating blocks.
 
-Runs bench/overhead.py on a 1-rank and a 2-rank CPU world (eager per-call cost 4 B - 1 MiB, async issue, a compiled
-step, the gap-filling strategies at 16 MiB with their peak memory and bytes sent), bench/training.py (whole training
+Runs bench/overhead.py on a 1-rank and a 2-rank CPU world (eager per-call cost 4 B - 1 MiB, async issue, funcoll's
+optional per-call machinery: profiler, record(), size guard, debug check, flight recorder off; a compiled step, the
+gap-filling strategies at 16 MiB with their peak memory and bytes sent), bench/training.py (whole training
 steps: DDP, FSDP2, tensor + sequence parallel, a ZeRO-like loop, funcoll vs gloo, losses compared), then, where
 torch_xla is
 installed, bench/xla.py (the cost of building one functional all_reduce on virtual worlds of 4, 64 and 256 ranks,

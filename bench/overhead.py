@@ -6,6 +6,9 @@
   issue time of all_reduce (until ``async_op=True`` returns; the waits are not timed); at world 1, the floor of any
   Python process group (a method that only forwards ``allreduce`` to gloo, "forward only"). World 1 runs pinned to one
   CPU (rows marked "(1 CPU)"; ``FUNCOLL_BENCH_PIN=0`` to keep the machine's scheduling): see ``_pin_process``;
+* funcoll's optional per-call machinery, all_reduce 4 B against the same raw gloo group: both sides under
+  torch.profiler (funcoll's profiler ranges), inside ``funcoll.record()``, and at world 2 a group with the size guard
+  on, one in debug mode (the cross-rank check) and one with the flight recorder off;
 * compiled, world 1: one step of 10 small functional all_reduces, funcoll's CPU kernels vs upstream's;
 * gap-filling, world 2, 16 MiB, under the xccl profile: BXOR / integer MAX / bool any, AVG bf16 and an uneven
   all_to_all (splits 10:1) vs the native op, with the peak extra memory each needs (from torch.profiler's memory
@@ -214,9 +217,65 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
     r = paired(issue(raw), issue(ours), blocks, timed=_issue_block)
     rows.append({"case": f"async issue all_reduce 4 B{' (1 CPU)' if pinned else ''}", "bytes": 4, "world": n, **r,
                  "delta_us": r["funcoll_us"] - r["raw_us"]})
+    rows += modes(rank, n, blocks, raw, " (1 CPU)" if pinned else "")
     dist.barrier()
     for r in rows:
         r.pop("ratios", None)
+    return rows
+
+
+def _group(**env):
+    """A new funcoll group made while the environment holds ``env`` (what a group reads when it is made and at its
+    first collective); the environment is restored after."""
+    import torch.distributed as dist
+
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        g = dist.new_group(backend="funcoll")
+        dist.barrier(group=g)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return g
+
+
+def modes(rank: int, n: int, blocks: int, raw, suffix: str = "") -> list:
+    """all_reduce 4 B with funcoll's optional per-call machinery on, against the raw gloo group ``raw``: a profiler
+    recording (on both sides: what funcoll's ranges add), ``funcoll.record()`` (funcoll's strategy notes: the full
+    path), and at world 2 the size guard, the debug mode's cross-rank check and the flight recorder off (each its
+    own group, made with ``FUNCOLL_GUARD=1`` / ``FUNCOLL_DEBUG=1`` / ``FUNCOLL_TRACE_BUFFER_SIZE=0``)."""
+    import torch.distributed as dist
+
+    import funcoll
+
+    t = torch.ones(1)
+
+    def ar(group):
+        return lambda: dist.all_reduce(t, group=group)
+
+    rows = []
+
+    def row(name, r):
+        r.pop("ratios", None)
+        rows.append({"case": f"all_reduce 4 B, {name}{suffix}", "bytes": 4, "world": n, **r,
+                     "delta_us": r["funcoll_us"] - r["raw_us"]})
+
+    if rank == 0:
+        progress(f"world {n}: all_reduce 4 B, profiler on / record()")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        row("profiler on", paired(ar(raw), ar(dist.group.WORLD), blocks))
+    with funcoll.record():
+        row("record()", paired(ar(raw), ar(dist.group.WORLD), blocks))
+    if n > 1:
+        for name, env in (("size guard", {"FUNCOLL_GUARD": "1"}), ("debug check", {"FUNCOLL_DEBUG": "1"}),
+                          ("flight recorder off", {"FUNCOLL_TRACE_BUFFER_SIZE": "0"})):
+            if rank == 0:
+                progress(f"world {n}: all_reduce 4 B, {name}")
+            row(name, paired(ar(raw), ar(_group(**env)), blocks))
     return rows
 
 

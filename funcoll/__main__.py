@@ -1,4 +1,4 @@
-"""funcoll's command line: ``python -m funcoll report|probe|bench|demo``.
+"""funcoll's command line: ``python -m funcoll report|probe|demo``.
 
 * ``report``: the capability table, derived from the code (what funcoll's algorithms do for each request), for the
   named columns (default: those of docs/capabilities.md) or for devices (``--device xpu --torch-version 2.11
@@ -8,8 +8,6 @@
   world it joins; otherwise on a local world of ``--world`` CPU ranks over gloo (``--profile xccl``: the XCCL
   table). ``--simulate-wrong "all_reduce max int32"`` makes the transport return a wrong result for that request,
   to see the probe catch it.
-* ``bench``: the benchmarks (``bench/``: funcoll vs the raw path in the same run; their progress, table and plot);
-  ``--hook-cost [reps]`` measures the cost of funcoll's profiler/log hook instead.
 * ``demo``: the demo (:mod:`funcoll.demo`).
 """
 
@@ -19,14 +17,10 @@ import argparse
 import json
 import os
 import sys
-import threading
-import time
 import warnings
 from typing import List, Optional
 
 import torch
-
-PROFILE_COLUMNS = ("gloo", "xccl", "xla")  # funcoll.report.COLUMNS where it has them
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -34,8 +28,6 @@ PROFILE_COLUMNS = ("gloo", "xccl", "xla")  # funcoll.report.COLUMNS where it has
 # ---------------------------------------------------------------------------------------------------
 def _device_caps(device: str, args):
     """(column label, Capabilities) of one device type, with the versions/profile the user named."""
-    import inspect
-
     import funcoll
     from funcoll.transport import Capabilities
 
@@ -45,27 +37,19 @@ def _device_caps(device: str, args):
         given = {"profile": args.profile, "torch_version": args.torch_version,
                  "oneccl_version": args.oneccl_version, "override": args.override, "topology": args.topology,
                  "oneccl_build": args.oneccl_build_version}
-        params = inspect.signature(xpu.capabilities).parameters
-        caps: Capabilities = xpu.capabilities(**{k: v for k, v in given.items() if v is not None and k in params})
+        caps: Capabilities = xpu.capabilities(**{k: v for k, v in given.items() if v is not None})
     else:
         caps = funcoll.capabilities(device, profile=args.profile)
     return f"{device}: {caps.name}", caps
 
 
-def _default_columns() -> tuple:
-    from funcoll import report
-
-    return tuple(getattr(report, "COLUMNS", PROFILE_COLUMNS))
-
-
 def _columns(args):
-    from funcoll import report, transport
+    from funcoll import report
 
     if args.device:
         return [_device_caps(d, args) for d in args.device]
-    names = args.profile.split(",") if args.profile else list(_default_columns())
-    caps_of = getattr(report, "transport_capabilities", transport.profile)  # a column name -> its capabilities
-    return [(n, caps_of(n)) for n in names]
+    names = args.profile.split(",") if args.profile else list(report.COLUMNS)
+    return [(n, report.transport_capabilities(n)) for n in names]
 
 
 def _cached_probes(device_types) -> List[dict]:
@@ -107,7 +91,7 @@ def cmd_report(args) -> int:
     from funcoll import report
 
     if not args.device and args.format == "markdown" and not args.probed:
-        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else _default_columns()),
+        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else report.COLUMNS),
               end="")
         return 0
     cols = _columns(args)
@@ -259,62 +243,6 @@ def cmd_probe(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------
-# bench
-# ---------------------------------------------------------------------------------------------------
-class _Progress:
-    """A line on stderr while a long step runs: elapsed seconds (refreshed in place on a terminal)."""
-
-    def __init__(self, what: str):
-        self.what, self._stop = what, threading.Event()
-        self._tty = sys.stderr.isatty()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        t0, spin = time.monotonic(), "|/-\\"
-        i = 0
-        while not self._stop.wait(0.5 if self._tty else 15):
-            i += 1
-            line = f"{self.what} {spin[i % 4] if self._tty else '...'} {time.monotonic() - t0:.0f}s"
-            sys.stderr.write(("\r" + line) if self._tty else line + "\n")
-            sys.stderr.flush()
-
-    def __enter__(self):
-        sys.stderr.write(f"{self.what}\n" if not self._tty else self.what)
-        sys.stderr.flush()
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        if self._tty:
-            sys.stderr.write("\r" + " " * 60 + "\r")
-        sys.stderr.flush()
-
-
-def cmd_bench(args) -> int:
-    """``bench/`` (its own progress on stderr, its table, docs/performance.md and its plot), or ``--hook-cost``."""
-    rest = list(args.rest)
-    if "--hook-cost" in rest:
-        from bench.hook_cost import measure_hook_cost
-
-        reps = next((int(a) for a in rest if a.isdigit()), 30)
-        with _Progress("funcoll: measuring the profiler/log hook (1 rank)"):
-            cost = measure_hook_cost(reps=reps)
-        print(f"dist.all_reduce of 4 bytes on a funcoll group of 1 rank, torch {torch.__version__} "
-              f"(median of alternating blocks):")
-        for k, v in cost.items():
-            print(f"  {k:<32} {v:8.2f} us per call")
-        return 0
-    try:
-        import bench.__main__ as B
-    except ImportError:
-        print("funcoll bench: the benchmarks live in the source tree (bench/); run from a checkout", file=sys.stderr)
-        return 2
-    return B.main(rest) or 0
-
-
-# ---------------------------------------------------------------------------------------------------
 # demo, and the parser
 # ---------------------------------------------------------------------------------------------------
 def cmd_demo(args) -> int:
@@ -326,7 +254,7 @@ def cmd_demo(args) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m funcoll", description="funcoll: one collective path for PyTorch on "
                                 "TPU (torch_xla) and Intel GPU (XPU), with a CPU reference.")
-    sub = p.add_subparsers(dest="command", metavar="{report,probe,bench,demo}")
+    sub = p.add_subparsers(dest="command", metavar="{report,probe,demo}")
 
     r = sub.add_parser("report", help="the capability table (what is native, what funcoll fills, how)")
     r.add_argument("--device", action="append", choices=("cpu", "xpu", "xla"),
@@ -355,13 +283,6 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--timeout", type=float, default=300)
     q.set_defaults(fn=cmd_probe)
 
-    b = sub.add_parser("bench", help="benchmarks (bench/): funcoll vs the raw path in the same run; "
-                                     "--hook-cost [reps]: the cost of funcoll's profiler/log hook",
-                       description="Arguments go to the bench (python -m bench: [blocks] [--no-docs]); "
-                                   "--hook-cost [reps] measures funcoll's profiler/log hook instead.")
-    b.add_argument("rest", nargs=argparse.REMAINDER)
-    b.set_defaults(fn=cmd_bench)
-
     d = sub.add_parser("demo", help="the demo: 2 CPU ranks, native vs FUNCOLL_PROFILE=xccl, eager and compiled")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     d.set_defaults(fn=cmd_demo)
@@ -371,9 +292,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = parser()
-    if argv and argv[0] in ("bench", "demo") and not {"-h", "--help"} & set(argv[1:2]):
-        # their arguments go through as they are (argparse would take "--no-docs" for an option of its own)
-        return {"bench": cmd_bench, "demo": cmd_demo}[argv[0]](argparse.Namespace(rest=argv[1:]))
+    if argv and argv[0] == "demo" and not {"-h", "--help"} & set(argv[1:2]):
+        # its arguments go through as they are (argparse would take an option of the demo's for one of its own)
+        return cmd_demo(argparse.Namespace(rest=argv[1:]))
     args = p.parse_args(argv)
     if not getattr(args, "fn", None):
         p.print_help()

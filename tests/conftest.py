@@ -37,13 +37,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # needs it ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def bench_run():
-    """``python -m funcoll bench 2 --no-docs`` (the bench's ``main``, as ``python -m bench 2 --no-docs`` calls it),
-    run once for tests/test_bench.py and tests/test_cli.py: ``(completed process, docs/performance.md before it)``."""
-    from tests.test_cli import ROOT, _run
+    """``python -m bench 2 --no-docs`` (what ``./dev bench 2 --no-docs`` runs), run once for tests/test_bench.py:
+    ``(completed process, docs/performance.md before it)``."""
+    import subprocess
+    import sys
+
+    from tests.test_cli import ROOT, _env
 
     page = os.path.join(ROOT, "docs", "performance.md")
     before = open(page).read() if os.path.exists(page) else None
-    return _run("bench", "2", "--no-docs", timeout=900), before
+    return subprocess.run([sys.executable, "-m", "bench", "2", "--no-docs"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=900), before
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,31 @@
-"""The benchmark runs and reports every case (a smoke test with 2 blocks; its numbers are read by people, not
-asserted), without rewriting docs/performance.md when asked not to."""
+"""The benchmark (``python -m bench``, what ``./dev bench`` runs) runs and reports every case in the table's format (a
+smoke test with 2 blocks; its numbers are read by people, not asserted), without rewriting docs/performance.md when
+asked not to."""
 
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_bench_runs_and_reports_every_case(bench_run):
-    p, before = bench_run  # one run of the bench for this module and tests/test_cli.py (tests/conftest.py)
+    p, before = bench_run  # tests/conftest.py
     page = os.path.join(ROOT, "docs", "performance.md")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "[bench] CPU world of 2 rank(s)" in p.stderr  # progress on stderr
+    # the table closes the output (the ranks' backends print their own lines before it): a title, a header, then every
+    # row: case, world, raw and funcoll µs per call, the median ratio, its quartiles, the extra column
+    lines = p.stdout.splitlines()
+    title = [i for i, line in enumerate(lines) if line.startswith("funcoll bench: torch ")]
+    assert len(title) == 1 and lines[title[0] + 1].split() == ["case", "world", "raw", "funcoll", "ratio", "spread",
+                                                               "extra"], p.stdout[-3000:]
+    row = re.compile(r"^(?P<case>.+?)  +(?P<world>\d+) +(?P<raw>\d+\.\d)us +(?P<ours>\d+\.\d)us +"
+                     r"(?P<ratio>\d+\.\d\d) +(?P<q1>-?\d+\.\d\d)-(?P<q3>\d+\.\d\d) *(?P<extra>.*)$")
     rows = {}
+    for line in lines[title[0] + 2:]:
+        m = row.match(line)
+        assert m, line
+        assert float(m["q1"]) <= float(m["ratio"]) <= float(m["q3"]), line  # the median within its quartiles
     for line in p.stdout.splitlines():
         parts = line.split()
         if len(parts) >= 6 and parts[-1] != "extra" and any(w.endswith("us") for w in parts):
@@ -23,6 +38,10 @@ def test_bench_runs_and_reports_every_case(bench_run):
         assert len(rows[case]) == 2, case
     assert len(rows["compiled step, 10 all_reduce 256 B"]) == 1
     assert len(rows["all_reduce 4 B-1 MiB, forward only"]) == 1  # world 1: the floor of a Python process group
+    for case in ("all_reduce 4 B, profiler on", "all_reduce 4 B, record()"):  # the optional machinery, both worlds
+        assert len(rows[case]) == 2, case
+    for case in ("all_reduce 4 B, size guard", "all_reduce 4 B, debug check", "all_reduce 4 B, flight recorder off"):
+        assert len(rows[case]) == 1, case  # world 2: checks across ranks
     for case in ("BXOR 16 MiB i32", "MAX 16 MiB i32", "any (MAX) 16 MiB bool", "AVG 16 MiB bf16"):
         assert "peak +" in rows[case][0], rows[case]
     assert "sent " in rows["uneven all_to_all 16 MiB, 10:1"][0]

@@ -1,4 +1,4 @@
-"""``python -m funcoll report|probe|bench|demo``: each subcommand run as a user runs it."""
+"""``python -m funcoll report|probe|demo``: each subcommand run as a user runs it."""
 
 import json
 import os
@@ -10,18 +10,23 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(*args, timeout=300, **env_extra):
+def _env(**env_extra):
+    """The environment a user's command runs in: this checkout on the path, none of funcoll's switches."""
     env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU", **env_extra)
     for k in ("FUNCOLL_PROFILE", "FUNCOLL_PROBE", "TORCH_LOGS", "RANK", "WORLD_SIZE"):
         if k not in env_extra:
             env.pop(k, None)
-    return subprocess.run([sys.executable, "-m", "funcoll", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return env
+
+
+def _run(*args, timeout=300, **env_extra):
+    return subprocess.run([sys.executable, "-m", "funcoll", *args], cwd=ROOT, env=_env(**env_extra),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_no_subcommand_prints_the_usage():
     p = _run()
-    assert p.returncode == 2 and "{report,probe,bench,demo}" in p.stdout
+    assert p.returncode == 2 and "{report,probe,demo}" in p.stdout
 
 
 def test_report_is_the_capability_table_of_the_code():
@@ -99,21 +104,6 @@ def test_probe_markdown_on_a_healthy_world(tmp_path):
     assert "### funcoll.probe: group 0, cpu" in p.stdout
     assert "- capability table: gloo[xccl] -> gloo[xccl]" in p.stdout and "; 0 wrong" in p.stdout
     assert len(os.listdir(tmp_path)) == 1
-
-
-def test_bench_is_the_bench(bench_run):
-    p, _ = bench_run  # the run tests/test_bench.py asserts on too (tests/conftest.py)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "funcoll bench: torch" in p.stdout and "[bench] CPU world of 2 rank(s)" in p.stderr
-    assert "all_reduce 4 B" in p.stdout
-
-
-def test_bench_hook_cost():
-    p = _run("bench", "--hook-cost", "3", timeout=300)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    for what in ("without hook", "with hook, no profiler", "with hook, profiler on", "algorithm only, without hook",
-                 "algorithm only, with hook"):
-        assert f"  {what} " in p.stdout, p.stdout
 
 
 def test_demo(demo_run):

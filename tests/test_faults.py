@@ -378,16 +378,6 @@ def test_the_guard_runs_once_per_blocking_collective_and_never_for_async_or_send
                                   "guard off": [], "guard on again": [3]}
 
 
-def test_the_guards_cost_is_measured():
-    """The numbers are for people (docs/conformance.md); here: every mode ran."""
-    from bench.debug_cost import measure_guard_cost
-
-    got = measure_guard_cost(reps=2, block=5)
-    assert set(got) == {"guard off", "size guard", "debug check", "size guard - guard off",
-                        "one gloo all_gather of the digest alone"}
-    assert all(v["median"] > 0 for k, v in got.items() if k != "size guard - guard off")
-
-
 # ---------------------------------------------------------------------------------------------------
 # the guard's digest, in process (funcoll/entry/guard.py)
 # ---------------------------------------------------------------------------------------------------

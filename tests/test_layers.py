@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "funcoll"
 FOLDERS = ["semantics", "transport", "algorithms", "entry"]  # funcoll/<folder>/: one folder per layer, lowest first
 NAMES = ["semantics", "transports", "core (algorithms)", "entry points"]
 # public modules and tools, beside the layer folders: they may import any layer, no layer imports them
-TOOLS = {"funcoll", "funcoll.__main__", "funcoll.testing", "funcoll.report", "funcoll.demo", "funcoll.demo_xla",
+TOOLS = {"funcoll", "funcoll.__main__", "funcoll.testing", "funcoll.report", "funcoll.demo",
          "funcoll.replicas", "funcoll._replica_worker",
          "funcoll.launch", "funcoll.xla"}
 

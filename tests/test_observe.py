@@ -143,7 +143,7 @@ def test_the_hook_does_nothing_without_a_profiler_a_log_or_a_recorder(monkeypatc
     import logging
 
     from funcoll import algorithms
-    from funcoll.algorithms import observe
+    from funcoll.algorithms import observe, pending
     from funcoll.report import DryRunTransport
     from funcoll.transport import profile
 
@@ -156,7 +156,7 @@ def test_the_hook_does_nothing_without_a_profiler_a_log_or_a_recorder(monkeypatc
             super().__init__(*a, **k)
             made.append((self._ranges is not None, isinstance(self.args[0], observe._Traced)))
 
-    monkeypatch.setattr(algorithms, "Scope", Counting)
+    monkeypatch.setattr(pending, "Scope", Counting)
     tp = DryRunTransport(profile("gloo").restrict(profile("xccl")), size=2)
     t = torch.ones(2)
     assert not torch.autograd.profiler._is_profiler_enabled and not observe.LOG.isEnabledFor(logging.DEBUG)

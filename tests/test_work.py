@@ -290,12 +290,3 @@ def test_monitored_barrier_names_the_missing_ranks(wait_all):
     assert r["type"] == "CollectiveError", r
     assert r["msg"].startswith("funcoll: monitored_barrier on group '0' (global ranks 0-2): ") and missing in r["msg"]
     assert 1.9 < r["secs"] < 4.0, r
-
-
-def test_debug_cost_is_measured():
-    """The numbers are for people (docs/conformance.md); here: the three modes ran."""
-    from bench.debug_cost import measure_cost
-
-    got = measure_cost(reps=2, block=5)
-    assert set(got) == {"without the hook", "recorder off", "recorder on (default)", "debug check"}
-    assert all(v > 0 for v in got.values())

@@ -210,7 +210,7 @@ _decided: set = set()  # (signature, strategies) already logged
 
 
 class Scope(list):
-    """The strategy notes of one collective (``algorithms._current``). While a profiler runs it opens the
+    """The strategy notes of one collective (``pending._current``). While a profiler runs it opens the
     collective's range at creation and a nested range for each strategy noted; ``close`` ends them and logs the
     decision once per signature when the funcoll log is at DEBUG. ``args`` are the arguments to call the
     algorithm with (the transport wrapped so that its native calls are ranges too)."""

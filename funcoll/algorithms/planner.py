@@ -20,6 +20,18 @@ transport reduces natively (or to a local reduction when nothing native fits), e
                          where the transport's are wrong)
 * reduce (to one rank)-> the all_reduce plan, where the transport has no native reduce for the request
 
+The collectives that move data fill their gaps without a plan (:mod:`funcoll.algorithms.move`); their strategies,
+listed here so that every strategy is in one list:
+
+* unmovable dtypes    -> moved as raw bits of a dtype the backend moves (fp8, uint16/32/64, complex as its real view)
+* uneven all_to_all   -> pairwise send/recv where the transport sends messages of any size; else every split padded
+                         to a bound every rank promised or to the largest split (agreed on with a tiny all_gather),
+                         one even all_to_all, unpad
+* coalesced           -> one tuple op where native, else one flat buffer per dtype, one collective each
+* broadcast           -> a masked SUM all_reduce of the tensor (exact, in its own dtype) where there is no broadcast
+* all_gather          -> a masked all_reduce of n rows where there is none; all_to_all -> all_gather + select
+* gather / scatter    -> all_gather / broadcast + slice; barrier -> an all_reduce of one element
+
 Plans depend only on (capabilities, primitive, op, dtype), so they are cached; the algorithms look one up per call.
 """
 

@@ -18,7 +18,7 @@ import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
 from funcoll.semantics import ReduceOp, Reduction
-from funcoll.transport import Capabilities, Transport, _run_before_send, active_profile_name, profile
+from funcoll.transport import Capabilities, Native, Transport, _run_before_send, active_profile_name, profile
 
 _C10D_OP = {
     ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
@@ -273,6 +273,18 @@ class C10dTransport(Transport):
         _run_before_send()
         tally.n += 1
         return out, self.backend.allreduce([out], opts)
+
+    # the backend's own method of each primitive the eager fast path hands requests to (ProcessGroup method names)
+    _METHODS = {"all_reduce": "allreduce", "all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
+                "all_to_all": "alltoall_base", "broadcast": "broadcast"}
+
+    def native_method(self, primitive: str, op: str, dtype: torch.dtype) -> Optional[Native]:
+        """The backend's own method for ``primitive``, when this transport's primitive is the stock one (a subclass
+        that changes it is called through the transport: the full path)."""
+        if getattr(type(self), "_" + primitive) is not getattr(C10dTransport, "_" + primitive):
+            return None
+        issue = getattr(self.backend, self._METHODS[primitive], None)
+        return Native(self, issue, (primitive, op, dtype)) if issue is not None else None
 
     def _all_gather(self, out, inp):
         return self.backend._allgather_base(out, inp, C.AllgatherOptions())

@@ -516,18 +516,6 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
     )
 
 
-def facts_at(torch_version, oneccl_version=None, override=None, topology=None, oneccl_build=None):
-    """The rows of :data:`XCCL_FACTS` for one stack: ``[(key, "native"|"strategy"|"info", what ProcessGroupXCCL does
-    on this torch version, funcoll's strategy, source)]`` (what ``python -m funcoll report --device xpu`` prints)."""
-    caps = derive(torch_version, oneccl_version, override, topology, oneccl_build)
-    row = torch_row(torch_version)
-    out = []
-    for key, fact in XCCL_FACTS.items():
-        used = caps.sources[f"xccl.{key}"].split(":", 1)[0]
-        out.append((key, used, fact.at(row), fact.strategy, fact.source))
-    return caps, out
-
-
 def conservative_profile(torch_version=None) -> Capabilities:
     """``PROFILES["xccl"]`` (what ``FUNCOLL_PROFILE=xccl`` imposes on another transport): the row :func:`derive` gives
     for the running torch (or ``torch_version``) with an unknown oneCCL on the scale-out path, as plain

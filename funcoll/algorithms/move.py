@@ -1,0 +1,404 @@
+"""The collectives that move data without reducing it: all_gather (tensor, coalesced and list forms), all_to_all
+(even, uneven: pairwise send/recv, padded to a promised bound or to the largest split agreed on; list form),
+broadcast, gather, scatter, send, recv and barrier, each filled from the primitives the transport has
+(:mod:`funcoll.algorithms.planner` lists the strategies). The even all_gather and all_to_all themselves
+(:func:`~funcoll.algorithms.reduce._ag`, ``_a2a_even``) live in :mod:`funcoll.algorithms.reduce`: the all_reduce
+fills build on them, and all_gather's own fill is a masked all_reduce.
+
+``native_*_request`` answer the eager fast path's one question, "is this request's plan one native call?"; the
+transport caches the answer and hands back the backend's own callable
+(:meth:`funcoll.transport.Transport.native_request`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from funcoll import semantics
+from funcoll.algorithms.pending import Pending, _entry, _note
+from funcoll.algorithms.reduce import _a2a_even, _ag, _ar, _masked_sum
+from funcoll.algorithms.tensors import (
+    _bits,
+    _by_dtype_pairs,
+    _contig_in,
+    _flat,
+    _offsets,
+    _summable,
+    _with_contig_out,
+)
+from funcoll.semantics import ReduceOp, Reduction
+from funcoll.transport import Native, Transport
+
+R = ReduceOp
+
+
+# ---------------------------------------------------------------------------------------------------
+# is the plan native? (the eager fast path)
+# ---------------------------------------------------------------------------------------------------
+def _all_gather_native(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
+    shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
+    caps = tp.caps
+    if (out.numel() == 0 or inp.dim() == 0 or tuple(out.shape) != tuple(shape) or not caps.has("all_gather")
+            or not caps.moves(inp.dtype)):
+        return None
+    return ("all_gather", "", inp.dtype)
+
+
+def native_all_gather_request(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
+    """``ProcessGroup._allgather_base(out, inp, opts)`` as one native call of the backend's ``_allgather_base``
+    (output in the concatenated shape)."""
+    key = ("all_gather", out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype, inp.shape,
+           None if inp.is_cpu else inp.device)
+    return tp.native_request(key, _all_gather_native, out, inp)
+
+
+def _all_to_all_native(tp: Transport, out: torch.Tensor, inp: torch.Tensor, osz: tuple, isz: tuple):
+    outs, ins = semantics.check_all_to_all("all_to_all_single", out, inp, list(osz), list(isz), tp.size)
+    caps = tp.caps
+    if not caps.has("all_to_all") or not caps.moves(inp.dtype):
+        return None
+    if (osz or isz) and not (caps.uneven_all_to_all and list(osz) == outs and list(isz) == ins):
+        return None
+    return ("all_to_all", "", inp.dtype)
+
+
+def native_all_to_all_request(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes: list,
+                              input_split_sizes: list) -> Optional[Native]:
+    """``ProcessGroup.alltoall_base(out, inp, output_split_sizes, input_split_sizes, opts)`` (lists; empty: even
+    splits) as one native call of the backend's ``alltoall_base``."""
+    osz, isz = tuple(output_split_sizes), tuple(input_split_sizes)
+    key = ("all_to_all", out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype, inp.shape,
+           None if inp.is_cpu else inp.device, osz, isz)
+    return tp.native_request(key, _all_to_all_native, out, inp, osz, isz)
+
+
+def _broadcast_native(tp: Transport, t: torch.Tensor, src, root_tensor) -> Optional[tuple]:
+    semantics.check_root("broadcast", "src", src, tp.size)
+    caps = tp.caps
+    if root_tensor != 0 or t.numel() == 0 or not caps.has("broadcast") or not caps.moves(t.dtype):
+        return None
+    return ("broadcast", "", t.dtype)
+
+
+def native_broadcast_request(tp: Transport, t: torch.Tensor, src, root_tensor) -> Optional[Native]:
+    """``ProcessGroup.broadcast([t], opts)`` (group-local ``src = opts.rootRank``) as one native call of the backend's
+    ``broadcast``."""
+    key = ("broadcast", src, root_tensor, t.dtype, t.shape, None if t.is_cpu else t.device)
+    return tp.native_request(key, _broadcast_native, t, src, root_tensor)
+
+
+# ---------------------------------------------------------------------------------------------------
+# all_gather
+# ---------------------------------------------------------------------------------------------------
+@_entry
+def all_gather_into_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+    shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
+    if out.numel() == 0:
+        return Pending()  # nothing to send: complete at once
+    inp = _flat(_contig_in(inp))
+    return _with_contig_out(out, lambda o: _ag(tp, o.view(shape), inp))
+
+
+@_entry
+def all_gather_into_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor],
+                                     inps: Sequence[torch.Tensor]) -> Pending:
+    """One flat buffer per dtype, one all_gather each."""
+    if len(outs) != len(inps):
+        raise ValueError(f"funcoll.all_gather_into_tensor_coalesced: {len(outs)} outputs for {len(inps)} inputs")
+    for o, i in zip(outs, inps):
+        semantics.check_all_gather("all_gather_into_tensor_coalesced", o, i, tp.size)
+    n = tp.size
+    pendings = []
+    for os_, ins in _by_dtype_pairs(outs, inps):
+        if len(ins) == 1:
+            src = _flat(_contig_in(ins[0]))
+            pendings.append(_with_contig_out(os_[0], lambda o, i=src: _ag(tp, o, i)))  # type: ignore[misc]
+            continue
+        _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        g = flat.new_empty((n * flat.numel(),))
+
+        def unflatten(ins=ins, os_=os_, g=g):
+            rows, off = g.view(n, -1), 0
+            for i, o in zip(ins, os_):
+                o.copy_(rows[:, off:off + i.numel()].reshape(o.shape))
+                off += i.numel()
+
+        pendings.append(_ag(tp, g, flat).and_then(unflatten))
+    return Pending(pendings)
+
+
+# ---------------------------------------------------------------------------------------------------
+# all_to_all
+# ---------------------------------------------------------------------------------------------------
+def _agree(tp: Transport, values: Sequence[int]) -> torch.Tensor:
+    """Gathers a few int64 values from every rank: returns an [n, len(values)] tensor (CPU)."""
+    mine = torch.tensor(list(values), dtype=torch.int64)
+    dev = getattr(tp, "control_device", None)
+    if dev is not None:
+        mine = mine.to(dev)
+    g = mine.new_empty((tp.size * mine.numel(),))
+    _ag(tp, g, mine).wait()
+    return g.view(tp.size, -1).cpu()
+
+
+def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, given: bool) -> Pending:
+    caps = tp.caps
+    if not given:
+        return _a2a_even(tp, out, inp)
+    if caps.uneven_all_to_all:
+        return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), out_splits, in_splits)])
+    # Split sizes were given and the backend has no uneven all_to_all: every rank takes this path (a rank cannot
+    # know locally that the others are even) and pads every split to one size: a bound every rank promised, else
+    # the largest split, agreed on with a tiny all_gather.
+    if caps.has("send_recv") and caps.p2p_any_shape and tp.split_bound() is None:
+        _note("uneven all_to_all=pairwise send/recv")
+        return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
+    local = out_splits + in_splits
+    bound = tp.split_bound()
+    if bound is not None:
+        if max(local) > bound:
+            raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
+                             f"bound {bound} promised by funcoll.xla.static_split_bound; raise the bound")
+        _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
+        return _padded_a2a(tp, out, inp, out_splits, in_splits, bound)
+    agreed = tp.agreed([max(local), -min(local)]) if tp.virtual else None  # funcoll.replicas knows every rank's
+    if tp.virtual and agreed is None:
+        world = getattr(tp, "world_size", "?")
+        raise ValueError(
+            f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({world} ranks in a "
+            f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
+            f"funcoll.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
+            f"split with a collective that must run, and a virtual world cannot run collectives")
+    if agreed is None:
+        agreed = _agree(tp, [max(local), -min(local)])
+    chunk, smallest = int(agreed[:, 0].max()), -int(agreed[:, 1].max())
+    if chunk == smallest:
+        _note("splits even on every rank: even all_to_all")
+        return _a2a_even(tp, out, inp)
+    _note(f"uneven all_to_all=pad to {chunk}+even all_to_all+unpad")
+    return _padded_a2a(tp, out, inp, out_splits, in_splits, chunk)
+
+
+_A2A_TAG = 0x46430000  # funcoll's own point-to-point tag, apart from users' send/recv tags
+
+
+def _sends_first(rank: int, k: int, n: int) -> bool:
+    """In round ``k`` of a pairwise exchange (send to rank+k, receive from rank-k), whether this rank sends before it
+    receives: alternating along each cycle of x -> x+k, so that no cycle of ranks all send first and wait on each
+    other (a transport whose large sends wait for the matching receive cannot deadlock)."""
+    g = math.gcd(n, k)
+    cycle = n // g
+    pos = ((rank - rank % g) // g * pow(k // g, -1, cycle)) % cycle if cycle > 1 else 0
+    return pos % 2 == 0
+
+
+def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
+    """Uneven all_to_all as n-1 rounds of one send and one receive per rank, each message exactly its split: the
+    bytes of a native alltoallv, no agreement, no padding."""
+    n, r, caps = tp.size, tp.rank, tp.caps
+    if out_splits[r] != in_splits[r]:
+        raise ValueError(f"funcoll.all_to_all_single: this rank sends itself {in_splits[r]} rows "
+                         f"(input_split_sizes[{r}]) but expects {out_splits[r]} (output_split_sizes[{r}])")
+    ioff, ooff = _offsets(in_splits), _offsets(out_splits)
+    if in_splits[r]:
+        out[ooff[r]:ooff[r] + out_splits[r]].copy_(inp[ioff[r]:ioff[r] + in_splits[r]])
+    handles = []
+    for k in range(1, n):
+        dst, src = (r + k) % n, (r - k) % n
+
+        def send(dst=dst):
+            if in_splits[dst]:
+                handles.append(tp.send(_bits(inp[ioff[dst]:ioff[dst] + in_splits[dst]], caps), dst, _A2A_TAG))
+
+        def recv(src=src):
+            if out_splits[src]:
+                handles.append(tp.recv(_bits(out[ooff[src]:ooff[src] + out_splits[src]], caps), src, _A2A_TAG))
+
+        first, second = (send, recv) if _sends_first(r, k, n) else (recv, send)
+        first()
+        second()
+    return Pending(handles)
+
+
+def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> Pending:
+    """Every split padded to ``chunk`` rows, one even all_to_all, the padding cut off (pieces joined with cat: no
+    writes into slices, which a lazy transport would have to replay)."""
+    rest = tuple(inp.shape[1:])
+    pieces = []
+    for off, s in zip(_offsets(in_splits), in_splits):
+        piece = inp[off:off + s]
+        if s < chunk:
+            piece = torch.cat([piece, piece.new_zeros((chunk - s,) + rest)])
+        pieces.append(piece)
+    padded = torch.cat(pieces)
+    recv = padded.new_empty(padded.shape)
+
+    def unpad():
+        outs = [recv[j * chunk:j * chunk + s] for j, s in enumerate(out_splits) if s]
+        if outs:
+            out.copy_(torch.cat(outs) if len(outs) > 1 else outs[0])
+
+    return _a2a_even(tp, recv, padded).and_then(unpad)
+
+
+@_entry
+def all_to_all_single(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None,
+               input_split_sizes=None) -> Pending:
+    given = bool(output_split_sizes) or bool(input_split_sizes)
+    out_splits, in_splits = semantics.check_all_to_all("all_to_all_single", out, inp, output_split_sizes,
+                                               input_split_sizes, tp.size)
+    if given and not tp.caps.uneven_all_to_all and len(set(out_splits + in_splits)) == 1:
+        # split sizes that are all equal are the even exchange, whether a rank passes them or not: a rank passing
+        # [k, k] and one passing none take the same plan (the plan must not read what only one rank chose)
+        given = False
+    inp = _contig_in(inp)
+    return _with_contig_out(out, lambda o: _a2a(tp, o, inp, out_splits, in_splits, given))
+
+
+# ---------------------------------------------------------------------------------------------------
+# broadcast, gather, scatter
+# ---------------------------------------------------------------------------------------------------
+def _bc(tp: Transport, t: torch.Tensor, src: int) -> Pending:
+    caps = tp.caps
+    if caps.has("broadcast"):
+        return Pending([tp.broadcast(_bits(t, caps), src)])
+    # No native broadcast (XLA): one all-reduce of the tensor kept on src, the identity on every other rank; exact
+    # for every value, in the tensor's own dtype, and the same program on every rank (the mask is device data)
+    _note("broadcast=masked all_reduce")
+    b = _summable(t, caps)
+    return _masked_sum(tp, b, tp.rank_is(src, b), b.copy_)
+
+
+@_entry
+def broadcast(tp: Transport, tensor: torch.Tensor, src: int) -> Pending:
+    semantics.check_root("broadcast", "src", src, tp.size)
+    if tensor.numel() == 0:
+        return Pending()  # nothing to send: complete at once
+    return _with_contig_out(tensor, lambda t: _bc(tp, t, src))
+
+
+@_entry
+def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Tensor, dst: int) -> Pending:
+    semantics.check_root("gather", "dst", dst, tp.size)
+    if tp.rank == dst:
+        semantics.check_root_list("gather", "output", outs, inp, tp.size)
+    inp = _contig_in(inp)
+    caps = tp.caps
+    outs = list(outs) if tp.rank == dst and outs is not None else []
+    # the plan reads only what every rank shares (the backend, the dtype): the root's output layout changes only
+    # the root's own copies (a plan only the root could evaluate would run different exchanges on the ranks)
+    if caps.has("gather") and caps.moves(inp.dtype):
+        if tp.rank != dst:
+            return Pending([tp.gather(None, inp, dst)])
+        work = [_contig_in(o) if o.is_contiguous() else o.new_empty(o.shape) for o in outs]
+        p = Pending([tp.gather(work, inp, dst)])
+        staged = [(o, w) for o, w in zip(outs, work) if w is not o]
+        return p.and_then(lambda: [o.copy_(w) for o, w in staged]) if staged else p
+    _note("gather=all_gather")
+    flat = _flat(inp)
+    g = flat.new_empty((tp.size * flat.shape[0],) + tuple(flat.shape[1:]))
+
+    def place():
+        if tp.rank == dst:
+            for o, row in zip(outs, g.view((tp.size,) + tuple(flat.shape)).unbind(0)):
+                o.copy_(row.view(o.shape))
+
+    p = _ag(tp, g, flat)
+    if tp.rank != dst:
+        tp.retain(g)  # nobody reads it here, but the collective must run on this rank too
+    return p.and_then(place)
+
+
+@_entry
+def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tensor]], src: int) -> Pending:
+    semantics.check_root("scatter", "src", src, tp.size)
+    if tp.rank == src:
+        semantics.check_root_list("scatter", "input", inps, out, tp.size)
+    caps = tp.caps
+    if caps.has("scatter") and caps.moves(out.dtype):
+        ins = [_contig_in(t) for t in inps] if tp.rank == src and inps is not None else None
+        return _with_contig_out(out, lambda o: Pending([tp.scatter(o, ins, src)]))
+    _note("scatter=broadcast+slice")
+    buf = out.new_empty((tp.size,) + tuple(out.shape))
+    if tp.rank == src and inps is not None:
+        torch.stack(list(inps), out=buf)
+    return _bc(tp, buf, src).and_then(lambda: out.copy_(buf[tp.rank]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# point-to-point and barrier
+# ---------------------------------------------------------------------------------------------------
+@_entry
+def send(tp: Transport, tensor: torch.Tensor, dst: int, tag: int = 0) -> Pending:
+    semantics.check_root("send", "dst", dst, tp.size)
+    if dst == tp.rank:
+        raise ValueError(f"funcoll.send: dst={dst} is the calling rank; send to another rank")
+    return Pending([tp.send(_bits(_contig_in(tensor), tp.caps), dst, tag)])
+
+
+@_entry
+def recv(tp: Transport, tensor: torch.Tensor, src: int, tag: int = 0) -> Pending:
+    semantics.check_root("recv", "src", src, tp.size)
+    if src == tp.rank:
+        raise ValueError(f"funcoll.recv: src={src} is the calling rank; receive from another rank")
+    p = _with_contig_out(tensor, lambda t: Pending([tp.recv(_bits(t, tp.caps), src, tag)]))
+    p._source = src
+    return p
+
+
+@_entry
+def barrier(tp: Transport) -> Pending:
+    if tp.caps.has("barrier"):
+        return Pending([tp.barrier()])
+    _note("barrier=all_reduce of one element")
+    dev = getattr(tp, "control_device", None) or "cpu"
+    one = torch.zeros(1, dtype=torch.int32, device=dev)
+    p = _ar(tp, one, Reduction(R.SUM))
+    tp.retain(one)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------
+# list forms of the eager API (allgather, alltoall with tensor lists)
+# ---------------------------------------------------------------------------------------------------
+@_entry
+def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> Pending:
+    """``dist.all_gather``: every rank's ``inp`` lands in ``outs[rank]``."""
+    if len(outs) != tp.size:
+        raise ValueError(f"funcoll.all_gather: expected {tp.size} output tensors, got {len(outs)}")
+    for i, o in enumerate(outs):
+        semantics.check_same_tensor("all_gather", f"output[{i}]", o, inp, inp.shape)
+    flat = _flat(_contig_in(inp)).reshape(-1)
+    g = flat.new_empty((tp.size * flat.numel(),))
+
+    def place():
+        for o, row in zip(outs, g.view(tp.size, -1).unbind(0)):
+            o.copy_(row.view(o.shape))
+
+    return _ag(tp, g, flat).and_then(place)
+
+
+@_entry
+def all_to_all(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]) -> Pending:
+    """``dist.all_to_all``: ``inps[j]`` goes to rank j and lands in its ``outs[rank]``; sizes may differ."""
+    n = tp.size
+    if len(outs) != n or len(inps) != n:
+        raise ValueError(f"funcoll.all_to_all: expected {n} output and {n} input tensors, "
+                         f"got {len(outs)} and {len(inps)}")
+    dtype = inps[0].dtype
+    for t in list(inps) + list(outs):
+        if t.dtype != dtype:
+            raise TypeError(f"funcoll.all_to_all: all tensors must have dtype {dtype}, found {t.dtype}")
+    flat_in = torch.cat([t.reshape(-1) for t in inps])
+    out_splits = [o.numel() for o in outs]
+    flat_out = flat_in.new_empty((sum(out_splits),))
+    in_splits = [t.numel() for t in inps]
+
+    def place():
+        for o, off, s in zip(outs, _offsets(out_splits), out_splits):
+            o.copy_(flat_out[off:off + s].view(o.shape))
+
+    return _a2a(tp, flat_out, flat_in, out_splits, in_splits, True).and_then(place)

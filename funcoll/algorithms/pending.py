@@ -1,0 +1,185 @@
+"""Pending results and strategy recording: what every algorithm returns (:class:`Pending`), how it is marked as the
+implementation of one op (:func:`_entry`), and how the strategies it takes are reported (:func:`record`, the
+profiler ranges and debug log of :mod:`funcoll.algorithms.observe`)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.autograd.profiler as _profiler
+
+from funcoll.algorithms.observe import LOG as _LOG
+from funcoll.algorithms.observe import Scope
+from funcoll.transport import Handle
+
+
+class Pending(Handle):
+    """Native handles to wait on, then local finishing steps to run once, in order."""
+
+    __slots__ = ("_handles", "_then", "_future", "_source")
+    _future: Optional[torch.futures.Future]
+
+    def __init__(self, handles: Sequence[Handle] = (), then: Optional[Callable[[], object]] = None):
+        self._handles = [h for h in handles if h is not None]
+        self._then = [then] if then is not None else []
+        self._future = None
+        self._source: Optional[int] = None  # the peer of a recv
+
+    def and_then(self, fn: Callable[[], object]) -> "Pending":
+        self._then.append(fn)
+        return self
+
+    def _run_thens(self) -> None:
+        thens, self._then = self._then, []
+        with torch.no_grad():  # finishing steps write into the caller's tensors, like the collective itself
+            for fn in thens:
+                fn()
+
+    def wait(self, timeout: Optional[timedelta] = None) -> None:
+        """Waits on the native handles (in all, at most ``timeout`` when given: a c10d Work raises past it), then
+        runs the finishing steps."""
+        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+        if self._future is not None:  # handed over to future(): its callback runs the finishing steps
+            while deadline is not None and not self._future.done():
+                if time.monotonic() >= deadline:
+                    assert timeout is not None
+                    raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
+                time.sleep(0.001)
+            self._future.wait()
+            return
+        while self._handles:
+            h = self._handles[0]
+            if deadline is None:
+                h.wait()
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    assert timeout is not None
+                    raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
+                h.wait(timedelta(seconds=left))
+            self._handles.pop(0)
+        self._run_thens()
+
+    def future(self) -> torch.futures.Future:
+        """A future completed (with None) once the native handles have completed and the finishing steps have run,
+        without blocking: the steps run in the callback of the backend's own futures. Handles without a future
+        (lazy or already complete) count as complete."""
+        if self._future is None:
+            futs = []
+            for h in self._handles:
+                if isinstance(h, Pending):
+                    futs.append(h.future())
+                elif hasattr(h, "get_future"):
+                    try:
+                        futs.append(h.get_future())
+                    except RuntimeError:  # a backend Work without a future ("Work::getFuture not implemented")
+                        from funcoll.transport.gloo import WaitedWork
+
+                        futs.append(WaitedWork(h).get_future())
+            self._handles = []
+            if not futs:
+                self._run_thens()
+                done: torch.futures.Future = torch.futures.Future()
+                done.set_result(None)
+                self._future = done
+            else:
+                def finish(all_done):
+                    for f in all_done.value():
+                        f.value()  # re-raises a backend error
+                    self._run_thens()
+
+                self._future = torch.futures.collect_all(futs).then(finish)
+        return self._future
+
+    def is_completed(self) -> bool:
+        if self._future is not None:
+            return self._future.done()
+        return not self._then and all(h.is_completed() for h in self._handles)
+
+    def source_rank(self) -> int:
+        """The group rank a receive got its data from (c10d's ``Work._source_rank()``)."""
+        if self._source is None:
+            raise RuntimeError("funcoll: source_rank() is only defined for the Work of a recv")
+        return self._source
+
+
+_recorders: List[list] = []
+
+
+class _Current(threading.local):
+    """The strategy notes of the collective running on this thread (None outside one): two threads running
+    collectives at once each note their own strategies."""
+
+    notes: Optional[list] = None
+
+
+_current = _Current()
+
+
+@contextlib.contextmanager
+def record():
+    """Collects, for every collective started inside the block, ``(op, [strategies])``.
+
+    >>> with funcoll.algorithms.record() as calls: dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    >>> calls   # [("all_reduce", ["avg=sum+scale"])] under FUNCOLL_PROFILE=xccl
+    """
+    log: list = []
+    _recorders.append(log)
+    try:
+        yield log
+    finally:
+        _forget(log)
+
+
+def _forget(log: list) -> None:
+    """Removes ``log`` itself from the recorders (by identity: another recorder may hold equal contents)."""
+    for i, other in enumerate(_recorders):
+        if other is log:
+            del _recorders[i]
+            return
+
+
+def _note(strategy: str) -> None:
+    notes = _current.notes
+    if notes is not None:
+        notes.append(strategy)
+
+
+def _entry(fn):
+    """Marks a public algorithm, named after the op it implements (the name ``record()`` reports): runs it without
+    autograd and records its strategies; while a profiler records or the funcoll log is at DEBUG,
+    :mod:`funcoll.algorithms.observe` opens its ranges and logs its strategy decision."""
+    op = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        observed = bool(_profiler._is_profiler_enabled) or _LOG.isEnabledFor(10)
+        if _current.notes is not None or not (_recorders or observed):  # nested, or nobody listens
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+        _current.notes = notes = Scope(op, fn, args, kwargs) if observed else []
+        try:
+            with torch.no_grad():
+                return fn(*(notes.args if observed else args), **kwargs)
+        finally:
+            _current.notes = None
+            if observed:
+                notes.close(args)
+            notes = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
+            for log in _recorders:
+                log.append((op, notes))
+
+    return wrapper
+
+
+def watched() -> bool:
+    """Someone observes collectives: ``record()``, a strategy being noted on this thread, a profiler, the funcoll debug
+    log. The fast path is off while they do: the full path reports to them."""
+    return (bool(_recorders) or _current.notes is not None or bool(_profiler._is_profiler_enabled)
+            or _LOG.isEnabledFor(10))

@@ -1,0 +1,436 @@
+"""The reducing collectives: all_reduce (and its coalesced form), reduce_scatter (tensor, coalesced and list forms)
+and reduce, each run as the planner's plan (:mod:`funcoll.algorithms.planner` lists the strategies: AVG as SUM
+then scale, PREMUL_SUM as scale then SUM, bool, complex, unsigned and narrow dtypes, local reductions in rank
+order). The even all_gather and all_to_all the plans build on live here too (:func:`_ag`, :func:`_a2a_even`): the
+all_reduce fills use them, and all_gather's own fill is a masked all_reduce.
+
+``native_*`` answer the eager and compiled fast paths' one question, "is this request's plan one native call?";
+the transport caches the answer and hands back the backend's own callable
+(:meth:`funcoll.transport.Transport.native_request`)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from funcoll import semantics
+from funcoll.algorithms import planner
+from funcoll.algorithms.pending import Pending, _entry, _note, watched
+from funcoll.algorithms.tensors import (
+    _bits,
+    _by_dtype,
+    _by_dtype_pairs,
+    _contig_in,
+    _count_to_bool,
+    _count_to_bool_,
+    _factor,
+    _flat,
+    _identity,
+    _local_reduce,
+    _padded_flat,
+    _summable,
+    _trunc_div,
+    _with_contig_out,
+)
+from funcoll.semantics import ReduceOp, Reduction
+from funcoll.transport import Native, Transport
+
+R = ReduceOp
+
+try:
+    from torch.distributed import ReduceOp as _C10D_REDUCE_OP
+except ImportError:  # pragma: no cover - torch without distributed
+    _C10D_REDUCE_OP = None  # type: ignore[assignment,misc]
+
+
+# ---------------------------------------------------------------------------------------------------
+# is the plan native? (the fast paths)
+# ---------------------------------------------------------------------------------------------------
+_native_cache: dict = {}
+
+
+def _native_reduction(tp: Transport, op, dtype: torch.dtype) -> Optional[Reduction]:
+    """The validated :class:`Reduction` when all_reduce of ``dtype`` with ``op`` is one native call under funcoll's
+    semantics (the planner's plan), else None; raises as the algorithm does for an invalid request."""
+    red = semantics.parse_reduction(op, "all_reduce")
+    semantics.check_reduction("all_reduce", red, dtype)
+    native = red.op is not R.PREMUL_SUM and planner.plan(tp.caps, "all_reduce", red.op, dtype, tp.size).native
+    return red if native else None
+
+
+def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reduction]:
+    """The :class:`Reduction` to hand ``tp.all_reduce`` as it is, when reducing ``dtype`` with ``op`` is native under
+    funcoll's semantics (the planner's plan is one native call); None when it is not, when the request is invalid
+    (the full path raises the error), or while ``record()``, a profiler or the funcoll debug log observe (the full
+    path reports to them). Validated once per (capabilities, op, dtype, group size), never skipped for a new one."""
+    if watched():
+        return None
+    try:
+        key = (tp.caps, op, dtype, tp.size)
+        return _native_cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable op (a premul_sum factor tensor): the full path
+        return None
+    try:
+        red = _native_reduction(tp, op, dtype)
+    except (ValueError, TypeError):
+        return None  # not cached: the full path raises the error, every time
+    _native_cache[key] = red
+    return red
+
+
+def _op_key(op):
+    """A hashable key of a reduce op. A c10d ``ReduceOp`` (a new object per read of ``opts.reduceOp``, with a slow
+    __eq__) hashes as its RedOpType: keyed by that number. PREMUL_SUM's factor is not in it; no PREMUL_SUM is native
+    here."""
+    return hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op)
+
+
+def _all_reduce_native(tp: Transport, op, t: torch.Tensor) -> Optional[tuple]:
+    red = _native_reduction(tp, op, t.dtype)
+    if red is None or t.numel() == 0 or not tp.caps.moves(t.dtype):
+        return None
+    return ("all_reduce", str(red.op), t.dtype)
+
+
+def native_all_reduce_request(tp: Transport, op, t: torch.Tensor) -> Optional[Native]:
+    """``ProcessGroup.allreduce([t], opts)`` with ``op = opts.reduceOp``, when it is one native call of the backend's
+    ``allreduce`` with the same arguments; else None. The key: reduce op, dtype, shape, device."""
+    # _op_key inlined: this is the hot path of every eager all_reduce
+    return tp.native_request(("all_reduce", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), t.dtype,
+                              t.shape, None if t.is_cpu else t.device), _all_reduce_native, op, t)
+
+
+def _reduce_scatter_native(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
+    red = semantics.parse_reduction(op, "reduce_scatter_tensor")
+    semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
+    semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
+    caps = tp.caps
+    if (out.numel() == 0 or red.op is R.PREMUL_SUM or out.dim() == 0
+            or tuple(inp.shape) != (tp.size * out.shape[0],) + tuple(out.shape[1:])
+            or not caps.moves(inp.dtype)
+            or not planner.plan(caps, "reduce_scatter", red.op, inp.dtype, tp.size).native):
+        return None
+    return ("reduce_scatter", str(red.op), inp.dtype)
+
+
+def native_reduce_scatter_request(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
+    """``ProcessGroup._reduce_scatter_base(out, inp, opts)`` as one native call of the backend's own (input in the
+    concatenated shape)."""
+    key = ("reduce_scatter", _op_key(op), out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype,
+           inp.shape, None if inp.is_cpu else inp.device)
+    return tp.native_request(key, _reduce_scatter_native, op, out, inp)
+
+
+# ---------------------------------------------------------------------------------------------------
+# all_reduce
+# ---------------------------------------------------------------------------------------------------
+def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
+    """In-place all_reduce of contiguous ``t`` (already validated): the planner's plan for the request, run."""
+    return _run_ar(tp, t, red, planner.plan(tp.caps, "all_reduce", red.op, t.dtype, tp.size).steps)
+
+
+def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
+    step, rest, n = steps[0], steps[1:], tp.size
+    if step.note:
+        _note(step.note)
+    kind = step.kind
+    if kind == planner.NATIVE:
+        return Pending([tp.all_reduce(t, red if step.op is red.op else Reduction(step.op))])
+    if kind == planner.REAL_VIEW:
+        return _run_ar(tp, torch.view_as_real(_flat(t)), red, rest)
+    if kind == planner.BOOL_OP:
+        return _run_ar(tp, t, Reduction(step.op), rest)
+    if kind == planner.BOOL_UINT8:
+        return _run_ar(tp, t.view(torch.uint8), Reduction(step.op), rest)
+    if kind == planner.AVG_FLOAT32:
+        w = t.float()
+        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(w.div_(n)))
+    if kind == planner.AVG_FLOAT:
+        return _run_ar(tp, t, Reduction(R.SUM), rest).and_then(lambda: t.div_(n))
+    if kind == planner.AVG_INT:
+        w = t.to(torch.int64)
+        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_trunc_div(w, n)))
+    if kind == planner.PREMUL:
+        t.mul_(_factor(red, t))
+        return _run_ar(tp, t, Reduction(R.SUM), rest)
+    if kind == planner.SIGNED_FLIP:
+        w, bit = t.view(step.dtype), planner.SIGN_BIT[step.dtype]
+        w.bitwise_xor_(bit)
+        return _run_ar(tp, w, red, rest).and_then(lambda: w.bitwise_xor_(bit))
+    if kind == planner.SIGNED:
+        return _run_ar(tp, t.view(step.dtype), red, rest)
+    if kind == planner.WIDEN:
+        w = t.to(step.dtype)
+        return _run_ar(tp, w, red, rest).and_then(lambda: t.copy_(w))
+    if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
+        if step.dtype == torch.uint8 and t.is_contiguous() and tp.dtype_views:
+            # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place
+            w = t.view(torch.uint8)
+            return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: _count_to_bool_(kind, w, n))
+        w = t.to(step.dtype)
+        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_count_to_bool(kind, w, n)))
+    if kind == planner.RS_AG_LOCAL:
+        # all_to_all (this rank receives every rank's copy of its block), reduce the block locally in rank order,
+        # all_gather the blocks straight into the result: 2(n-1)/n of the tensor sent, one extra buffer
+        flat = _padded_flat(t, n)
+        recv = torch.empty_like(flat)
+        _a2a_even(tp, recv, flat).wait()
+        block = _local_reduce(recv.view(n, -1), step.op)
+        p = _ag(tp, flat, block)
+        if flat.numel() == t.numel():  # no padding: flat is a view of t, the all_gather wrote into t itself
+            return p
+        return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
+    if kind == planner.AVG_RS_AG:
+        # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and rounds
+        # its block to t's dtype, all_gather in t's dtype: 1.5x the bytes of a native all_reduce instead of 2x. In
+        # pieces of tp.staging_bytes of float32 (each piece's blocks gathered back into the piece, in place): the
+        # float32 copy and the transport's own temporaries stay bounded, not twice the tensor and more
+        flat = _padded_flat(t, n)
+        piece = flat.numel() if tp.staging_bytes is None else max(n, tp.staging_bytes // 4 // n * n)
+        for lo in range(0, flat.numel(), piece):
+            part = flat[lo:lo + piece]
+            wide = part.float()
+            block = wide.new_empty((part.numel() // n,))
+            _rs(tp, block, wide, Reduction(R.SUM)).wait()
+            del wide
+            p = _ag(tp, part, block.div_(n).to(t.dtype))
+            if lo + piece < flat.numel():
+                p.wait()
+        if flat.numel() == t.numel():  # no padding (a view of t), as above
+            return p
+        return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
+    if kind == planner.GATHER_LOCAL:
+        flat = t.reshape(-1)
+        g = flat.new_empty((n * flat.numel(),))
+        return _ag(tp, g, flat).and_then(lambda: flat.copy_(_local_reduce(g.view(n, -1), step.op)))
+    raise NotImplementedError(f"funcoll.all_reduce: the {tp.caps.name} transport cannot reduce {t.dtype}")
+
+
+@_entry
+def all_reduce(tp: Transport, tensor: torch.Tensor, op="sum") -> Pending:
+    """In-place all_reduce of ``tensor`` over the transport's group."""
+    red = semantics.parse_reduction(op, "all_reduce")
+    semantics.check_reduction("all_reduce", red, tensor.dtype)
+    if tensor.numel() == 0:
+        return Pending()  # nothing to send: complete at once
+    return _with_contig_out(tensor, lambda t: _ar(tp, t, red))
+
+
+@_entry
+def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum") -> Pending:
+    """In-place all_reduce of several tensors: one tuple op where native, else one flat buffer per dtype."""
+    red = semantics.parse_reduction(op, "all_reduce_coalesced")
+    for t in tensors:
+        semantics.check_reduction("all_reduce_coalesced", red, t.dtype)
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return Pending()  # nothing to send: complete at once
+    caps = tp.caps
+    # the plan reads only what every rank shares (op, dtypes); a tensor's layout changes only local copies
+    if all(caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
+        _note(f"one tuple all_reduce of {len(tensors)} tensors")
+        work = [_contig_in(t) for t in tensors]
+        p = Pending([tp.all_reduce_coalesced(work, red)])
+        staged = [(t, w) for t, w in zip(tensors, work) if w is not t]
+        return p.and_then(lambda: [t.copy_(w) for t, w in staged]) if staged else p
+    pendings = []
+    for idx in _by_dtype(tensors):
+        ts = [tensors[i] for i in idx]
+        if len(ts) == 1:
+            pendings.append(_with_contig_out(ts[0], lambda t: _ar(tp, t, red)))
+            continue
+        _note(f"flat buffer of {len(ts)} {ts[0].dtype} tensors")
+        flat = torch.cat([t.reshape(-1) for t in ts])
+
+        def unflatten(ts=ts, flat=flat):
+            off = 0
+            for t in ts:
+                t.copy_(flat[off:off + t.numel()].view(t.shape))
+                off += t.numel()
+
+        pendings.append(_ar(tp, flat, red).and_then(unflatten))
+    return Pending(pendings)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the even all_gather and all_to_all the plans build on (all_gather's own fill is a masked all_reduce)
+# ---------------------------------------------------------------------------------------------------
+def _masked_sum(tp: Transport, t: torch.Tensor, keep: torch.Tensor, then: Callable[[torch.Tensor], object],
+                flat: bool = False) -> Pending:
+    """``t`` where ``keep`` (device data, so every rank runs the same program), the identity elsewhere, summed over
+    the group in ``t``'s own dtype (or-ed for bool): exact, no dtype view; ``then(sum)`` runs on the result (flattened
+    first when ``flat``)."""
+    masked = torch.where(keep, t, _identity(t.dtype))
+    if flat:
+        masked = masked.reshape(-1)
+    return _ar(tp, masked, Reduction(R.SUM)).and_then(lambda: then(masked))
+
+
+def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+    """All-gather of contiguous ``inp`` into contiguous ``out`` (dim-0 concatenation)."""
+    caps = tp.caps
+    if caps.has("all_gather"):
+        return Pending([tp.all_gather(_bits(out, caps), _bits(inp, caps))])
+    # e.g. XLA for a group whose replica groups have mixed sizes (XLA's all-gather needs one size): every rank
+    # contributes its row, the identity in the others, to one all-reduce of n rows (n times the bytes)
+    _note("all_gather=masked all_reduce")
+    flat = _summable(_flat(inp), caps).reshape(1, -1)
+    dest = _summable(out, caps).reshape(-1)
+    rows = flat.expand(tp.size, flat.shape[1])
+    return _masked_sum(tp, rows, tp.rank_mask(flat).unsqueeze(1), dest.copy_, flat=True)
+
+
+def _a2a_even(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+    caps, n = tp.caps, tp.size
+    if caps.has("all_to_all"):
+        return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), None, None)])
+    # no all_to_all for this group (XLA, replica groups of mixed sizes): gather everything, keep this rank's column
+    _note("all_to_all=all_gather+select")
+    rows = inp.shape[0] // n
+    g = inp.new_empty((n * inp.shape[0],) + tuple(inp.shape[1:]))
+    return _ag(tp, g, inp).and_then(lambda: out.copy_(
+        g.view((n, n, rows) + tuple(inp.shape[1:])).index_select(1, tp.rank_index(g)).reshape(out.shape)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# reduce_scatter
+# ---------------------------------------------------------------------------------------------------
+def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Pending:
+    """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated): the planner's plan, run."""
+    return _run_rs(tp, out, inp, red, planner.plan(tp.caps, "reduce_scatter", red.op, inp.dtype, tp.size).steps)
+
+
+def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
+    step, rest, n = steps[0], steps[1:], tp.size
+    if step.note:
+        _note(step.note)
+    kind = step.kind
+    if kind == planner.NATIVE:
+        return Pending([tp.reduce_scatter(out, inp, red if step.op is red.op else Reduction(step.op))])
+    if kind == planner.REAL_VIEW:
+        return _run_rs(tp, torch.view_as_real(_flat(out)), torch.view_as_real(_flat(inp)), red, rest)
+    if kind == planner.BOOL_OP:
+        return _run_rs(tp, out, inp, Reduction(step.op), rest)
+    if kind == planner.BOOL_UINT8:
+        return _run_rs(tp, out.view(torch.uint8), inp.view(torch.uint8), Reduction(step.op), rest)
+    if kind == planner.AVG_FLOAT32:
+        wo = out.float()
+        return _run_rs(tp, wo, inp.float(), Reduction(R.SUM), rest).and_then(lambda: out.copy_(wo.div_(n)))
+    if kind == planner.AVG_FLOAT:
+        return _run_rs(tp, out, inp, Reduction(R.SUM), rest).and_then(lambda: out.div_(n))
+    if kind == planner.AVG_INT:
+        wo = out.to(torch.int64)
+        return _run_rs(tp, wo, inp.to(torch.int64), Reduction(R.SUM), rest).and_then(
+            lambda: out.copy_(_trunc_div(wo, n)))
+    if kind == planner.PREMUL:
+        return _run_rs(tp, out, inp * _factor(red, inp), Reduction(R.SUM), rest)
+    if kind == planner.SIGNED_FLIP:
+        wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
+        return _run_rs(tp, wo, inp.view(step.dtype) ^ bit, red, rest).and_then(lambda: wo.bitwise_xor_(bit))
+    if kind == planner.SIGNED:
+        return _run_rs(tp, out.view(step.dtype), inp.view(step.dtype), red, rest)
+    if kind == planner.WIDEN:
+        wo = out.to(step.dtype)
+        return _run_rs(tp, wo, inp.to(step.dtype), red, rest).and_then(lambda: out.copy_(wo))
+    if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
+        wo = out.to(step.dtype)
+        return _run_rs(tp, wo, inp.to(step.dtype), Reduction(R.SUM), rest).and_then(
+            lambda: out.copy_(_count_to_bool(kind, wo, n)))
+    if kind == planner.A2A_LOCAL:
+        buf = torch.empty_like(inp)
+        return _a2a_even(tp, buf, inp).and_then(
+            lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
+    if kind == planner.ALL_REDUCE_SLICE:  # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
+        w = inp.clone()
+        return _ar(tp, w, Reduction(step.op, red.factor)).and_then(lambda: out.copy_(
+            w.view((n,) + tuple(out.shape)).index_select(0, tp.rank_index(w)).view(out.shape)))
+    raise NotImplementedError(f"funcoll.reduce_scatter_tensor: the {tp.caps.name} transport cannot reduce "
+                              f"{inp.dtype}")
+
+
+@_entry
+def reduce_scatter_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor, op="sum") -> Pending:
+    red = semantics.parse_reduction(op, "reduce_scatter_tensor")
+    semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
+    semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
+    if out.numel() == 0:
+        return Pending()  # nothing to send: complete at once
+    inp = _contig_in(inp).reshape((-1,) + tuple(out.shape[1:]))  # the stacked input form as its concatenation
+    return _with_contig_out(out, lambda o: _rs(tp, o, inp, red))
+
+
+@_entry
+def reduce_scatter_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor],
+                             op="sum") -> Pending:
+    """One flat buffer per dtype (each input's n chunks interleaved rank-major), one reduce_scatter each."""
+    red = semantics.parse_reduction(op, "reduce_scatter_tensor_coalesced")
+    if len(outs) != len(inps):
+        raise ValueError(f"funcoll.reduce_scatter_tensor_coalesced: {len(outs)} outputs for {len(inps)} inputs")
+    for o, i in zip(outs, inps):
+        semantics.check_reduction("reduce_scatter_tensor_coalesced", red, i.dtype)
+        semantics.check_reduce_scatter("reduce_scatter_tensor_coalesced", o, i, tp.size)
+    n = tp.size
+    pendings = []
+    for os_, ins in _by_dtype_pairs(outs, inps):
+        if len(ins) == 1:
+            src = _contig_in(ins[0])
+            pendings.append(_with_contig_out(os_[0], lambda o, i=src: _rs(tp, o, i, red)))  # type: ignore[misc]
+            continue
+        _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
+        flat = torch.cat([i.reshape(n, -1) for i in ins], dim=1).reshape(-1)
+        res = flat.new_empty((flat.numel() // n,))
+
+        def unflatten(os_=os_, res=res):
+            off = 0
+            for o in os_:
+                o.copy_(res[off:off + o.numel()].view(o.shape))
+                off += o.numel()
+
+        pendings.append(_rs(tp, res, flat, red).and_then(unflatten))
+    return Pending(pendings)
+
+
+# ---------------------------------------------------------------------------------------------------
+# reduce, and reduce_scatter's list form
+# ---------------------------------------------------------------------------------------------------
+@_entry
+def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
+    """The result lands in ``tensor`` on ``dst``; other ranks' tensors are left unchanged."""
+    red = semantics.parse_reduction(op, "reduce")
+    semantics.check_reduction("reduce", red, tensor.dtype)
+    semantics.check_root("reduce", "dst", dst, tp.size)
+    if tensor.numel() == 0:
+        return Pending()  # nothing to send: complete at once
+    steps = planner.plan(tp.caps, "reduce", red.op, tensor.dtype, tp.size).steps
+    if steps[0].kind == planner.NATIVE:
+        if tp.rank == dst:
+            return _with_contig_out(tensor, lambda t: Pending([tp.reduce(t, dst, red)]))
+        return Pending([tp.reduce(tensor.contiguous().clone() if not tensor.is_contiguous() else tensor.clone(),
+                                  dst, red)])
+    _note(steps[0].note)  # reduce=all_reduce: the all_reduce plan, the result kept on dst
+    if tp.rank == dst:
+        return _with_contig_out(tensor, lambda t: _run_ar(tp, t, red, steps[1:]))
+    work = tensor.clone(memory_format=torch.contiguous_format)
+    p = _run_ar(tp, work, red, steps[1:])
+    tp.retain(work)  # nobody reads it here, but the collective must run on this rank too
+    return p
+
+
+@_entry
+def reduce_scatter(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], op="sum") -> Pending:
+    """``dist.reduce_scatter``: ``inps[r]`` of every rank is reduced into ``out`` on rank r."""
+    red = semantics.parse_reduction(op, "reduce_scatter")
+    semantics.check_reduction("reduce_scatter", red, out.dtype)
+    if len(inps) != tp.size:
+        raise ValueError(f"funcoll.reduce_scatter: expected {tp.size} input tensors, got {len(inps)}")
+    for i, t in enumerate(inps):
+        semantics.check_same_tensor("reduce_scatter", f"input[{i}]", t, out, out.shape)
+    if out.numel() == 0:
+        return Pending()  # nothing to send: complete at once
+    flat = torch.cat([t.reshape(-1) for t in inps])
+    return _with_contig_out(out, lambda o: _rs(tp, o.view(-1), flat, red))
+
+
