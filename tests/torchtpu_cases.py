@@ -468,3 +468,81 @@ def standin_world(rank, n):
     """Everything of tests/test_torchtpu_standin.py in one world (a world costs seconds to start): the cases over an
     asynchronous stand-in, a few over one that answers without a Work, and the controls."""
     return {"cases": every_case(rank, n), "sync": every_case(rank, n, sync=True), "controls": controls(rank, n)}
+
+
+# ------------------------------------------------------------------------------------------------------
+# with torch_tpu loaded (a subprocess of its own: TorchTPU renames PrivateUse1 process-wide, and a real tpu tensor
+# aborts a process without a TPU). Only fake tpu tensors and CPU tensors are made here.
+# ------------------------------------------------------------------------------------------------------
+def torch_tpu_main() -> dict:
+    """Loads torch_tpu by hand (its device init runs without a TPU), then: FX graphs of every ``_c10d_functional``
+    op on fake ``tpu`` tensors with and without funcoll's kernels (on a fake 4-rank group), the graph a CUDA user
+    gets, and funcoll's PrivateUse1 kernels reached by redispatch with CPU tensors on a 1-rank gloo group."""
+    import torch_tpu  # noqa: F401
+    from torch_tpu import _loader
+
+    _loader._init_device("tpu")
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from funcoll.testing import render_graph
+    from funcoll.transport.registry import transport_for
+    from tests import test_xpu_graphs as graphs
+
+    out: dict = {"privateuse1": torch._C._get_privateuse1_backend_name(),
+                 "backends": sorted(b for b in dist.Backend.backend_list if "tpu" in b)}
+    dist.init_process_group("cpu:fake,tpu:fake", store=FakeStore(), rank=1, world_size=graphs.WORLD_SIZE)
+
+    def trace(device_type, functional):
+        saved = graphs.SUB[:]
+        try:
+            return graphs.trace(device_type, functional)
+        finally:
+            graphs.SUB[:] = saved or graphs.SUB
+
+    out["before"] = {f: render_graph(trace("tpu", f)) for f in (False, True)}
+    out["installed"] = funcoll.install(["tpu"])
+    out["with_funcoll"] = {f: render_graph(trace("tpu", f)) for f in (False, True)}
+    out["code_with_funcoll"] = trace("tpu", True).code
+    out["cuda"] = {f: render_graph(trace("cuda", f)) for f in (False, True)}
+    out["cuda_code"] = trace("cuda", True).code
+    try:
+        transport_for(dist.group.WORLD, torch.device("tpu"))
+        out["fake_backend"] = None
+    except ValueError as e:
+        out["fake_backend"] = str(e)
+    dist.destroy_process_group()
+
+    # funcoll's kernels on the PrivateUse1 key, reached by redispatching CPU tensors to it (a 1-rank gloo group)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    key = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+    c = torch.ops._c10d_functional
+    name = dist.group.WORLD.group_name
+    ran = {}
+    x = torch.tensor([3, -7, 100], dtype=torch.int8)
+    with funcoll.record() as log:
+        ran["all_reduce avg int8"] = c.wait_tensor(c.all_reduce.default.redispatch(key, x, "avg", name)).tolist()
+        ran["all_reduce bxor int32"] = c.wait_tensor(c.all_reduce.default.redispatch(
+            key, torch.tensor([5, 6], dtype=torch.int32), "bxor", name)).tolist()
+        ran["broadcast -0.0"] = [str(v) for v in c.wait_tensor(c.broadcast.default.redispatch(
+            key, torch.tensor([-0.0, 2.5]), 0, name)).tolist()]
+        ran["all_gather float32"] = c.wait_tensor(c.all_gather_into_tensor.default.redispatch(
+            key, torch.tensor([1.5, 2.0]), 1, name)).tolist()
+        ran["reduce_scatter avg bfloat16"] = c.wait_tensor(c.reduce_scatter_tensor.default.redispatch(
+            key, torch.tensor([1.0, 3.0], dtype=torch.bfloat16), "avg", 1, name)).float().tolist()
+        ran["all_to_all_single splits"] = c.wait_tensor(c.all_to_all_single.default.redispatch(
+            key, torch.tensor([4.0, 5.0]), [2], [2], name)).tolist()
+    out["redispatch"] = ran
+    out["redispatch_log"] = [[op, list(notes)] for op, notes in log]
+    funcoll.uninstall(["tpu"])
+    with funcoll.record() as log2:
+        c.wait_tensor(c.all_reduce.default.redispatch(key, x.clone(), "sum", name))
+    out["after_uninstall_log"] = log2
+    dist.destroy_process_group()
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    sys.stdout.write("FUNCOLL-RESULT " + json.dumps(torch_tpu_main()) + "\n")
