@@ -54,6 +54,7 @@ def test_nothing_processgrouptpu_refuses_or_gets_wrong_reaches_it(world):
                        "scatter=broadcast+slice"):
             assert needed in s, (needed, s)
         assert any(x.startswith("uneven all_to_all=pad to") for x in s), s
+        assert "uneven all_to_all=pad to static bound 2+even all_to_all+unpad" in s, s
 
 
 def test_calls_answered_without_a_work_are_complete(worlds):

@@ -385,6 +385,25 @@ def every_case(rank, n, sync=False):
             return None if torch.equal(got, ref.make(torch.float32, (4,), prv, "p2p")) else "mismatch"
 
         c.check("send/recv ring", p2p)
+
+        def a2a_bound():
+            """Under a promised bound no split size is agreed on (nothing read back): padded to the bound."""
+            from funcoll.transport.tpu import static_split_bound
+
+            ins = [(rank + j) % 3 for j in others]
+            outs = [(j + rank) % 3 for j in others]
+            inp = ref.make(torch.float32, (sum(ins), 2), rank, "a2ab")
+            out = torch.empty((sum(outs), 2))
+            with static_split_bound(2):
+                algorithms.all_to_all_single(tp, out, inp, outs, ins).wait()
+            parts = []
+            for j in others:
+                src = ref.make(torch.float32, (sum((j + k) % 3 for k in others), 2), j, "a2ab")
+                off = sum((j + k) % 3 for k in range(rank))
+                parts.append(src[off:off + (j + rank) % 3])
+            return None if torch.equal(out, torch.cat(parts)) else "mismatch"
+
+        c.check("all_to_all_single under static_split_bound(2)", a2a_bound)
         c.check("barrier", lambda: (algorithms.barrier(tp).wait(), None)[1])
 
     strategies = sorted({s for _, notes in log for s in notes})

@@ -76,7 +76,8 @@ class Fact:
 
     def at(self, row: Optional[str]) -> str:
         if row is None:
-            return "unknown torch_tpu version: " + (self.unknown or "funcoll's strategy")
+            return "unknown torch_tpu version: " + (self.unknown or ("not known" if self.info else
+                                                                     "not known; funcoll's strategy"))
         text = ""
         for first, what in self.by_version:
             if _key(first) <= _key(row):
@@ -353,11 +354,11 @@ def torch_tpu_version() -> Optional[str]:
         return None
 
 
-def capabilities(profile: Optional[str] = None, *, torch_tpu_version_=None) -> TpuCapabilities:
-    """What funcoll's ``tpu`` transport does natively with the installed torch_tpu (or ``torch_tpu_version_``); the rest
+def capabilities(profile: Optional[str] = None, *, version=None) -> TpuCapabilities:
+    """What funcoll's ``tpu`` transport does natively with the installed torch_tpu (or torch_tpu ``version``); the rest
     funcoll fills. ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with."""
     src = "given"
-    v = torch_tpu_version_
+    v = version
     if v is None:
         v = torch_tpu_version()
         src = "package metadata of torch-tpu" if v else "not installed: unknown version"
