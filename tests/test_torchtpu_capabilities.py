@@ -128,3 +128,12 @@ def test_importing_the_transport_imports_no_tpu_runtime():
                        env={**__import__("os").environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "[]"
+
+
+def test_the_docs_page_holds_the_fact_table_of_the_code():
+    from pathlib import Path
+
+    from funcoll.report import torchtpu_fact_table
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "torchtpu.md").read_text()
+    assert torchtpu_fact_table() in page, "regenerate with: ./dev python -m funcoll.report --torchtpu-facts"
