@@ -1,4 +1,4 @@
-"""funcoll: one collective path for PyTorch on TPU (torch_xla) and Intel GPU (XPU), with a CPU reference.
+"""funcoll: one collective path for PyTorch on TPU (torch_xla, TorchTPU) and Intel GPU (XPU), with a CPU reference.
 
 ``import funcoll`` registers the torch.distributed backend ``"funcoll"`` and overrides nothing.
 ``funcoll.install()`` puts funcoll's kernels on the ``_c10d_functional`` ops of the accelerators present.
@@ -31,7 +31,7 @@ debug.patch_monitored_barrier()  # torch 2.9: dist.monitored_barrier reaches fun
 def capabilities(device_type: str, profile: Optional[str] = None) -> Capabilities:
     """What funcoll's transport for ``device_type`` does natively (the rest funcoll fills).
 
-    ``profile`` names a capability profile ("gloo", "xccl", "xla") to read instead of the running stack;
+    ``profile`` names a capability profile ("gloo", "xccl", "xla", "torchtpu") to read instead of the running stack;
     for "cpu" it is intersected with gloo's, exactly as ``FUNCOLL_PROFILE`` does.
     """
     if device_type == "cpu":

@@ -87,6 +87,22 @@ def _xccl_facts(cols) -> Optional[dict]:
     return None
 
 
+def _torchtpu_facts(cols) -> Optional[dict]:
+    """The TorchTPU fact rows (funcoll's choice, what ProcessGroupTpu does in that torch_tpu version) of the first tpu
+    column, or None when no column is one."""
+    from funcoll.transport import tpu
+
+    for _, caps in cols:
+        v = getattr(caps, "versions", None)
+        if v and "torch_tpu" in v:
+            row = None if v["row"] == "unknown" else v["row"]
+            return {"torch_tpu": v["torch_tpu"], "known_until": tpu.KNOWN_UNTIL,
+                    "facts": [{"fact": key, "funcoll": caps.sources[f"torchtpu.{key}"].split(":", 1)[0],
+                               "processgrouptpu": fact.at(row), "strategy": fact.strategy}
+                              for key, fact in tpu.TORCHTPU_FACTS.items()]}
+    return None
+
+
 def cmd_report(args) -> int:
     from funcoll import report
 
@@ -98,6 +114,7 @@ def cmd_report(args) -> int:
     rows = [(name, [report._cell(caps, run) for _, caps in cols]) for name, run in report.rows()]
     probes = _cached_probes(args.device or []) if args.probed else []
     facts = _xccl_facts(cols)
+    tpu_facts = _torchtpu_facts(cols)
     if args.format == "json":
         doc: dict = {"torch": torch.__version__,
                "columns": [{"name": label, "capabilities": caps.name, "sources": dict(caps.sources)}
@@ -105,6 +122,8 @@ def cmd_report(args) -> int:
                "rows": [{"request": name, "cells": dict(zip([c[0] for c in cols], cells))} for name, cells in rows]}
         if facts is not None:
             doc["xccl_facts"] = facts
+        if tpu_facts is not None:
+            doc["torchtpu_facts"] = tpu_facts
         if args.probed:
             doc["probe"] = probes
         print(json.dumps(doc, indent=1, sort_keys=False))
@@ -120,6 +139,10 @@ def cmd_report(args) -> int:
         print(f"(graph capture: {v['graph_capture']}; torch 2.15 is known up to {facts['known_until']})\n")
         for f in facts["facts"]:
             print(f"- `{f['fact']}`: **{f['funcoll']}** - ProcessGroupXCCL: {f['xccl']}")
+    if tpu_facts is not None:
+        print(f"\n## TorchTPU facts: torch_tpu {tpu_facts['torch_tpu']} (known up to {tpu_facts['known_until']})\n")
+        for f in tpu_facts["facts"]:
+            print(f"- `{f['fact']}`: **{f['funcoll']}** - ProcessGroupTpu: {f['processgrouptpu']}")
     if args.probed:
         print("\n## Verified on this machine (funcoll.probe cache)\n")
         if not probes:
@@ -257,7 +280,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="{report,probe,demo}")
 
     r = sub.add_parser("report", help="the capability table (what is native, what funcoll fills, how)")
-    r.add_argument("--device", action="append", choices=("cpu", "xpu", "xla"),
+    r.add_argument("--device", action="append", choices=("cpu", "xpu", "xla", "tpu"),
                    help="a column for this device type's transport on this stack (repeatable); default: the "
                         "columns of docs/capabilities.md")
     r.add_argument("--profile", help="columns (comma-separated: gloo, xccl, xccl-2022-scale-up, xla or any profile), "

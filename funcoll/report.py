@@ -115,8 +115,9 @@ def rows():
     yield "barrier", lambda tp: algorithms.barrier(tp)
 
 
-COLUMNS = ("gloo", "xccl", "xccl-2022-scale-up", "xla")
+COLUMNS = ("gloo", "xccl", "xccl-2022-scale-up", "xla", "torchtpu")
 XCCL_COLUMNS_TORCH = "2.15"  # the xccl columns are torch 2.15's row (the newest): the page is the same on every torch
+TORCHTPU_COLUMN_VERSION = "0.2.0"  # the torchtpu column: the newest row of funcoll.transport.tpu's table
 
 
 def transport_capabilities(name: str):
@@ -124,8 +125,9 @@ def transport_capabilities(name: str):
     transport of torch 2.15 for an unknown or pre-2022 oneCCL, scale-out: what a job gets when nothing better is
     known), ``xccl-2022-scale-up`` (torch 2.15, oneCCL >= 2022.0, all ranks on one node), ``xla`` (the XLA transport on
     a group whose replica groups have one size; torch_xla need not be installed: it is the ``xla`` profile, which a
-    test checks against the transport). Any other name is a capability profile."""
-    from funcoll.transport import gloo, xpu
+    test checks against the transport), ``torchtpu`` (the tpu transport over TorchTPU's ProcessGroupTpu, torch_tpu
+    0.2: ``funcoll.transport.tpu.derive("0.2.0")``). Any other name is a capability profile."""
+    from funcoll.transport import gloo, tpu, xpu
 
     if name == "gloo":
         return gloo.capabilities("gloo")
@@ -133,6 +135,8 @@ def transport_capabilities(name: str):
         return xpu.derive(XCCL_COLUMNS_TORCH, None, override="")
     if name == "xccl-2022-scale-up":
         return xpu.derive(XCCL_COLUMNS_TORCH, "2022.0", override="", topology="scale-up")
+    if name == "torchtpu":
+        return tpu.derive(TORCHTPU_COLUMN_VERSION)
     return transport.profile(name)
 
 
@@ -208,6 +212,24 @@ def xccl_fact_details() -> str:
     return "\n".join(out) + "\n"
 
 
+def torchtpu_fact_table() -> str:
+    """docs/torchtpu.md's table: per TorchTPU fact, what funcoll does with each torch_tpu row (and an unknown version),
+    what ProcessGroupTpu does, funcoll's strategy and the evidence."""
+    from funcoll.transport import tpu
+
+    rows = tpu.VERSION_ROWS
+    lines = ["| fact | request | " + " | ".join(f"torch_tpu {r}" for r in rows) + " | unknown version | "
+             "ProcessGroupTpu | funcoll's strategy | evidence |",
+             "|---|---|" + "---|" * len(rows) + "---|---|---|---|"]
+    for key, fact in tpu.TORCHTPU_FACTS.items():
+        cells = [tpu.derive(f"{r}.0").sources[f"torchtpu.{key}"].split(":", 1)[0] for r in rows]
+        unknown = tpu.derive(None).sources[f"torchtpu.{key}"].split(":", 1)[0]
+        does = "; ".join(f"{first}+: {what}" for first, what in fact.by_version)
+        lines.append(f"| `{key}` | {fact.what} | " + " | ".join(cells) +
+                     f" | {unknown} | {does} | {fact.strategy} | {fact.source} |")
+    return "\n".join(lines) + "\n"
+
+
 def capability_table(profiles=COLUMNS) -> str:
     lines = ["| request | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
     for name, run in rows():
@@ -221,5 +243,7 @@ if __name__ == "__main__":
 
     if "--xccl-facts" in sys.argv[1:]:
         print(xccl_fact_table() + "\n" + xccl_fact_details(), end="")
+    elif "--torchtpu-facts" in sys.argv[1:]:
+        print(torchtpu_fact_table(), end="")
     else:
         print(capability_table(), end="")

@@ -1,5 +1,5 @@
 """Multi-process numerics: every op x reduce op x dtype, against independent references, for the native
-gloo transport and under the xccl and xla capability profiles (the gap-filling strategies run for real).
+gloo transport and under the xccl, xla and torchtpu capability profiles (the gap-filling strategies run for real).
 
 The rank bodies (``all_ops``, ``functional``, ``subgroups``) run on every rank of a real world
 (``funcoll.launch.run_world``); each rank builds the inputs of *every* rank from a seed and compares its results
@@ -23,7 +23,7 @@ FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 INTS = [torch.int32, torch.int64, torch.int8, torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64]
 DTYPES = FLOATS + INTS + [torch.bool, torch.complex64]
 MOVABLE = DTYPES + [torch.float8_e4m3fn, torch.float8_e5m2]
-PROFILES = [None, "xccl", "xla"]
+PROFILES = [None, "xccl", "xla", "torchtpu"]
 
 
 # -- rank bodies: run on every rank by funcoll.launch.run_world; the tests below assert on what they return --
@@ -374,7 +374,8 @@ def bodies(rank, n, names):
 
 # which bodies run in the world of (size, profile), all_ops first; the deadline is the sum of theirs
 BODIES = {(2, None): ("all_ops", "functional"), (2, "xccl"): ("all_ops", "functional"), (2, "xla"): ("all_ops",),
-          (3, None): ("all_ops", "subgroups"), (3, "xccl"): ("all_ops", "subgroups"), (3, "xla"): ("all_ops",)}
+          (3, None): ("all_ops", "subgroups"), (3, "xccl"): ("all_ops", "subgroups"), (3, "xla"): ("all_ops",),
+          (2, "torchtpu"): ("all_ops", "functional"), (3, "torchtpu"): ("all_ops",)}
 DEADLINE = {"all_ops": 400, "functional": 300, "subgroups": 200}
 
 
@@ -406,7 +407,7 @@ def matrix(worlds):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("profile", PROFILES, ids=["gloo", "xccl", "xla"])
+@pytest.mark.parametrize("profile", PROFILES, ids=["gloo", "xccl", "xla", "torchtpu"])
 def test_every_op_dtype_reduce_op(matrix, world, profile):
     results = matrix(world, profile)
     assert results[0]["count"] > 300
@@ -460,6 +461,29 @@ def test_native_gloo_uses_native_avg_and_bitwise(matrix, world):
     assert "avg=sum+scale" not in results[0]["strategies"]
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_torchtpu_profile_never_calls_what_processgrouptpu_lacks(matrix, world):
+    """Under FUNCOLL_PROFILE=torchtpu no request ProcessGroupTpu refuses or gets wrong reaches the backend: no
+    PREMUL_SUM, no AVG on integers or fp16/bf16 (summed in the dtype), no reduce, no coalesced all_reduce, no uneven
+    all_to_all (a store round trip per call), no broadcast or scatter (zeros + SUM: -0.0 lost)."""
+    for r in matrix(world, "torchtpu"):
+        for prim, op, dtype in r["calls"]:
+            assert op != "premul_sum", (prim, op, dtype)
+            assert not (op == "avg" and dtype not in ("torch.float32", "torch.float64")), (prim, op, dtype)
+            assert prim not in ("reduce", "all_reduce_coalesced", "broadcast", "scatter"), (prim, op, dtype)
+        s = r["strategies"]
+        for needed in ("avg=float32 reduce_scatter+scale+all_gather", "avg=int64 sum+truncating divide",
+                       "premul_sum=scale+sum", "reduce=all_reduce", "broadcast=masked all_reduce",
+                       "scatter=broadcast+slice"):
+            assert needed in s, (needed, s)
+        assert any(x.startswith("flat buffer of") for x in s), s
+        assert any(x.startswith("uneven all_to_all=pad to") for x in s), s  # every rank the same shapes
+        assert not any(x.startswith("uneven all_to_all=pairwise") for x in s), s
+        # what ProcessGroupTpu has natively went to it
+        assert r["calls"].get(("all_reduce", "avg", "torch.float32"), 0) > 0
+        assert r["calls"].get(("all_reduce", "bxor", "torch.int32"), 0) > 0
+
+
 def test_xla_profile_fills_broadcast_and_bxor(matrix):
     s = matrix(2, "xla")[0]["strategies"]
     assert "broadcast=masked all_reduce" in s, s
@@ -468,7 +492,7 @@ def test_xla_profile_fills_broadcast_and_bxor(matrix):
     assert "reduce=all_reduce" in s and "barrier=all_reduce of one element" in s
 
 
-@pytest.mark.parametrize("profile", [None, "xccl"], ids=["gloo", "xccl"])
+@pytest.mark.parametrize("profile", [None, "xccl", "torchtpu"], ids=["gloo", "xccl", "torchtpu"])
 def test_functional_collectives_eager_and_compiled(worlds, profile):
     _report(worlds(2, profile, "functional"))
 

@@ -96,7 +96,8 @@ def test_funcoll_profile_env(monkeypatch):
     assert active_profile_name() == "xccl"
     assert funcoll.capabilities("cpu").name == "gloo[xccl]"
     monkeypatch.setenv("FUNCOLL_PROFILE", "nccl")
-    with pytest.raises(ValueError, match="funcoll: unknown capability profile 'nccl'; use one of gloo, xccl, xla"):
+    with pytest.raises(ValueError,
+                       match="funcoll: unknown capability profile 'nccl'; use one of gloo, torchtpu, xccl, xla"):
         active_profile_name()
     monkeypatch.delenv("FUNCOLL_PROFILE")
     assert funcoll.capabilities("cpu").name == "gloo"

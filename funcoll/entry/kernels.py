@@ -24,7 +24,7 @@ from funcoll.transport.registry import transport_for
 
 __all__ = ["install", "uninstall", "installed", "KERNELS", "DISPATCH_KEYS"]
 
-DISPATCH_KEYS = {"cpu": "CPU", "xla": "XLA", "xpu": "XPU"}
+DISPATCH_KEYS = {"cpu": "CPU", "xla": "XLA", "xpu": "XPU", "tpu": "PrivateUse1"}  # tpu: TorchTPU renames PrivateUse1
 
 _libs: Dict[str, torch.library.Library] = {}
 _lock = threading.Lock()
@@ -311,6 +311,8 @@ def _present(device_type: str) -> bool:
         return bool(os.environ.get("PJRT_DEVICE")) or importlib.util.find_spec("libtpu") is not None
     if device_type == "xpu":
         return hasattr(torch, "xpu") and torch.xpu.is_available()
+    if device_type == "tpu":  # TorchTPU registered its device (it renames PrivateUse1 only when a TPU is found)
+        return torch._C._get_privateuse1_backend_name() == "tpu"
     return False
 
 
@@ -319,7 +321,7 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
     None means every accelerator present ("cpu" only when asked): XLA when torch_xla is imported, ``PJRT_DEVICE``
     is set or libtpu is installed; XPU when ``torch.xpu.is_available()``. Idempotent. Returns the types installed."""
     if device_types is None:
-        device_types = [d for d in ("xla", "xpu") if _present(d)]
+        device_types = [d for d in ("xla", "xpu", "tpu") if _present(d)]
     elif isinstance(device_types, str):
         device_types = [device_types]
     done = []
@@ -328,6 +330,10 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
             if dt not in DISPATCH_KEYS:
                 raise ValueError(f"funcoll.install: unknown device type {dt!r}; use one of "
                                  f"{', '.join(DISPATCH_KEYS)}")
+            if dt == "tpu" and not _present(dt):  # PrivateUse1 has one owner: install only when TorchTPU owns it
+                raise ValueError(f"funcoll.install: the PrivateUse1 key is named "
+                                 f"{torch._C._get_privateuse1_backend_name()!r}, not 'tpu': TorchTPU has not "
+                                 f"registered its device (import torch_tpu on a TPU host)")
             if dt not in _libs:
                 from funcoll.transport.registry import _ensure_loaded
 

@@ -5,7 +5,8 @@ A transport never fills a gap: when the algorithms ask it for something its capa
 is a bug in funcoll, and the transport raises :class:`NativeRefused` instead of sending anything.
 
 Capability facts live in one table per device, each with its source: gloo's and XLA's here (``PROFILES``), XCCL's
-in :mod:`funcoll.transport.xpu` (``PROFILES["xccl"]`` is derived from it). ``FUNCOLL_PROFILE=<name>``
+in :mod:`funcoll.transport.xpu` (``PROFILES["xccl"]`` is derived from it), TorchTPU's in :mod:`funcoll.transport.tpu`
+(``PROFILES["torchtpu"]``). ``FUNCOLL_PROFILE=<name>``
 intersects the running transport's own capabilities with a named profile, so that, e.g., the XCCL
 gap-filling paths run for real over gloo on any CPU machine.
 """
@@ -158,7 +159,8 @@ class _Profiles(Mapping):
     (:func:`funcoll.transport.xpu.conservative_profile`: the running torch's row for an unknown oneCCL on the scale-out
     path), so that XCCL's facts have one source; importing that module touches no XPU runtime."""
 
-    _DERIVED = {"xccl": ("funcoll.transport.xpu", "conservative_profile")}
+    _DERIVED = {"xccl": ("funcoll.transport.xpu", "conservative_profile"),
+                "torchtpu": ("funcoll.transport.tpu", "conservative_profile")}
 
     def __init__(self, static: Dict[str, Capabilities]):
         self._rows = dict(static)

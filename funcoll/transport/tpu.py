@@ -1,0 +1,514 @@
+"""The TorchTPU transport: funcoll's algorithms over TorchTPU's ``ProcessGroupTpu`` (backend ``tpu_dist``) for tensors
+on its ``tpu`` device (the PrivateUse1 key renamed by ``torch_tpu``), on current torch (TorchTPU 0.2 needs torch
+2.11-2.15; torch_xla stops at torch 2.9).
+
+* Primitives: :class:`TpuTransport` is the CPU reference :class:`~funcoll.transport.gloo.C10dTransport` driving a
+  ProcessGroupTpu instead of a ProcessGroupGloo; tensors are handed to it on the device and stay there. A call
+  ProcessGroupTpu answers without a Work (it returns one only for asynchronous calls) is complete.
+* Capabilities: :func:`derive` -- a pure function of the torch_tpu version -- over the fact table
+  :data:`TORCHTPU_FACTS` (the only place TorchTPU facts live, each with its evidence, per torch_tpu version).
+  ``FUNCOLL_PROFILE=torchtpu`` imposes the same table on the CPU transport (:func:`conservative_profile`), so every
+  path funcoll fills for TorchTPU runs over gloo on any machine.
+* Groups: a group TorchTPU made (``init_process_group("tpu")``, ``"cpu:gloo,tpu:tpu_dist"``,
+  ``"cpu:funcoll,tpu:tpu_dist"``) lends funcoll its tpu backend (``pg._get_backend(torch.device("tpu"))``): the
+  preferred route. A funcoll group (``"funcoll"``) builds a ProcessGroupTpu of its own with TorchTPU's creator.
+
+Importing this module imports neither torch_tpu nor a TPU runtime: the version is read from the package metadata, and
+nothing touches the ``tpu`` device until a transport is created for a ``tpu`` tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from dataclasses import dataclass, field, fields, replace
+from typing import Dict, Mapping, Optional, Tuple
+
+import torch
+
+from funcoll.semantics import FLOAT8, ReduceOp
+from funcoll.transport import DONE, Capabilities, active_profile_name
+from funcoll.transport import profile as _named_profile
+from funcoll.transport.gloo import C10dTransport
+from funcoll.transport.registry import GroupContext, register_device
+
+__all__ = ["TORCHTPU_FACTS", "Fact", "TpuCapabilities", "TpuTransport", "derive", "capabilities", "facts_at",
+           "conservative_profile", "torch_tpu_version", "version_row", "static_split_bound", "VERSION_ROWS",
+           "KNOWN_UNTIL", "BACKEND_NAME"]
+
+R = ReduceOp
+Version = Tuple[int, ...]
+BACKEND_NAME = "tpu_dist"  # ProcessGroupTpu::getBackendName()
+
+# The torch_tpu versions the table has a row for; any other version (older, newer, or not found) is "unknown": every
+# fact that switches a plan takes funcoll's strategy there (the safe choice), the baseline primitives stay native.
+VERSION_ROWS = ("0.2",)
+KNOWN_UNTIL = "torch_tpu 0.2.0 wheel, torch-2.15 glue (read 2026-11)"
+
+# Evidence tags (../shared/research/torchtpu-0.2-collectives.md): W file:line = a Python file of the wheel; SO = a
+# literal in libpywrap_2_15_0_common.so (ProcessGroupTpu); vt[n] = slot n of ProcessGroupTpu's vtable (a c10d
+# default there means "not overridden"); RUN = executed without a TPU; M = the public mirror (corroboration only).
+_INTS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+                   torch.uint64})
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_LOW = frozenset({torch.float16, torch.bfloat16})
+# internal::ToElementType (dtype.cc:214, jump table decoded): every dtype funcoll knows, float8 included
+_TPU_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8
+_TPU_REDUCE_DTYPES = _INTS | _FLOATS | {torch.bool}
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact about ProcessGroupTpu. ``native``: the version rows in which funcoll hands the request to TorchTPU
+    (any other row, and an unknown version, use ``strategy``). ``by_version``: what ProcessGroupTpu does, as
+    ``(first row, text)`` pairs. ``unknown``: what the sources do not say, and the safe choice funcoll makes.
+    ``info``: a rule funcoll respects or reports on every version (it switches no plan)."""
+
+    key: str
+    what: str
+    native: Tuple[str, ...]
+    strategy: str
+    source: str
+    by_version: Tuple[Tuple[str, str], ...] = ()
+    unknown: str = ""
+    info: bool = False
+
+    def at(self, row: Optional[str]) -> str:
+        if row is None:
+            return "unknown torch_tpu version: " + (self.unknown or ("not known" if self.info else
+                                                                     "not known; funcoll's strategy"))
+        text = ""
+        for first, what in self.by_version:
+            if _key(first) <= _key(row):
+                text = what
+        return text
+
+
+def _key(row: str) -> Version:
+    return tuple(int(x) for x in row.split("."))
+
+
+_V02 = ("0.2",)
+_NONE: Tuple[str, ...] = ()
+
+# ======================================================================================================
+# THE TORCHTPU FACT TABLE. Every ProcessGroupTpu capability funcoll relies on is here, with its evidence; derive()
+# reads nothing else. docs/torchtpu.md renders the same table.
+# ======================================================================================================
+TORCHTPU_FACTS: Dict[str, Fact] = {f.key: f for f in (
+    Fact("avg_float",
+         "ReduceOp.AVG on float32/float64 (all_reduce, reduce_scatter)",
+         native=_V02,
+         strategy="SUM, then divide on the device",
+         source="BuildDistributedAllReduceShlo / ...ReduceScatterShlo: on op == AVG an all-reduce SUM then "
+                "stablehlo.divide by a constant (SO makeConstant, Div); BuildReduceBody: \"'avg' reduction should be "
+                "handled using 'sum'\"",
+         by_version=(("0.2", "SUM, then divide by the group size in the tensor's dtype"),),
+         unknown="the strategy (SUM + divide: the same result)"),
+    Fact("avg_low_precision",
+         "ReduceOp.AVG on float16/bfloat16",
+         native=_NONE,
+         strategy="float32 reduce_scatter, divide and round once, all_gather in the tensor's dtype",
+         source="the AVG branch of the builders has no convert: the sum stays in the tensor's dtype (inferred from "
+                "the same code as avg_float; not run: no TPU)",
+         by_version=(("0.2", "summed in fp16/bf16 (not widened), then divided"),),
+         unknown="how XLA:TPU accumulates a bf16 all-reduce internally; funcoll sums in float32 on every version"),
+    Fact("avg_int",
+         "ReduceOp.AVG on integer and bool dtypes",
+         native=_NONE,
+         strategy="int64 SUM, then truncating divide (NCCL semantics, no overflow in the dtype)",
+         source="the AVG branch sums in the tensor's own dtype (int8 overflows at 2 ranks) and divides with "
+                "stablehlo.divide (truncating); inferred from the builders, not run",
+         by_version=(("0.2", "summed in the dtype (overflows), then a truncating divide"),)),
+    Fact("premul_sum",
+         "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum)",
+         native=_NONE,
+         strategy="multiply by the factor on the device, then SUM (the caller's input is never scaled)",
+         source="ValidateReductionOp: 'reduce option not supported: ' + op (utils.cc:76, M the same); SO "
+                "\"BuildReduceBody: 'premul_sum' reduction is not supported\" (op_builder_utils.cc:1308); "
+                "tpu::_reduce_scatter_dim: 'expected reduce_op to be one of sum, avg, ...' (RUN)",
+         by_version=(("0.2", "refused: RuntimeError 'reduce option not supported'"),)),
+    Fact("bitwise",
+         "ReduceOp.BAND / BOR / BXOR on integer and bool dtypes",
+         native=_V02,
+         strategy="all_to_all, reduce each block locally in rank order, all_gather",
+         source="BuildReduceBody: BAND->and, BOR->or, BXOR->xor; ValidateReductionOp's integer mask {Byte, Char, "
+                "Short, Int, Long, Bool, UInt16, UInt32, UInt64}; floats refused with 'expected the tensors dtype "
+                "to be integer on bitwise reduction ops' (utils.cc:79; funcoll refuses them with a TypeError first)",
+         by_version=(("0.2", "native on integers and bool; refused on floats"),),
+         unknown="the strategy"),
+    Fact("broadcast",
+         "broadcast (and the scatter built on it)",
+         native=_NONE,
+         strategy="one SUM all_reduce of the tensor on the root and -0.0 (0 for integers) elsewhere: bit-exact",
+         source="ProcessGroupTpu::broadcast zeroes the other ranks (at::zeros + copy_) and calls allreduce (vt[34]) "
+                "with SUM; M: 'stablehlo.collective_broadcast is not implemented for TPUs'",
+         by_version=(("0.2", "zeros + SUM all_reduce: a root -0.0 arrives as +0.0 (inferred, not run)"),)),
+    Fact("scatter",
+         "scatter",
+         native=_NONE,
+         strategy="broadcast of the stacked inputs (bit-exact, as above), keep this rank's slice",
+         source="ProcessGroupTpu::scatter: the root concatenates its inputs, the others send zeros, then a SUM "
+                "_reduce_scatter_base (vt[50]; cat, stack, zeros in the disassembly)",
+         by_version=(("0.2", "zeros + SUM reduce_scatter: -0.0 lost like broadcast"),)),
+    Fact("reduce",
+         "reduce (to one rank)",
+         native=_NONE,
+         strategy="the all_reduce plan, the result kept on dst",
+         source="vt[37] = c10d::Backend::reduce: 'Backend tpu_dist does not support reduce' (Backend.hpp:408)",
+         by_version=(("0.2", "refused"),)),
+    Fact("gather",
+         "gather",
+         native=_V02,
+         strategy="all_gather, the root keeps the rows",
+         source="ProcessGroupTpu::gather calls allgather (vt[38]) on every rank; the root keeps the result (the "
+                "same bytes as funcoll's strategy)",
+         by_version=(("0.2", "an all_gather to every rank"),),
+         unknown="the strategy (the same exchange)"),
+    Fact("barrier",
+         "barrier with default options",
+         native=_V02,
+         strategy="a SUM all_reduce of one element",
+         source="ProcessGroupTpu::barrier: a SUM all-reduce of ones(1), then .item(); refuses 'timeout in barrier "
+                "options is not supported', 'device_ids in barrier options is not supported, except "
+                "device_ids=[0]', 'device in barrier options is not supported' (SO)",
+         by_version=(("0.2", "all-reduce of ones(1) + a host read; options refused"),),
+         unknown="the strategy (no host read)"),
+    Fact("uneven_all_to_all",
+         "all_to_all_single with split sizes",
+         native=_NONE,
+         strategy="every split padded to one size (a bound promised with static_split_bound, else agreed with one "
+                  "tiny all_gather), one even all_to_all, unpadded",
+         source="AllToAllBaseUnevenSplits: a ragged all-to-all with one c10d store round trip per call "
+                "('alltoall_offsets:' keys; 'c10d::Store is required for multi-rank uneven all-to-all'), refused "
+                "unless every rank's buffers have the same size: 'asymmetric input buffer sizes across ranks are "
+                "not supported on TPU ... use padding if necessary' (SO)",
+         by_version=(("0.2", "ragged all-to-all, store sync per call, symmetric buffers only"),)),
+    Fact("all_reduce_coalesced",
+         "one all_reduce of several tensors (allreduce_coalesced, multi-tensor allreduce)",
+         native=_NONE,
+         strategy="one flat buffer per dtype, one all_reduce each",
+         source="vt[36]: 'Backend tpu_dist does not support allreduce_coalesced' (the functional "
+                "all_reduce_coalesced reaches it through Functional.cpp); allreduce: 'does not yet support multiple "
+                "tensors' (SO)",
+         by_version=(("0.2", "refused"),)),
+    Fact("coalescing",
+         "the coalescing manager (startCoalescing/endCoalescing)",
+         native=_NONE,
+         strategy="funcoll's own coalescing (the group's _start/_end_coalescing)",
+         source="vt[29]/[30] are c10d defaults ('does not implement startCoalescing'); supportsCoalescing is false "
+                "(vt[10])",
+         by_version=(("0.2", "refused"),)),
+    Fact("sequence_numbers",
+         "sequence numbers and Work timeouts",
+         native=_NONE,
+         strategy="FuncollWork: sequence numbers, wait(timeout), exception() (on funcoll groups)",
+         source="vt[57]/[58] defaults: 'does not yet support sequence numbers.'; TpuWork::wait(timeout) ignores the "
+                "timeout, abort() is empty, a Work exists only for async calls (M); the constructor takes no "
+                "timeout",
+         by_version=(("0.2", "refused; timeouts ignored"),)),
+    # -- rules funcoll respects or reports on every version (they switch no plan) -----------------------------
+    Fact("dtypes",
+         "dtypes moved and reduced",
+         native=_V02, info=True,
+         strategy="all of funcoll's dtypes are handed as they are (no dtype view: not verified under TorchTPU)",
+         source="internal::ToElementType (dtype.cc:214): bool, u8, i8, i16, i32, i64, u16, u32, u64, f16, bf16, "
+                "f32, f64, c64, c128, float8 e5m2/e4m3fn/e5m2fnuz/e4m3fnuz/e8m0fnu; 'TorchTPU does not yet support "
+                "dtype' for complex32, quantized, bits and int1-7/uint1-7",
+         by_version=(("0.2", "every dtype funcoll moves"),),
+         unknown="whether the TPU runtime executes f64, complex, u64 or float8 collectives: no TPU to run them on"),
+    Fact("same_ops_every_rank",
+         "every rank dispatches the same op sequence",
+         native=_NONE, info=True,
+         strategy="rank-dependent values reach the strategies as device data (masks), and uneven all_to_all is "
+                  "padded to one shape (no per-pair message sizes)",
+         source="kTorchTpuInternalDetectRepeatedOpsEnvVar / ResetRepeatedOpsHeuristicState (SO); the 0.2.0 "
+                "broadcast runs dummy ops on the root to keep the heuristic in step (M)",
+         by_version=(("0.2", "required (repeated-ops heuristic; compile handshake)"),)),
+    Fact("sub_groups",
+         "sub-groups",
+         native=_NONE, info=True,
+         strategy="refused on the calling rank: funcoll cannot build a group ProcessGroupTpu cannot express",
+         source="ProcessGroupTpu constructor: 'TPU slice size (..) must be divisible by process group size (..)', "
+                "'expected exactly one TPU device per PyTorch process'; InitializeRankToDeviceMappings: 'the first "
+                "initialized ProcessGroupTpu must be of size WORLD_SIZE'; GatherAllSubgroups: 'Overlapping subgroups "
+                "are not supported in SPMD.' / 'Incomplete or overlapping subgroups are not supported in SPMD.'",
+         by_version=(("0.2", "sizes dividing the slice; no overlapping or incomplete partitions"),),
+         unknown="what exactly triggers the 'incomplete' error, in time order"),
+    Fact("one_graph_per_collective",
+         "each eager collective is its own graph execution",
+         native=_NONE, info=True,
+         strategy="a strategy of k primitives costs k executions eagerly (unless under torch.tpu.distributed."
+                  "spmd_safe); compiled, it stays inside its node's partition",
+         source="W distributed/spmd_util.py:45-75; TORCH_TPU_INTERNAL_MATERIALIZE_COLLECTIVE_TENSORS defaults to "
+                "True (W compile/split_compiler.py:756)",
+         by_version=(("0.2", "one execution per eager collective"),)),
+)}
+
+
+# ------------------------------------------------------------------------------------------------------
+# capabilities
+# ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TpuCapabilities(Capabilities):
+    """Capabilities plus the torch_tpu version they were derived for."""
+
+    versions: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def restrict(self, other: Capabilities) -> "TpuCapabilities":
+        base = Capabilities.restrict(self, other)
+        kw = {f.name: getattr(base, f.name) for f in fields(Capabilities)}
+        return TpuCapabilities(**kw, versions=self.versions)
+
+
+def parse_version(v) -> Optional[Version]:
+    """'0.2.0' -> (0, 2, 0); None/'' -> None."""
+    if v is None or (isinstance(v, str) and not v.strip()):
+        return None
+    if isinstance(v, tuple):
+        return tuple(int(x) for x in v)
+    m = re.match(r"\s*(\d+(?:\.\d+)*)", str(v))
+    if not m:
+        raise ValueError(f"funcoll.tpu: cannot read a torch_tpu version from {v!r}; write it as e.g. 0.2.0")
+    return tuple(int(x) for x in m.group(1).split("."))
+
+
+def version_row(torch_tpu_version) -> Optional[str]:
+    """The row of :data:`VERSION_ROWS` for a torch_tpu version ('0.2.0' -> '0.2'); None when the table has none."""
+    v = parse_version(torch_tpu_version)
+    if v is None or len(v) < 2:
+        return None
+    row = f"{v[0]}.{v[1]}"
+    return row if row in VERSION_ROWS else None
+
+
+def derive(torch_tpu_version) -> TpuCapabilities:
+    """The capabilities of ProcessGroupTpu in one torch_tpu version: a pure function of it. An unknown version (None,
+    or one the table has no row for) hands TorchTPU only the baseline primitives; every switchable fact takes funcoll's
+    strategy."""
+    row = version_row(torch_tpu_version)
+
+    def native(key: str) -> bool:
+        fact = TORCHTPU_FACTS[key]
+        return not fact.info and row is not None and row in fact.native
+
+    primitives = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+    for key in ("broadcast", "scatter", "reduce", "gather", "barrier", "all_reduce_coalesced"):
+        if native(key):
+            primitives.add(key)
+    reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
+    refused = set()
+    if native("avg_float"):
+        reduce_ops.add(R.AVG)
+        refused |= {(R.AVG, d) for d in _INTS | {torch.bool}}  # avg_int: never native
+        refused |= {(R.AVG, d) for d in _LOW}  # avg_low_precision: never native
+    if native("bitwise"):
+        reduce_ops |= {R.BAND, R.BOR, R.BXOR}
+        refused |= {(op, d) for op in (R.BAND, R.BOR, R.BXOR) for d in _FLOATS}
+
+    def label(k: str) -> str:
+        return "info" if TORCHTPU_FACTS[k].info else ("native" if native(k) else "strategy")
+
+    vstr = ".".join(map(str, parse_version(torch_tpu_version) or ())) or "unknown"
+    return TpuCapabilities(
+        name=f"torchtpu[{vstr}]",
+        primitives=frozenset(primitives),
+        reduce_ops=frozenset(reduce_ops),
+        dtypes=_TPU_DTYPES,
+        reduce_dtypes=_TPU_REDUCE_DTYPES,
+        refused_pairs=frozenset(refused),
+        uneven_all_to_all=native("uneven_all_to_all"),
+        is_async=True,
+        p2p_any_shape=False,  # same_ops_every_rank: no per-pair message sizes
+        sources={f"torchtpu.{k}": f"{label(k)}: {f.source}" for k, f in TORCHTPU_FACTS.items()},
+        versions={"torch_tpu": vstr, "row": row or "unknown"},
+    )
+
+
+def facts_at(torch_tpu_version):
+    """``(caps, [(key, "native"|"strategy"|"info", what ProcessGroupTpu does, funcoll's strategy, source)])``."""
+    caps = derive(torch_tpu_version)
+    row = version_row(torch_tpu_version)
+    return caps, [(k, caps.sources[f"torchtpu.{k}"].split(":", 1)[0], f.at(row), f.strategy, f.source)
+                  for k, f in TORCHTPU_FACTS.items()]
+
+
+def conservative_profile(torch_tpu_version="0.2.0") -> Capabilities:
+    """``PROFILES["torchtpu"]`` (what ``FUNCOLL_PROFILE=torchtpu`` imposes on another transport): the newest row of the
+    table (:data:`VERSION_ROWS`), as plain :class:`Capabilities` -- the same on every machine, whether torch_tpu is
+    installed or not."""
+    d = derive(torch_tpu_version)
+    kw = {f.name: getattr(d, f.name) for f in fields(Capabilities)}
+    kw.update(name="torchtpu")
+    return Capabilities(**kw)
+
+
+def torch_tpu_version() -> Optional[str]:
+    """The installed torch_tpu's version, read from its package metadata (never imported), or None."""
+    try:
+        from importlib import metadata
+
+        return metadata.version("torch-tpu")
+    except Exception:
+        return None
+
+
+def capabilities(profile: Optional[str] = None, *, version=None) -> TpuCapabilities:
+    """What funcoll's ``tpu`` transport does natively with the installed torch_tpu (or torch_tpu ``version``); the rest
+    funcoll fills. ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with."""
+    src = "given"
+    v = version
+    if v is None:
+        v = torch_tpu_version()
+        src = "package metadata of torch-tpu" if v else "not installed: unknown version"
+    caps = derive(v)
+    name = profile if profile is not None else active_profile_name()
+    if name and name != "torchtpu":
+        caps = caps.restrict(_named_profile(name))
+    return replace(caps, sources={**caps.sources, "torchtpu.version": f"torch_tpu {caps.versions['torch_tpu']} "
+                                                                      f"({src})"})
+
+
+# ------------------------------------------------------------------------------------------------------
+# the static split bound (uneven all_to_all with no agreement: nothing read back to the host)
+# ------------------------------------------------------------------------------------------------------
+_bound = threading.local()
+
+
+@contextlib.contextmanager
+def static_split_bound(bound: int):
+    """Inside the block, an uneven ``all_to_all_single`` on a ``tpu`` tensor pads every split to ``bound`` rows instead
+    of agreeing on the largest split first (a tiny all_gather read back to the host: under TorchTPU's compile, no
+    rank may read a value back). ``bound`` is a promise made by every rank: no split, sent or received, exceeds it
+    (each rank checks its own). The same contract as ``funcoll.xla.static_split_bound``."""
+    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
+        raise ValueError(f"funcoll.tpu.static_split_bound: bound must be a positive int, got {bound!r}")
+    prev = getattr(_bound, "value", None)
+    _bound.value = bound
+    try:
+        yield bound
+    finally:
+        _bound.value = prev
+
+
+# ------------------------------------------------------------------------------------------------------
+# the transport
+# ------------------------------------------------------------------------------------------------------
+class TpuTransport(C10dTransport):
+    """The primitives of a ProcessGroupTpu for ``tpu`` tensors. Everything is reused from ``C10dTransport``; this class
+    says where small control tensors live (the group's ``tpu`` device), completes a call ProcessGroupTpu answered
+    without a Work, hands the barrier no option ProcessGroupTpu refuses, and names the split bound."""
+
+    dtype_views = False  # a view as another dtype is not verified under TorchTPU's deferred eager mode: convert
+    staging_bytes = None  # one collective per request: each is a graph execution of its own, the compiler plans memory
+
+    def __init__(self, backend, caps: Capabilities, device=None, device_type: str = "tpu"):
+        super().__init__(backend, caps, device_type)
+        self._device = torch.device(device) if device is not None else None
+        self.premul_in_place = False  # PREMUL_SUM never reaches ProcessGroupTpu (the table has none)
+
+    @property
+    def control_device(self) -> torch.device:
+        d = self._device
+        if d is None:
+            d = self._device = torch.device(self.device_type, 0)  # one TPU device per process (ProcessGroupTpu)
+        return d
+
+    @staticmethod
+    def _work(w):
+        return DONE if w is None else w  # no Work: ProcessGroupTpu ran a synchronous call
+
+    def _all_reduce(self, t, red):
+        return self._work(super()._all_reduce(t, red))
+
+    def _all_gather(self, out, inp):
+        return self._work(super()._all_gather(out, inp))
+
+    def _reduce_scatter(self, out, inp, red):
+        from torch._C import _distributed_c10d as C
+
+        from funcoll.transport.gloo import c10d_op, waited
+
+        o = C.ReduceScatterOptions()
+        o.reduceOp = c10d_op(red)
+        w = self.backend._reduce_scatter_base(out, inp, o)
+        return DONE if w is None else waited(w, [out])
+
+    def _all_to_all(self, out, inp, out_splits, in_splits):
+        return self._work(super()._all_to_all(out, inp, out_splits, in_splits))
+
+    def _broadcast(self, t, src):
+        return self._work(super()._broadcast(t, src))
+
+    def _reduce(self, t, dst, red):
+        return self._work(super()._reduce(t, dst, red))
+
+    def _gather(self, outs, inp, dst):
+        return self._work(super()._gather(outs, inp, dst))
+
+    def _scatter(self, out, inps, src):
+        return self._work(super()._scatter(out, inps, src))
+
+    def _send(self, t, dst, tag):
+        from funcoll.transport.gloo import waited
+
+        w = self.backend.send([t], dst, tag)
+        return DONE if w is None else waited(w, [t])
+
+    def _recv(self, t, src, tag):
+        from funcoll.transport.gloo import waited
+
+        w = self.backend.recv([t], src, tag)
+        return DONE if w is None else waited(w, [t])
+
+    def _barrier(self):
+        from torch._C import _distributed_c10d as C
+
+        return self._work(self.backend.barrier(C.BarrierOptions()))  # default options: ProcessGroupTpu refuses any
+
+    def split_bound(self) -> Optional[int]:
+        return getattr(_bound, "value", None)
+
+
+def _is_tpu_backend(backend) -> bool:
+    try:
+        return backend.name() == BACKEND_NAME
+    except Exception:
+        return False
+
+
+def _funcoll_tpu(ctx: GroupContext) -> TpuTransport:
+    """A ProcessGroupTpu of its own for one funcoll group, made with TorchTPU's creator (every rank calls it). The
+    preferred route is a group TorchTPU made ("cpu:funcoll,tpu:tpu_dist"): ProcessGroupTpu gathers sub-groups through
+    the root store's keys, shared with the groups TorchTPU makes itself."""
+    from torch.distributed import PrefixStore
+
+    try:
+        from torch_tpu._internal.distributed import tpu_distributed  # type: ignore[import-not-found]
+    except ImportError:
+        raise RuntimeError(f"funcoll: tpu tensors need TorchTPU's ProcessGroupTpu (torch_tpu "
+                           f"{torch_tpu_version() or 'is not installed'}); pip install torch-tpu, or create the "
+                           f"group with 'cpu:funcoll,tpu:tpu_dist'") from None
+    backend = tpu_distributed.create_process_group(PrefixStore("funcoll-tpu/", ctx.store), ctx.rank, ctx.size,
+                                                   ctx.timeout)
+    return TpuTransport(backend, capabilities())
+
+
+def _c10d_tpu(pg, device) -> TpuTransport:
+    """The tpu backend of a group TorchTPU made ("tpu", "cpu:gloo,tpu:tpu_dist", "cpu:funcoll,tpu:tpu_dist")."""
+    try:
+        backend = pg._get_backend(torch.device("tpu"))
+    except RuntimeError:
+        raise ValueError(f"funcoll: group {pg.group_name!r} has no tpu backend; create it with "
+                         f"init_process_group('cpu:gloo,tpu:tpu_dist') (or 'tpu')") from None
+    own = getattr(backend, "funcoll_transport", None)  # the tpu leg is a funcoll group itself
+    if own is not None:
+        return own("tpu")
+    if not _is_tpu_backend(backend):
+        raise ValueError(f"funcoll: the tpu backend of group {pg.group_name!r} is {type(backend).__name__}; "
+                         f"funcoll drives TorchTPU's ProcessGroupTpu ({BACKEND_NAME!r}) on tpu")
+    return TpuTransport(backend, capabilities(), device)
+
+
+register_device("tpu", funcoll=_funcoll_tpu, c10d=_c10d_tpu)
