@@ -133,3 +133,18 @@ def test_the_docs_page_holds_the_fact_table_of_the_code():
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "torchtpu.md").read_text()
     assert torchtpu_fact_table() in page, "regenerate with: ./dev python -m funcoll.report --torchtpu-facts"
+
+
+def test_a_group_whose_size_does_not_divide_the_slice_is_refused_before_anything_is_made():
+    from datetime import timedelta
+
+    from funcoll.transport.registry import GroupContext
+
+    ctx = GroupContext("3", None, 0, 2, timedelta(seconds=5), (0, 1), 3)  # no store: nothing may be created
+    with pytest.raises(ValueError) as e:
+        tpu._funcoll_tpu(ctx)
+    assert str(e.value) == (
+        "funcoll: group '3' has 2 ranks, which does not divide the TPU slice size (3, one TPU per process); "
+        "TorchTPU's ProcessGroupTpu requires 'TPU slice size to be divisible by process group size', and funcoll "
+        "cannot fill that on tpu: use groups whose size divides 3")
+    tpu.check_group_size("4", 2, 4)  # 2 divides 4: accepted

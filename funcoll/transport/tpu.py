@@ -478,12 +478,24 @@ def _is_tpu_backend(backend) -> bool:
         return False
 
 
+def check_group_size(name: str, size: int, world_size: int) -> None:
+    """ProcessGroupTpu's rule that funcoll cannot fill (the replica groups are ProcessGroupTpu's): a group's size
+    divides the TPU slice size, the world of a job with one TPU per process. Refused on the calling rank when the
+    group's tpu transport is made, before anything is sent."""
+    if size < 1 or world_size % size:
+        raise ValueError(f"funcoll: group {name!r} has {size} ranks, which does not divide the TPU slice size "
+                         f"({world_size}, one TPU per process); TorchTPU's ProcessGroupTpu requires 'TPU slice size "
+                         f"to be divisible by process group size', and funcoll cannot fill that on tpu: use groups "
+                         f"whose size divides {world_size}")
+
+
 def _funcoll_tpu(ctx: GroupContext) -> TpuTransport:
     """A ProcessGroupTpu of its own for one funcoll group, made with TorchTPU's creator (every rank calls it). The
     preferred route is a group TorchTPU made ("cpu:funcoll,tpu:tpu_dist"): ProcessGroupTpu gathers sub-groups through
     the root store's keys, shared with the groups TorchTPU makes itself."""
     from torch.distributed import PrefixStore
 
+    check_group_size(ctx.name, ctx.size, ctx.world_size)
     try:
         from torch_tpu._internal.distributed import tpu_distributed  # type: ignore[import-not-found]
     except ImportError:
