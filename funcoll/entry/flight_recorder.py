@@ -47,10 +47,6 @@ def buffer_size() -> int:
         return 256
 
 
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def _ranks(ranks: Sequence[int]) -> str:
     ranks = list(ranks)
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):

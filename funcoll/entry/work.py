@@ -1,4 +1,5 @@
-"""``FuncollWork``: the Work every eager funcoll collective returns, and the errors it raises.
+"""``FuncollWork``: the Work every eager funcoll collective returns, and the errors it raises
+(:mod:`funcoll.entry.errors`).
 
 A Work waits on the transport's native handles, then runs the algorithm's finishing steps once. It tells the
 truth about failure, as c10d's own Works do:
