@@ -76,11 +76,9 @@ _DESCRIBED_MAX = 4096
 
 
 def _description(nat, pg, method: str, args) -> dict:
-    fp = _described.get(nat)
-    if fp is None:
-        if len(_described) >= _DESCRIBED_MAX:
-            _described.clear()
-        fp = _described[nat] = fingerprint(pg, method, args, {})
+    if len(_described) >= _DESCRIBED_MAX:
+        _described.clear()
+    fp = _described[nat] = fingerprint(pg, method, args, {})
     return fp
 
 
@@ -107,7 +105,8 @@ def collective(method: str) -> Callable:
                 blocking = nat is not None and not args[-1].asyncOp
                 if nat is not None and not (blocking and nat.cpu and st.guard):
                     nat.tally.n += 1
-                    rec = st.trace.native_record(op, method, _description(nat, self, method, args))
+                    rec = st.trace.native_record(op, method,
+                                                 _described.get(nat) or _description(nat, self, method, args))
                     if not blocking:
                         try:
                             work = nat.issue(*args)
