@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from funcoll import algorithms, transport
-from funcoll.entry import debug, flight_recorder, probe
+from funcoll import algorithms, probe, transport
+from funcoll.entry import flight_recorder
+from funcoll.entry import group_state as debug  # the per-group switches: set_debug, set_guard, sequence_number
+from funcoll.entry.c10d_patches import patch_monitored_barrier, register_backend
+from funcoll.entry.errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from funcoll.entry.kernels import install, installed, uninstall
-from funcoll.entry.process_group import FuncollWork, Options, ProcessGroupFuncoll, register_backend
-from funcoll.entry.work import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
+from funcoll.entry.process_group import FuncollWork, Options, ProcessGroupFuncoll
 from funcoll.semantics import groups
 from funcoll.transport import PROFILES, Capabilities
 
@@ -25,7 +27,7 @@ __all__ = ["install", "uninstall", "installed", "capabilities", "Options", "Proc
 record = algorithms.record
 
 register_backend()
-debug.patch_monitored_barrier()  # torch 2.9: dist.monitored_barrier reaches funcoll groups (others: unchanged)
+patch_monitored_barrier()  # torch 2.9: dist.monitored_barrier reaches funcoll groups (others: unchanged)
 
 
 def capabilities(device_type: str, profile: Optional[str] = None) -> Capabilities:

@@ -53,7 +53,7 @@ def _columns(args):
 
 
 def _cached_probes(device_types) -> List[dict]:
-    from funcoll.entry.probe import cache_dir
+    from funcoll.probe import cache_dir
 
     root = cache_dir()
     out = []
@@ -171,7 +171,7 @@ def _probe_rank(rank, n, device, cache, simulate):
     after = None
     if simulate:
         funcoll.probe.inject_wrong(tp, simulate)
-    res = funcoll.probe(device=device, cache=cache)
+    res = funcoll.probe.run(device=device, cache=cache)
     if simulate:
         after = _check_after(rank, n, device, simulate)
     return res.to_dict(), res.to_markdown(), after
@@ -182,7 +182,7 @@ def _check_after(rank, n, device, name):
     import torch.distributed as dist
 
     import funcoll
-    from funcoll.entry.probe import Request, _as_int64, _reduce_ref, _values, _wrap
+    from funcoll.probe import Request, _as_int64, _reduce_ref, _values, _wrap
 
     req = Request.parse(name)
     k = 3

@@ -217,13 +217,14 @@ def test_broadcast_rewrite_only_where_dynamo_lacks_one(monkeypatch):
     a torch whose Dynamo traces broadcast itself keeps its own."""
     import torch.distributed._functional_collectives as fc
 
-    from funcoll.entry import process_group
+    from funcoll.entry import c10d_patches
 
     remaps = fc.traceable_collective_remaps
-    assert remaps.get(dist.broadcast) is process_group._funcoll_traceable_broadcast  # 2.9 .. 2.14: Dynamo has none of its own
+    # 2.9 .. 2.14: Dynamo has none of its own
+    assert remaps.get(dist.broadcast) is c10d_patches._funcoll_traceable_broadcast
     upstream = object()
     monkeypatch.setitem(remaps, dist.broadcast, upstream)
-    process_group._register_traceable_broadcast()
+    c10d_patches._register_traceable_broadcast()
     assert remaps[dist.broadcast] is upstream
     # every other eager collective the running Dynamo rewrites is left to it
     others = {f.__name__ for f in remaps if f is not dist.broadcast}

@@ -18,7 +18,6 @@ import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
 from funcoll import algorithms
-from funcoll.entry import guard
 from funcoll.launch import run_world, spawn_world
 from funcoll.transport import profile
 from funcoll.transport.gloo import C10dTransport, capabilities
@@ -56,7 +55,7 @@ def _rank_results(rank, n):
     from funcoll.entry.work import NativeWork
 
     g = dist.group.WORLD
-    guard.set_guard(g, False)  # at world 2 the size guard sends blocking CPU calls through the full path (below)
+    funcoll.debug.set_guard(g, False)  # at world 2 the size guard sends blocking CPU calls through the full path
     dist.all_reduce(torch.ones(1))  # the group's first collective: the full path creates its state
     tp = g.transport("cpu")
     counts = _spy()
@@ -123,10 +122,9 @@ def _rank_observers(rank, n):
     """record(), debug mode, coalescing and a changed capability table each take the full path; the fast path is back
     once they are gone."""
     import funcoll
-    from funcoll.entry import debug
 
     g = dist.group.WORLD
-    guard.set_guard(g, False)
+    funcoll.debug.set_guard(g, False)
     t = torch.ones(4)
     dist.all_reduce(t)
     dist.all_reduce(t)
@@ -137,9 +135,9 @@ def _rank_observers(rank, n):
     with funcoll.record() as log:
         dist.all_reduce(t, op=R.AVG)
     out["record"] = (counts["all_reduce"], log)
-    debug.set_debug(g, True)
+    funcoll.debug.set_debug(g, True)
     dist.all_reduce(t)
-    debug.set_debug(g, False)
+    funcoll.debug.set_debug(g, False)
     out["debug"] = counts["all_reduce"]
     g._start_coalescing(torch.device("cpu"))  # what c10d's coalescing manager does around the calls it issues
     g.allreduce([t], C.AllreduceOptions())
@@ -160,7 +158,7 @@ def _rank_observers(rank, n):
     tp.caps = caps
     # the size guard on (the default at world 2): a blocking CPU call takes the full path, where the guard checks it
     # before sending; an async one (not guarded) keeps the fast path
-    guard.set_guard(g, True)
+    funcoll.debug.set_guard(g, True)
     before, seq = counts["all_reduce"], funcoll.flight_recorder.trace_of(g).seq
     z = torch.full((4,), float(rank + 1))
     dist.all_reduce(z)

@@ -4,7 +4,7 @@ Rank bodies (``_rank_*``) sit next to their asserts; the parent spawns the world
 (:func:`funcoll.launch.spawn_world`), which tolerates ranks that die on purpose, kills what overruns the deadline, and
 reports exit codes (a SIGABRT is -6).
 Scenarios: a peer dies before / during a collective; ranks issue mismatched ops, shapes, dtypes, reduce ops, roots
-or split sizes (with the debug mode's check, and without it through the size guard (funcoll/entry/guard.py): the same
+or split sizes (with the debug mode's check, and without it through the size guard (funcoll/entry/checks.py): the same
 clear error on every rank, no process abort, and the ranks stay in step; with the guard off: an error naming the
 collective within the timeout where gloo does not abort); a rank skips a call; destroy and re-init; 1000 outstanding
 async ops; two threads on two groups; malformed requests on one rank only. The guard's digest is also tested in
@@ -308,9 +308,9 @@ def _rank_guard_off(rank, n):
     through silently; all_reduce vs broadcast ends in an error naming the collective within the timeout."""
     import torch.distributed as dist
 
-    from funcoll.entry import guard
+    import funcoll
 
-    out = {"enabled": guard.guard_enabled(dist.group.WORLD)}
+    out = {"enabled": funcoll.debug.guard_enabled(dist.group.WORLD)}
     out["dtype"] = _attempt(lambda: _issue("dtype", rank))
     out["op"] = _attempt(lambda: _issue("op", rank))
     out["label"] = _group_label(n)
@@ -337,20 +337,20 @@ def _rank_guard_scope(rank, n):
     import torch
     import torch.distributed as dist
 
-    from funcoll.entry import guard
+    import funcoll
 
     pg = dist.group.WORLD
     t = torch.ones(4)
-    dist.all_reduce(t)  # the guard finds its backend
-    g = pg.__dict__["_funcoll_guard"]
-    real, count = g.backend, []
+    dist.all_reduce(t)
+    st = pg._state
+    real, count = st.guard_backend, []
 
     class Counting:
         def _allgather_base(self, out, inp):
             count.append(inp.numel())
             return real._allgather_base(out, inp)
 
-    g.backend = Counting()
+    st.guard_backend = Counting()
     out = {}
     try:
         def counted(fn):
@@ -362,12 +362,12 @@ def _rank_guard_scope(rank, n):
         out["barrier"] = counted(dist.barrier)
         out["async all_reduce"] = counted(lambda: dist.all_reduce(t, async_op=True).wait())
         out["send/recv"] = counted(lambda: dist.send(t, 1) if rank == 0 else dist.recv(t, 0))
-        guard.set_guard(pg, False)
+        funcoll.debug.set_guard(pg, False)
         out["guard off"] = counted(lambda: dist.all_reduce(t))
-        guard.set_guard(pg, True)
+        funcoll.debug.set_guard(pg, True)
         out["guard on again"] = counted(lambda: dist.all_reduce(t))
     finally:
-        g.backend = real
+        st.guard_backend = real
     return out
 
 
@@ -379,7 +379,7 @@ def test_the_guard_runs_once_per_blocking_collective_and_never_for_async_or_send
 
 
 # ---------------------------------------------------------------------------------------------------
-# the guard's digest, in process (funcoll/entry/guard.py)
+# the guard's digest, in process (funcoll/entry/fingerprint.py)
 # ---------------------------------------------------------------------------------------------------
 def _a2a_fp(ins, outs):
     return {"op": "all_to_all_single", "tensors": [["float32", [3]]], "outputs": [[3]], "device": "cpu",
@@ -387,7 +387,7 @@ def _a2a_fp(ins, outs):
 
 
 def _table(fps, seqs=None):
-    from funcoll.entry.guard import digest
+    from funcoll.entry.fingerprint import digest
 
     n = len(fps)
     return [v for r, fp in enumerate(fps) for v in digest(fp, (seqs or [0] * n)[r], r, n)]
@@ -395,14 +395,14 @@ def _table(fps, seqs=None):
 
 def test_digest_is_stable_across_processes():
     """blake2b, not Python's salted hash(): a fixed fingerprint has a fixed digest."""
-    from funcoll.entry.guard import digest
+    from funcoll.entry.fingerprint import digest
 
     fp = {"op": "all_reduce", "reduce_op": "sum", "tensors": [["float32", [4]]], "device": "cpu"}
     assert digest(fp, 7, 0, 2) == [7, -7807266555229035505, 0]
 
 
 def test_digest_checks_split_sizes_against_each_other():
-    from funcoll.entry.guard import agree
+    from funcoll.entry.fingerprint import agree
 
     # 3 ranks, uneven: rank r sends ins[r][q] rows to q, which expects outs[q][r]
     ins = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
@@ -417,7 +417,7 @@ def test_digest_checks_split_sizes_against_each_other():
 
 
 def test_digest_checks_rooted_lists_and_element_counts():
-    from funcoll.entry.guard import agree
+    from funcoll.entry.fingerprint import agree
 
     def gather(r, shape, root_outputs=None):
         fp = {"op": "gather", "root": 0, "tensors": [["float32", shape]], "device": "cpu"}
@@ -440,7 +440,7 @@ def test_digest_checks_rooted_lists_and_element_counts():
 
 
 def test_digest_differs_in_every_common_field_and_the_sequence_number():
-    from funcoll.entry.guard import agree
+    from funcoll.entry.fingerprint import agree
 
     fp = {"op": "all_reduce", "reduce_op": "sum", "tensors": [["float32", [4]]], "device": "cpu"}
     assert agree(_table([fp, dict(fp)]), 2)
@@ -453,7 +453,13 @@ def test_digest_differs_in_every_common_field_and_the_sequence_number():
 def test_the_guard_stays_out_of_world_1_virtual_worlds_and_other_devices(monkeypatch):
     """No exchange where it does not apply: one rank, a local store, a tensor that is not on the CPU (the guard
     turned on, FUNCOLL_GUARD=1)."""
-    from funcoll.entry import flight_recorder, guard
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from funcoll.entry import flight_recorder
+    from funcoll.entry.checks import size_guard
+    from funcoll.entry.group_state import GroupState
 
     monkeypatch.setenv("FUNCOLL_GUARD", "1")
 
@@ -461,31 +467,19 @@ def test_the_guard_stays_out_of_world_1_virtual_worlds_and_other_devices(monkeyp
         def _allgather_base(self, out, inp):
             raise AssertionError("the guard exchanged a digest")
 
-    class St:
-        def __init__(self, local):
-            self.local_store = local
-
-    class PG:
-        options = None
-
-        def __init__(self, size):
-            self._size = size
-
-        def size(self):
-            return self._size
-
-        def rank(self):
-            return 0
+    class RealStore(dist.Store):  # not a local store: a store other processes could reach
+        pass
 
     def call(device):
         fp = {"op": "all_reduce", "reduce_op": "sum", "tensors": [["float32", [4]]], "device": device}
         return flight_recorder.Call("g", (0, 1), 0, 2, "all_reduce", "allreduce", fp, seq=0)
 
     for size, local, device in [(1, False, "cpu"), (2, True, "cpu"), (2, False, "xla"), (2, False, "xpu")]:
-        pg = PG(size)
-        guard._state(pg, St(local)).backend = Backend()
-        guard.guard(pg, St(local), call(device))  # returns without exchanging
-        assert guard.guard_enabled(pg) == (size > 1 and not local)
+        store = dist.HashStore() if local else RealStore()
+        st = GroupState(store, 0, size, timedelta(seconds=5), "g", tuple(range(size)))
+        st.guard_backend = Backend()
+        size_guard(st, call(device))  # returns without exchanging
+        assert st.guard == (size > 1 and not local)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -702,7 +696,7 @@ def test_malformed_requests_raise_on_the_calling_rank_only(debug):
 def test_the_guard_is_on_under_detail_or_when_asked(monkeypatch, env, on):
     import torch.distributed as dist
 
-    from funcoll.entry import guard
+    import funcoll
 
     for var in ("TORCH_DISTRIBUTED_DEBUG", "FUNCOLL_GUARD"):
         monkeypatch.delenv(var, raising=False)
@@ -710,7 +704,7 @@ def test_the_guard_is_on_under_detail_or_when_asked(monkeypatch, env, on):
         monkeypatch.setenv(var, value)
     try:
         dist.set_debug_level_from_env()
-        assert guard.guard_from_env() is on
+        assert funcoll.debug.guard_from_env() is on
     finally:
         monkeypatch.undo()
         dist.set_debug_level_from_env()

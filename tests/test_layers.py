@@ -1,8 +1,14 @@
-"""The layers of DESIGN.md, enforced: entry points -> core -> transports -> semantics, read from the source.
+"""The layers of docs/design.md, enforced: read from the source, every ``import`` of a funcoll module, at module level
+and inside functions.
 
-Every ``import`` in funcoll/ (module-level and inside functions) is checked: a module imports only modules of its own
-layer or of the layers below it, and never a tool (the CLI, the demo, the test helpers, the benchmarks). Module-level
-imports between funcoll's modules have no cycle.
+:data:`ALLOWED` is the one table of who may import whom: a *unit* is a layer folder (every module in it) or, in the
+entry layer, one file. A unit imports exactly the units its row names (a row may name only rows above it, so the table
+itself is an order with no cycle), and never a tool: the modules beside the layer folders (the package itself, the
+CLI, the probe, the test and demo helpers), which may import any layer. Across every funcoll module there is no import
+cycle, counting imports inside functions. docs/design.md shows the table as :func:`render` writes it.
+
+The one call from a lower layer up into a higher one is not an import: the entry's pipeline hands the transport a
+callback (``funcoll.transport.before_send``) that the transport runs before its first primitive sends.
 """
 
 import ast
@@ -14,16 +20,48 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "funcoll"
 
 FOLDERS = ["semantics", "transport", "algorithms", "entry"]  # funcoll/<folder>/: one folder per layer, lowest first
-NAMES = ["semantics", "transports", "core (algorithms)", "entry points"]
-# public modules and tools, beside the layer folders: they may import any layer, no layer imports them
-TOOLS = {"funcoll", "funcoll.__main__", "funcoll.testing", "funcoll.report", "funcoll.demo",
-         "funcoll.replicas", "funcoll._replica_worker",
-         "funcoll.launch", "funcoll.xla"}
+
+# unit -> the units it imports (lowest first; a row names only rows above it)
+ALLOWED = {
+    "semantics": (),
+    "transport": ("semantics",),
+    "algorithms": ("semantics", "transport"),
+    "entry/errors": (),
+    "entry/flight_recorder": ("semantics",),
+    "entry/fingerprint": ("semantics", "entry/flight_recorder"),
+    "entry/group_state": ("entry/flight_recorder",),
+    "entry/checks": ("entry/errors", "entry/flight_recorder", "entry/fingerprint", "entry/group_state"),
+    "entry/work": ("transport", "algorithms", "entry/errors", "entry/flight_recorder"),
+    "entry/pipeline": ("semantics", "transport", "algorithms", "entry/errors", "entry/flight_recorder",
+                       "entry/fingerprint", "entry/checks", "entry/work"),
+    "entry/process_group": ("semantics", "transport", "algorithms", "entry/errors", "entry/flight_recorder",
+                            "entry/group_state", "entry/pipeline", "entry/work"),
+    "entry/c10d_patches": ("semantics", "entry/process_group"),
+    "entry/kernels": ("semantics", "transport", "algorithms", "entry/work"),
+}
+JOBS = {
+    "semantics": "the op catalogue, reduce ops, dtype and shape rules, group names (pure)",
+    "transport": "the primitives each device's library really has, and its capabilities",
+    "algorithms": "one function per collective over a transport's primitives; every gap-filling strategy, once",
+    "entry/errors": "the errors a collective raises; reading a backend's message",
+    "entry/flight_recorder": "per-group traces of calls, their text and dumps",
+    "entry/fingerprint": "each op's cross-rank rules side by side: fingerprint, per-rank keys, compare, digest",
+    "entry/group_state": "one group's state (trace, switches, guard buffers), built once per group",
+    "entry/checks": "the debug mode's store check and the size guard, before the first byte is sent",
+    "entry/work": "FuncollWork and NativeWork: wait, futures, errors naming the call",
+    "entry/pipeline": "each eager call's pipeline, in order, as a decorator; the fast path's adapters",
+    "entry/process_group": "ProcessGroupFuncoll: the c10d surface, its transports, monitored_barrier",
+    "entry/c10d_patches": "backend registration, the broadcast rewrite, the monitored_barrier patch",
+    "entry/kernels": "the _c10d_functional kernels per dispatch key",
+}
 
 
-def layer_of(module: str):
-    parts = module.split(".")
-    return FOLDERS.index(parts[1]) if len(parts) > 1 and parts[1] in FOLDERS else None
+def render() -> str:
+    """The table as docs/design.md shows it."""
+    rows = ["| unit (funcoll/...) | its job | imports (besides torch) |", "|---|---|---|"]
+    for unit, imports in ALLOWED.items():
+        rows.append(f"| `{unit}` | {JOBS[unit]} | {', '.join(f'`{u}`' for u in imports) or '-'} |")
+    return "\n".join(rows)
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -34,12 +72,26 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
+@functools.lru_cache(maxsize=None)
+def all_modules():
+    return {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def unit_of(module: str):
+    """The unit of a layer module (``transport``, ``entry/work``), None for a tool."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in FOLDERS:
+        return None
+    return f"entry/{parts[2]}" if parts[1] == "entry" and len(parts) > 2 else parts[1]
+
+
 def imports(path: pathlib.Path):
     """(imported funcoll module, line, at module level) for every import of a funcoll module in ``path``."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text())
     top = {id(n) for n in tree.body}
+    known = all_modules()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -51,47 +103,57 @@ def imports(path: pathlib.Path):
             else:
                 mod = node.module or ""
             # "from p import m" imports the module p.m when there is one, else a name of the module p
-            known = all_modules()
             names = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
         else:
             continue
         for name in names:
-            while name and name not in LAYERS and name not in TOOLS:
+            while name and name not in known:
                 name = name.rpartition(".")[0]
-            if name and name.startswith("funcoll") and name != me:
+            if name and name != me:
                 yield name, node.lineno, id(node) in top
 
 
-@functools.lru_cache(maxsize=None)
-def all_modules():
-    return {module_name(p): p for p in ROOT.rglob("*.py")}
-
-
-LAYERS = {m: layer_of(m) for m in all_modules() if layer_of(m) is not None}  # module -> layer (higher imports lower)
-
-
 def test_every_module_has_a_place():
-    """Every module is in one layer's folder, or is one of the known public modules and tools at the top."""
-    assert set(all_modules()) - set(LAYERS) == TOOLS
-    assert {layer_of(m) for m in LAYERS} == set(range(len(FOLDERS)))
+    """Every module is a tool beside the layer folders or belongs to one row of the table; every row has modules."""
+    units = {unit_of(m) for m in all_modules()} - {None}
+    assert units == set(ALLOWED)
     assert sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(FOLDERS)
+    tools = [m for m in all_modules() if unit_of(m) is None]
+    assert all(m.count(".") <= 1 for m in tools), tools
 
 
-@pytest.mark.parametrize("module", sorted(LAYERS))
-def test_imports_go_down_the_layers(module):
-    path = all_modules()[module]
-    bad = []
-    for name, line, _ in imports(path):
-        if name in TOOLS:
-            bad.append(f"{module}:{line} imports the tool {name}")
-        elif LAYERS[name] > LAYERS[module]:
-            bad.append(f"{module}:{line} ({NAMES[LAYERS[module]]}) imports {name} ({NAMES[LAYERS[name]]})")
+def test_the_table_is_an_order():
+    """A row names only rows above it: the units form no cycle, whatever the modules do."""
+    seen: set = set()
+    for unit, imports in ALLOWED.items():
+        assert set(imports) <= seen, (unit, set(imports) - seen)
+        seen.add(unit)
+    assert set(JOBS) == set(ALLOWED)
+
+
+@pytest.mark.parametrize("unit", list(ALLOWED))
+def test_each_unit_imports_what_its_row_says(unit):
+    """Module level and inside functions: a unit imports exactly the units of its row (no upward import, no tool),
+    and the row names nothing it does not import (the table stays true)."""
+    bad, used = [], set()
+    for module, path in all_modules().items():
+        if unit_of(module) != unit:
+            continue
+        for name, line, _ in imports(path):
+            other = unit_of(name)
+            if other is None:
+                bad.append(f"{module}:{line} imports the tool {name}")
+            elif other != unit:
+                used.add(other)
+                if other not in ALLOWED[unit]:
+                    bad.append(f"{module}:{line} imports {name} ({other}), not in its row")
     assert bad == []
+    assert used == set(ALLOWED[unit])
 
 
-def test_no_import_cycles_at_module_level():
-    graph = {m: {n for n, _, top in imports(p) if top and n in LAYERS} for m, p in all_modules().items()
-             if m in LAYERS}
+def test_no_import_cycles():
+    """No cycle among funcoll's modules (layers and tools), counting imports made inside functions."""
+    graph = {m: {n for n, _, _ in imports(p)} for m, p in all_modules().items()}
     seen, stack, cycles = set(), [], []
 
     def visit(m):
@@ -109,3 +171,8 @@ def test_no_import_cycles_at_module_level():
     for m in sorted(graph):
         visit(m)
     assert cycles == []
+
+
+def test_the_design_doc_shows_the_table():
+    text = (ROOT.parent / "docs" / "design.md").read_text()
+    assert render() in text, "docs/design.md: paste tests.test_layers.render() in place of its import table"

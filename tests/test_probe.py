@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
-from funcoll.entry import probe
+from funcoll import probe
+from funcoll.launch import run_world
 from funcoll.semantics import ReduceOp
 from funcoll.transport import DONE, profile
 from funcoll.transport.gloo import C10dTransport
-from funcoll.launch import run_world
 
 R = torch.distributed.ReduceOp
 
@@ -87,14 +87,14 @@ def healthy_case(rank, n):
     import funcoll
 
     tp = dist.group.WORLD.transport("cpu")
-    first = funcoll.probe()
+    first = funcoll.probe.run()
     calls = dict(tp.calls)
-    again = funcoll.probe()  # probed in this process: the same result, nothing sent
+    again = funcoll.probe.run()  # probed in this process: the same result, nothing sent
     same = again is first and dict(tp.calls) == calls
     fresh = dist.new_group(backend="funcoll")  # another transport, same stack: the cache
     tp2 = fresh.transport("cpu")
     before = dict(tp2.calls)
-    cached = funcoll.probe(fresh)
+    cached = funcoll.probe.run(fresh)
     sent = {k: v - before.get(k, 0) for k, v in tp2.calls.items() if v != before.get(k, 0)}
     return first.to_dict(), same, cached.to_dict(), sent
 
@@ -107,7 +107,7 @@ def wrong_case(rank, n):
     tp = dist.group.WORLD.transport("cpu")
     tp.__class__ = WrongTransport
     before = _max_case(rank), _uneven_case(rank)
-    res = funcoll.probe(cache=False)
+    res = funcoll.probe.run(cache=False)
     key = ("all_reduce", "max", torch.int32)
     native_max = tp.calls[key]
     after = _max_case(rank), _uneven_case(rank)
@@ -187,7 +187,7 @@ def test_probe_verifies_every_native_gloo_request_and_caches_it(tmp_path, monkey
 def test_probe_catches_a_wrong_native_result_and_the_next_collective_is_right(monkeypatch):
     monkeypatch.delenv("FUNCOLL_PROBE", raising=False)
     res = run_world("tests.test_probe:wrong_case", 2, None, timeout=240)
-    for rank, (before, probed, after, native_after, x, calls, name, refused, uneven) in enumerate(res):
+    for before, probed, after, native_after, x, calls, name, refused, uneven in res:
         (max_ok, max_got, max_strats, _), (a2a_ok, a2a_strats) = before
         assert not max_ok and max_got == [0, 0, 0] and max_strats == ["native"]  # the SUM: the injection works
         assert not a2a_ok and a2a_strats == ["native"]

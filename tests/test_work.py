@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from funcoll import algorithms
-from funcoll.entry import debug, flight_recorder
+from funcoll.entry import fingerprint, flight_recorder
 from funcoll.entry.work import CollectiveError, CollectiveTimeoutError, FuncollWork
 from funcoll.launch import run_world
 
@@ -148,18 +148,18 @@ def _ar(shape, dtype="float32", red="sum"):
 
 
 def test_compare_agrees_and_names_what_differs():
-    assert debug.compare([_ar([4]), _ar([4]), _ar([4])], 3, "g") is None
-    msg = debug.compare([_ar([4]), _ar([5]), _ar([4])], 3, "g", (0, 1, 2))
+    assert fingerprint.compare([_ar([4]), _ar([4]), _ar([4])], 3, "g") is None
+    msg = fingerprint.compare([_ar([4]), _ar([5]), _ar([4])], 3, "g", (0, 1, 2))
     assert msg.startswith("funcoll: detected mismatch between collectives on group 'g' (global ranks 0-2) at "
                           "sequence number 3: they differ in the shapes.\n"
                           "  ranks 0,2: all_reduce(reduce_op=sum, float32[4])\n"
                           "  rank 1: all_reduce(reduce_op=sum, float32[5])\n"), msg
     # sub-group ranks are named with their global ranks
-    msg = debug.compare([_ar([4]), _ar([4], "int64", "max")], 0, "sub", (2, 5))
+    msg = fingerprint.compare([_ar([4]), _ar([4], "int64", "max")], 0, "sub", (2, 5))
     assert "they differ in the reduce op, the dtypes.\n  rank 0 (global 2): " in msg
     assert "\n  rank 1 (global 5): all_reduce(reduce_op=max, int64[4])\n" in msg
     bc = {"op": "broadcast", "root": 0, "tensors": [["float32", [4]]], "device": "cpu"}
-    assert "they differ in the collective." in debug.compare([_ar([4]), bc], 0, "g")
+    assert "they differ in the collective." in fingerprint.compare([_ar([4]), bc], 0, "g")
 
 
 def test_compare_cross_checks_per_peer_arguments():
@@ -168,8 +168,8 @@ def test_compare_cross_checks_per_peer_arguments():
                 "input_split_sizes": ins, "output_split_sizes": outs}
 
     # rank r's output split from q must be rank q's input split to r: legitimately different per rank
-    assert debug.compare([a2a([1, 3], [1, 2]), a2a([2, 2], [3, 2])], 0, "g") is None
-    msg = debug.compare([a2a([1, 3], [1, 1]), a2a([2, 2], [3, 2])], 0, "g")
+    assert fingerprint.compare([a2a([1, 3], [1, 2]), a2a([2, 2], [3, 2])], 0, "g") is None
+    msg = fingerprint.compare([a2a([1, 3], [1, 1]), a2a([2, 2], [3, 2])], 0, "g")
     assert "the split sizes do not match: rank 1 sends 2 rows to rank 0 (input_split_sizes=[2, 2]) but rank 0 " \
            "expects 1 from rank 1 (output_split_sizes=[1, 1])" in msg
 
@@ -179,14 +179,14 @@ def test_compare_cross_checks_per_peer_arguments():
             fp["root_outputs"] = root_outputs
         return fp
 
-    assert debug.compare([gather([2], [[2], [2]]), gather([2])], 0, "g") is None
-    msg = debug.compare([gather([2], [[2], [3]]), gather([2])], 0, "g")
+    assert fingerprint.compare([gather([2], [[2], [2]]), gather([2])], 0, "g") is None
+    msg = fingerprint.compare([gather([2], [[2], [3]]), gather([2])], 0, "g")
     assert "the root (rank 0) would receive a tensor of shape [3] from rank 1, whose tensor has shape [2]" in msg
 
 
 def test_compare_gives_the_same_message_whichever_rank_computes_it():
     fps = [_ar([4]), _ar([5])]
-    assert debug.compare(list(fps), 1, "g") == debug.compare([dict(f) for f in fps], 1, "g")
+    assert fingerprint.compare(list(fps), 1, "g") == fingerprint.compare([dict(f) for f in fps], 1, "g")
 
 
 def test_fingerprints_of_process_group_methods():
@@ -201,20 +201,42 @@ def test_fingerprints_of_process_group_methods():
 
     o = dist.AllreduceOptions()
     o.reduceOp = dist.ReduceOp.AVG
-    assert debug.fingerprint(PG(), "allreduce", ([torch.ones(2, 3)], o), {}) == \
+    assert fingerprint.fingerprint(PG(), "allreduce", ([torch.ones(2, 3)], o), {}) == \
         {"op": "all_reduce", "reduce_op": "avg", "tensors": [["float32", [2, 3]]], "device": "cpu"}
-    fp = debug.fingerprint(PG(), "alltoall_base", (torch.empty(4, 2), torch.ones(4, 2), [], [1, 3]), {})
+    fp = fingerprint.fingerprint(PG(), "alltoall_base", (torch.empty(4, 2), torch.ones(4, 2), [], [1, 3]), {})
     assert fp["input_split_sizes"] == [1, 3] and fp["output_split_sizes"] == [2, 2]
     assert flight_recorder.describe(fp).startswith("all_to_all_single(float32[2], outputs=[[2]]")
-    assert debug.fingerprint(PG(), "allreduce", (None,), {}) == {"op": "all_reduce", "malformed": True}
+    assert fingerprint.fingerprint(PG(), "allreduce", (None,), {}) == {"op": "all_reduce", "malformed": True}
 
 
-def test_every_collective_method_is_instrumented():
+def test_every_collective_method_runs_the_pipeline():
+    """Each c10d method, called on a group of one rank, is numbered and recorded under its op (the pipeline ran), and
+    a method delegating to another is recorded once, as itself."""
+    from datetime import timedelta
+
+    import torch._C._distributed_c10d as C
+    import torch.distributed as dist
+
     from funcoll.entry.process_group import ProcessGroupFuncoll
 
-    for name in ("allreduce", "broadcast", "alltoall_base", "_allgather_base", "_reduce_scatter_base", "barrier",
-                 "gather", "scatter", "send", "recv", "allgather_coalesced", "allreduce_coalesced"):
-        assert hasattr(getattr(ProcessGroupFuncoll, name), "__funcoll_spec__"), name
+    pg = ProcessGroupFuncoll(dist.HashStore(), 0, 1, timedelta(seconds=30), options=None)
+    t, out = torch.ones(4), torch.empty(4)
+    calls = [
+        ("allreduce", lambda: pg.allreduce([t], C.AllreduceOptions())),
+        ("allreduce_coalesced", lambda: pg.allreduce_coalesced([t], C.AllreduceCoalescedOptions())),
+        ("broadcast", lambda: pg.broadcast([t], C.BroadcastOptions())),
+        ("_allgather_base", lambda: pg._allgather_base(out, t, C.AllgatherOptions())),
+        ("all_gather_single", lambda: pg.all_gather_single(out, t, C.AllgatherOptions())),
+        ("allgather", lambda: pg.allgather([[out]], [t], C.AllgatherOptions())),
+        ("_reduce_scatter_base", lambda: pg._reduce_scatter_base(out, t, C.ReduceScatterOptions())),
+        ("alltoall_base", lambda: pg.alltoall_base(out, t, [], [], C.AllToAllOptions())),
+        ("all_to_all_single", lambda: pg.all_to_all_single(out, t, [], [], C.AllToAllOptions())),
+        ("barrier", lambda: pg.barrier(C.BarrierOptions())),
+    ]
+    for _, issue in calls:
+        issue().wait()
+    got = [(c.method, c.op, c.seq, c.state) for c in flight_recorder.trace_of(pg).entries()]
+    assert got == [(m, fingerprint.METHODS[m].op, i, "completed") for i, (m, _) in enumerate(calls)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -242,7 +264,7 @@ def _rank_trace(rank, n):
     entries = funcoll.flight_recorder.entries()
     return {"rows": [(c.number(), c.op, c.state, c.strategies, c.describe()) for c in entries],
             "pending_state": pending_state, "format": funcoll.flight_recorder.format(),
-            "dump": json.dumps(funcoll.flight_recorder.dump()), "seq": debug.sequence_number(dist.group.WORLD)}
+            "dump": json.dumps(funcoll.flight_recorder.dump()), "seq": funcoll.debug.sequence_number(dist.group.WORLD)}
 
 
 @pytest.mark.parametrize("profile", [None, "xccl"], ids=["native", "xccl"])

@@ -93,22 +93,12 @@ def _ranks(ranks) -> str:
 
 def group_label(tp) -> str:
     """The name of the group a transport serves (``"?"`` when it cannot be told)."""
-    pg = getattr(tp, "_funcoll_pg", None)  # set by on_transport: the funcoll group (its name may be set later)
-    pg = pg() if pg is not None else None
-    if pg is not None and pg.group_name:
-        return pg.group_name
-    name = getattr(tp, "_funcoll_group", None)
-    if name is None:
-        name = getattr(tp, "group_name", None)
-        if name is None:  # a transport lent by a group of another backend (the dispatch-key kernels)
-            from funcoll.transport.registry import _c10d_cache
+    if tp.group_name:
+        return tp.group_name
+    # a transport lent by a group of another backend (the dispatch-key kernels)
+    from funcoll.transport.registry import _c10d_cache
 
-            name = next((k[0] for k, v in list(_c10d_cache.items()) if v is tp), "?")
-        try:
-            tp._funcoll_group = name
-        except AttributeError:  # pragma: no cover
-            pass
-    return name
+    return next((k[0] for k, v in list(_c10d_cache.items()) if v is tp), "?")
 
 
 def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, object], Tuple[str, ...], str]:
@@ -139,11 +129,7 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
             extra.append(f"op={red}")
         else:
             extra.append(f"{name}={val}")
-    ranks = getattr(tp, "global_ranks", None)
-    pg = getattr(tp, "_funcoll_pg", None)
-    pg = pg() if pg is not None else None
-    if pg is not None:
-        ranks = pg._global_ranks
+    ranks = tp.global_ranks
     desc = {
         "group": group_label(tp),
         "rank": int(tp.rank),
@@ -152,7 +138,7 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
         "shapes": str(shapes),
         "dtypes": ",".join(dict.fromkeys(dtypes)),
     }
-    if ranks is not None:
+    if ranks:  # unknown for a transport lent by another backend's group
         desc["global_ranks"] = _ranks(ranks)
     if extra:
         desc["args"] = " ".join(extra)
@@ -262,7 +248,7 @@ class Scope(list):
 
 
 # ---------------------------------------------------------------------------------------------------
-# hooks of the dispatch-key kernels (the process group's are in funcoll.entry.group_hooks)
+# hooks of the dispatch-key kernels (the process group's are in funcoll.entry.process_group)
 # ---------------------------------------------------------------------------------------------------
 def on_install(device_type: str, key: str, n_kernels: int) -> None:
     LOG.info("install: %d funcoll kernels for _c10d_functional on dispatch key %s (%s)", n_kernels, key,

@@ -18,19 +18,24 @@ NCCL's ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``) and the last entries are quoted in t
 
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import json
 import os
+import pickle
 import threading
 import time
 import weakref
 from typing import List, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["Call", "GroupTrace", "trace_of", "entries", "dump", "format", "buffer_size", "all_traces", "torch_dump",
-           "write_torch_dump"]
+from funcoll.semantics.groups import resolve
+
+__all__ = ["Call", "NativeEntry", "GroupTrace", "trace_of", "recent", "entries", "dump", "format", "buffer_size",
+           "all_traces", "torch_dump", "write_torch_dump", "register"]
 
 ISSUED, COMPLETED, FAILED, INVALID = "issued", "completed", "failed", "invalid"
 
@@ -40,10 +45,6 @@ def buffer_size() -> int:
         return max(0, int(os.environ.get("FUNCOLL_TRACE_BUFFER_SIZE", "256")))
     except ValueError:
         return 256
-
-
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -126,8 +127,22 @@ class Call:
         return f"Call({self.label()}: {self.line().strip()})"
 
 
+class NativeEntry:
+    """The record of a collective the eager fast path issued as one native backend call: its sequence number, op,
+    method, fingerprint (its signature's), times (``t_done`` None while running) and thread id. Read as a
+    :class:`Call`."""
+
+    __slots__ = ("seq", "op", "method", "fingerprint", "t_issued", "t_done", "thread")
+
+    def __init__(self, seq: int, op: str, method: str, fingerprint: dict):
+        self.seq, self.op, self.method, self.fingerprint = seq, op, method, fingerprint
+        self.t_issued = _time()
+        self.t_done: Optional[float] = None
+        self.thread = _ident()
+
+
 def describe(fp: dict) -> str:
-    """``all_reduce(reduce_op=sum, float32[4])`` from a fingerprint (:mod:`funcoll.debug`)."""
+    """``all_reduce(reduce_op=sum, float32[4])`` from a fingerprint (:mod:`funcoll.entry.fingerprint`)."""
     parts = []
     for key in ("reduce_op", "root", "peer", "tag"):
         if fp.get(key) is not None:
@@ -181,29 +196,29 @@ class GroupTrace:
                 self.buffer.append(call)
         return call
 
-    def native_record(self, op: str, method: str, fingerprint: dict) -> list:
+    def native_record(self, op: str, method: str, fingerprint: dict) -> "NativeEntry":
         """A numbered, recorded entry for a collective the eager fast path issues as one native backend call (its
-        strategy "native", its fingerprint the one of its signature, computed once per signature), at the cost of a
-        list: ``[seq, op, method, fingerprint, time issued, time done (None while running), thread id]``; the caller
-        sets ``[5]`` when it completes.
-        Read as a :class:`Call` (:meth:`entries`); :meth:`promote` turns it into one in place (a failure)."""
-        rec = [next(self._seq), op, method, fingerprint, _time(), None, _ident()]
+        strategy "native", its fingerprint the one of its signature, computed once per signature): a
+        :class:`NativeEntry`, cheaper to make than a :class:`Call`; read as one (:meth:`entries`); :meth:`promote`
+        turns it into one in place (a failure)."""
+        rec = NativeEntry(next(self._seq), op, method, fingerprint)
         if self.enabled:
             self.buffer.append(rec)
         return rec
 
-    def _call_of(self, rec: list, names: Optional[dict] = None) -> Call:
-        call = Call(self.group, self.global_ranks, self.rank, self.size, rec[1], rec[2], rec[3], seq=rec[0])
+    def _call_of(self, rec: "NativeEntry", names: Optional[dict] = None) -> Call:
+        call = Call(self.group, self.global_ranks, self.rank, self.size, rec.op, rec.method, rec.fingerprint,
+                    seq=rec.seq)
         call.strategies = ["native"]
-        call.t_issued = rec[4]
-        if rec[5] is not None:
-            call.state, call.t_done = COMPLETED, rec[5]
+        call.t_issued = rec.t_issued
+        if rec.t_done is not None:
+            call.state, call.t_done = COMPLETED, rec.t_done
         if names is None:
             names = _thread_names()
-        call.thread = names.get(rec[6], f"thread {rec[6]}")
+        call.thread = names.get(rec.thread, f"thread {rec.thread}")
         return call
 
-    def promote(self, rec: list) -> Call:
+    def promote(self, rec: "NativeEntry") -> Call:
         """The :class:`Call` of a record, put in its place in the buffer: its state is the Call's from now on."""
         call = self._call_of(rec)
         with self.lock:
@@ -227,9 +242,9 @@ class GroupTrace:
     def entries(self) -> List[Call]:
         with self.lock:
             items = list(self.buffer)
-        if any(type(c) is list for c in items):  # blocking native calls, recorded as lists: read as Calls
+        if any(type(c) is NativeEntry for c in items):  # native calls of the fast path: read as Calls
             names = _thread_names()
-            items = [self._call_of(c, names) if type(c) is list else c for c in items]
+            items = [self._call_of(c, names) if type(c) is NativeEntry else c for c in items]
         return items
 
     def format(self, last: Optional[int] = None) -> str:
@@ -255,19 +270,24 @@ def _thread_names() -> dict:
     return {th.ident: th.name for th in threading.enumerate()}
 
 
+# funcoll group -> its trace (each group's GroupState registers it when the group is made)
+_by_group: "weakref.WeakKeyDictionary[object, GroupTrace]" = weakref.WeakKeyDictionary()
+
+
+def register(group, trace: GroupTrace) -> None:
+    _by_group[group] = trace
+
+
 def trace_of(group) -> GroupTrace:
-    """The trace of a funcoll group (a ProcessGroupFuncoll or its name)."""
-    from funcoll.entry.debug import state_of
-
+    """The trace of a funcoll group (a ProcessGroupFuncoll or its name; None: the world)."""
     if isinstance(group, str):
-        from funcoll.semantics.groups import resolve
-
         group = resolve(group)
     elif group is None:
-        import torch.distributed as dist
-
         group = dist.group.WORLD
-    return state_of(group).trace
+    try:
+        return _by_group[group]
+    except (KeyError, TypeError):
+        raise ValueError(f"funcoll.flight_recorder: {group!r} is not a funcoll group") from None
 
 
 def entries(group=None) -> List[Call]:
@@ -310,6 +330,24 @@ def dump_on_timeout(trace: GroupTrace) -> Optional[str]:
         return path
     except Exception:  # noqa: BLE001 - a dump never hides the error it documents
         return None
+
+
+def recent(call: Optional[Call], trace: Optional[GroupTrace], dump: bool) -> str:
+    """The sentence an error ends with: the last collectives of the group on this rank (and, with ``dump``, where
+    the trace was dumped, or how to dump it)."""
+    if trace is None:
+        return ""
+    path = dump_on_timeout(trace) if dump else None
+    last = [c for c in trace.entries() if c is not call][-4:]
+    text = ""
+    if last:
+        text = " Last collectives of this group on this rank: " + "; ".join(
+            f"{c.number()} {c.op} {c.state}" for c in last) + "."
+    if path:
+        text += f" Flight recorder dumped to {path}."
+    elif dump:
+        text += " (Set FUNCOLL_TRACE_DIR to dump the flight recorder, or call funcoll.flight_recorder.dump().)"
+    return text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -415,8 +453,6 @@ def _dump_at_exit() -> None:
     group is destroyed): a rank that never joined a collective its peers timed out in leaves its dump too, which
     torch's analyser needs from every rank to name the missing one."""
     if not _at_exit and os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "").strip():
-        import atexit
-
         _at_exit.append(atexit.register(write_torch_dump))
 
 
@@ -430,8 +466,6 @@ def write_torch_dump(path: Optional[str] = None) -> Optional[str]:
     """Writes :func:`torch_dump` (pickled, as torch writes its own) to ``path``, by default
     ``$TORCH_FR_DUMP_TEMP_FILE<global rank>`` (torch's default prefix ``/tmp/nccl_trace_rank_`` is not assumed:
     without the variable nothing is written); returns the path, or None. Never raises."""
-    import pickle
-
     try:
         if path is None:
             prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "").strip()

@@ -14,13 +14,15 @@ import os
 import sys
 import threading
 import warnings
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Union
 
 import torch
 from torch._C._distributed_c10d import _register_work
 
 from funcoll import algorithms, semantics
-from funcoll.transport.registry import transport_for
+from funcoll.algorithms.observe import on_install, on_uninstall
+from funcoll.entry.work import FuncollWork
+from funcoll.transport.registry import _ensure_loaded, transport_for
 
 __all__ = ["install", "uninstall", "installed", "KERNELS", "DISPATCH_KEYS"]
 
@@ -40,8 +42,6 @@ def _finish(pending: algorithms.Pending, outputs: List[torch.Tensor], tp) -> Non
     if not tp.caps.is_async or pending.is_completed():
         pending.wait()
         return
-    from funcoll.entry.process_group import FuncollWork
-
     work = FuncollWork(pending, outputs)
     for out in outputs:
         _register_work(out, work)
@@ -62,8 +62,14 @@ def all_reduce(input, reduce_op, group_name):
         out, handle = tp.all_reduce_functional(input.contiguous(), red)
         _finish_native(handle, out, tp)
         return out
+    return _filled_all_reduce(input, reduce_op, tp)
+
+
+def _filled_all_reduce(input, reduce_op, tp):
+    """all_reduce once the lookup said "not native" (the same answer for the contiguous copy: no second lookup)."""
     out = input.clone(memory_format=torch.contiguous_format)
-    return all_reduce_(out, reduce_op, group_name)
+    _finish(algorithms.all_reduce(tp, out, reduce_op), [out], tp)
+    return out
 
 
 def all_reduce_(input, reduce_op, group_name):
@@ -216,7 +222,8 @@ FUNCTIONALIZE = {
 # strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
 # kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
 # functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
-_MUTATED = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0, "all_gather_into_tensor_out": "out"}
+_MUTATED: Dict[str, Union[int, str]] = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0,
+                                        "all_gather_into_tensor_out": "out"}
 _DK = torch._C.DispatchKey
 
 
@@ -260,7 +267,7 @@ def _functionalized(name: str, fn):
             res = fn(*fargs, **fkwargs)
         if where is None:
             return _from_functional(res)
-        orig, fun = (args[where], fargs[where]) if where != "out" else (kwargs["out"], fkwargs["out"])
+        orig, fun = (kwargs["out"], fkwargs["out"]) if where == "out" else (args[int(where)], fargs[int(where)])
         if isinstance(orig, torch.Tensor):
             orig.copy_(_from_functional(fun))
         else:
@@ -286,10 +293,10 @@ def _xla_all_reduce(input, reduce_op, group_name):
     red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
     if red is not None:
         return tp.all_reduce_functional(input, red)[0]
-    return _XLA_GENERIC_ALL_REDUCE(input, reduce_op, group_name)
+    return _XLA_FILLED_ALL_REDUCE(input, reduce_op, tp)
 
 
-_XLA_GENERIC_ALL_REDUCE = _functionalized("all_reduce", all_reduce)
+_XLA_FILLED_ALL_REDUCE = _functionalized("all_reduce", _filled_all_reduce)
 # XLA tensors are functional wrappers: the in-place/out variants need a Functionalize kernel to be callable
 _EXTRA["xla"] = {
     **{(name, "XLA"): _functionalized(name, fn) for name, fn in KERNELS.items()},
@@ -335,8 +342,6 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                                  f"{torch._C._get_privateuse1_backend_name()!r}, not 'tpu': TorchTPU has not "
                                  f"registered its device (import torch_tpu on a TPU host)")
             if dt not in _libs:
-                from funcoll.transport.registry import _ensure_loaded
-
                 _ensure_loaded(dt)
                 lib = torch.library.Library("_c10d_functional", "IMPL")
                 key = DISPATCH_KEYS[dt]
@@ -356,8 +361,6 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                     lib._destroy()  # no half-installed kernels
                     raise
                 _libs[dt] = lib
-                from funcoll.algorithms.observe import on_install
-
                 on_install(dt, key, len(kernels))  # TORCH_LOGS=funcoll
             done.append(dt)
     return done
@@ -370,8 +373,6 @@ def uninstall(device_types: Optional[Iterable[str]] = None) -> None:
             lib = _libs.pop(dt, None)
             if lib is not None:
                 lib._destroy()
-                from funcoll.algorithms.observe import on_uninstall
-
                 on_uninstall(dt)  # TORCH_LOGS=funcoll
 
 

@@ -1,30 +1,41 @@
 """The eager entry point: ``ProcessGroupFuncoll``, the torch.distributed backend ``"funcoll"``.
 
 A thin adapter: each c10d method unpacks its options, finds the transport for the tensors' device and calls
-one function of :mod:`funcoll.algorithms`. No collective logic lives here.
+one function of :mod:`funcoll.algorithms`; the decorator :func:`~funcoll.entry.pipeline.collective` runs each call's
+pipeline around it (fast path, flight recorder, checks, Work). No collective logic lives here. The group's state
+(:class:`~funcoll.entry.group_state.GroupState`) is made here, once, and passed to whatever needs it.
+
+Group creation and transport choice go to the funcoll log (``TORCH_LOGS="+funcoll"``); :data:`TRANSPORT_HOOKS` are
+called with every transport a group makes (:mod:`funcoll.probe` verifies it there with ``FUNCOLL_PROBE=1``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from funcoll import algorithms
+from funcoll.algorithms.observe import LOG
 from funcoll.entry import flight_recorder
+from funcoll.entry.errors import CollectiveError
+from funcoll.entry.group_state import GroupState, unwrap_store
+from funcoll.entry.pipeline import collective
 from funcoll.entry.work import (
     FuncollWork,  # the Work of every collective (exception(), futures, timeouts: funcoll.entry.work)
 )
 from funcoll.semantics import groups
-from funcoll.transport import Transport
+from funcoll.transport import Transport, gloo
 from funcoll.transport.registry import GroupContext, funcoll_factory
 
-__all__ = ["ProcessGroupFuncoll", "Options", "FuncollWork", "BACKEND_NAME"]
+__all__ = ["ProcessGroupFuncoll", "Options", "FuncollWork", "BACKEND_NAME", "TRANSPORT_HOOKS"]
 
 BACKEND_NAME = "funcoll"
 
@@ -37,7 +48,7 @@ class Options:
     None (default) means lazy only when the store cannot rendezvous other processes (HashStore, FakeStore),
     as when a single process builds a virtual world to read the HLO it would compile.
     ``profile``: a capability profile for this group's CPU transport, overriding ``FUNCOLL_PROFILE``.
-    ``guard``: the size guard on this group's CPU collectives (:mod:`funcoll.entry.guard`); None (default) means
+    ``guard``: the size guard on this group's CPU collectives (:mod:`funcoll.entry.checks`); None (default) means
     ``FUNCOLL_GUARD`` (on when 1, off when 0; unset: on only under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``).
     """
 
@@ -46,24 +57,8 @@ class Options:
     guard: Optional[bool] = None
 
 
-def _local_stores() -> tuple:
-    kinds: list = [dist.HashStore]
-    try:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
-        kinds.append(FakeStore)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(kinds)
-
-
-_LOCAL_STORES = _local_stores()
-
-
-def _unwrap_store(store):
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    return store
+# called as hook(group, device_type, transport) with every transport a funcoll group makes (funcoll.probe adds one)
+TRANSPORT_HOOKS: List[Callable] = []
 
 
 class ProcessGroupFuncoll(ProcessGroup):
@@ -85,14 +80,17 @@ class ProcessGroupFuncoll(ProcessGroup):
         self._transports: Dict[str, Transport] = {}
         self._lock = threading.Lock()
         self._coalesced: Optional[list] = None  # the Works issued since _start_coalescing
+        self._state = GroupState(store, rank, size, timeout, group_name, ranks, self._options.guard)
+        flight_recorder.register(self, self._state.trace)
         if group_name:
             groups.register(group_name, ranks, self._world_size)
         lazy = self._options.lazy_cpu
         if lazy is None:
-            lazy = isinstance(_unwrap_store(store), _LOCAL_STORES)
-        from funcoll.entry.group_hooks import on_group
-
-        on_group(self, store, lazy)  # TORCH_LOGS=funcoll
+            lazy = self._state.local_store
+        if LOG.isEnabledFor(logging.INFO):
+            LOG.info("group %s created: rank %d of %d, global ranks %s, world size %d, store %s, CPU transport %s",
+                     group_name or "(unnamed)", rank, size, flight_recorder._ranks(ranks), self._world_size,
+                     type(unwrap_store(store)).__name__, "at the first CPU collective" if lazy else "now")
         if not lazy:
             self.transport("cpu")
 
@@ -107,6 +105,9 @@ class ProcessGroupFuncoll(ProcessGroup):
         if self._group_name and self._group_name != name:
             groups.unregister(self._group_name)
         self._group_name = name
+        self._state.trace.group = name or "(unnamed)"
+        for tp in list(self._transports.values()):
+            tp.group_name = name
         groups.register(name, self._global_ranks, self._world_size)
 
     @property
@@ -115,6 +116,7 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
+        self._state.trace.desc = desc
 
     @property
     def group_desc(self) -> str:
@@ -139,17 +141,33 @@ class ProcessGroupFuncoll(ProcessGroup):
                                    self.rank(), self.size(), self._timeout, self._global_ranks,
                                    self._world_size)
                 if device_type == "cpu" and self._options.profile is not None:
-                    from funcoll.transport import gloo
-
                     tp = gloo.create(dist.PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size,
                                      ctx.timeout, self._options.profile)
                 else:
                     tp = funcoll_factory(device_type)(ctx)
-                from funcoll.entry.group_hooks import on_transport
-
-                tp = on_transport(self, device_type, tp)  # TORCH_LOGS=funcoll; FUNCOLL_PROBE=1 verifies it
+                self._made(device_type, tp)
                 self._transports[device_type] = tp
         return tp
+
+    def _made(self, device_type: str, tp: Transport) -> None:
+        """A transport was made for one device type: the size guard learns the CPU one's backend, the log says
+        which, and the hooks run (FUNCOLL_PROBE=1 verifies it)."""
+        # the funcoll log and profiler events name the group a transport serves
+        tp.group_name, tp.global_ranks = self._group_name, self._global_ranks
+        backend = getattr(tp, "backend", None)
+        if device_type == "cpu" and hasattr(backend, "_allgather_base"):
+            self._state.guard_backend = backend
+        if LOG.isEnabledFor(logging.INFO):
+            if device_type == "cpu" and self._options.profile is not None:
+                why = f"profile {self._options.profile!r} from funcoll.Options"
+            elif os.environ.get("FUNCOLL_PROFILE", "").strip():
+                why = f"FUNCOLL_PROFILE={os.environ['FUNCOLL_PROFILE'].strip()}"
+            else:
+                why = "the running stack"
+            LOG.info("group %s rank %d/%d: %s transport %s, capabilities %s (%s)", self._group_name or "(unnamed)",
+                     self.rank(), self.size(), device_type, type(tp).__name__, tp.caps.name, why)
+        for hook in TRANSPORT_HOOKS:
+            hook(self, device_type, tp)
 
     funcoll_transport = transport  # how the transport layer finds a funcoll group's transports (duck typing)
 
@@ -174,6 +192,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         return work
 
     # -- collectives ----------------------------------------------------------------------------------
+    @collective("allreduce")
     def allreduce(self, tensors, opts=None):
         if isinstance(opts, (dist.ReduceOp, str)) or opts is None:
             op = opts if opts is not None else "sum"
@@ -182,13 +201,16 @@ class ProcessGroupFuncoll(ProcessGroup):
         t = self._one("all_reduce", tensors)
         return self._work(algorithms.all_reduce(self._tp(t), t, op), tensors)
 
+    @collective("allreduce_coalesced")
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
         return self._work(algorithms.all_reduce_coalesced(self._tp(tensors), list(tensors), op), tensors)
 
+    @collective("_allgather_base")
     def _allgather_base(self, output, input, opts=None):
         return self._work(algorithms.all_gather_into_tensor(self._tp(input), output, input), [output])
 
+    @collective("allgather")
     def allgather(self, output_tensors, input_tensors, opts=None):
         inp = self._one("all_gather", input_tensors)
         outs = output_tensors[0]
@@ -196,10 +218,12 @@ class ProcessGroupFuncoll(ProcessGroup):
             raise ValueError(f"funcoll.all_gather: expected {self.size()} output tensors, got {len(outs)}")
         return self._work(algorithms.all_gather(self._tp(inp), list(outs), inp), outs)
 
+    @collective("allgather_into_tensor_coalesced")
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._work(algorithms.all_gather_into_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs)),
                           outputs)
 
+    @collective("allgather_coalesced")
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """``dist.all_gather_coalesced``: ``output_lists[r][i]`` receives rank r's ``input_list[i]``."""
         tp = self._tp(input_list)
@@ -209,10 +233,12 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(algorithms.Pending([algorithms.all_gather(tp, [outs[i] for outs in output_lists], inp)
                                      for i, inp in enumerate(input_list)]), output_lists)
 
+    @collective("_reduce_scatter_base")
     def _reduce_scatter_base(self, output, input, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
         return self._work(algorithms.reduce_scatter_tensor(self._tp(input), output, input, op), [output])
 
+    @collective("reduce_scatter")
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
         out = self._one("reduce_scatter", output_tensors)
@@ -221,42 +247,51 @@ class ProcessGroupFuncoll(ProcessGroup):
             raise ValueError(f"funcoll.reduce_scatter: expected {self.size()} input tensors, got {len(ins)}")
         return self._work(algorithms.reduce_scatter(self._tp(out), out, list(ins), op), [out])
 
+    @collective("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = opts.reduceOp if opts is not None else "sum"
         return self._work(algorithms.reduce_scatter_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs), op),
                           outputs)
 
+    @collective("alltoall_base")
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         return self._work(algorithms.all_to_all_single(self._tp(input), output, input, list(output_split_sizes or []),
                                        list(input_split_sizes or [])), [output])
 
+    @collective("alltoall")
     def alltoall(self, output_tensors, input_tensors, opts=None):
         return self._work(algorithms.all_to_all(self._tp(input_tensors), list(output_tensors),
                                             list(input_tensors)), output_tensors)
 
+    @collective("broadcast")
     def broadcast(self, tensors, opts=None):
         src = opts.rootRank if opts is not None else 0
         t = self._one("broadcast", tensors)
         return self._work(algorithms.broadcast(self._tp(t), t, src), tensors)
 
+    @collective("reduce")
     def reduce(self, tensors, opts=None):
         t = self._one("reduce", tensors)
         return self._work(algorithms.reduce(self._tp(t), t, opts.rootRank, opts.reduceOp), tensors)
 
+    @collective("gather")
     def gather(self, output_tensors, input_tensors, opts=None):
         inp = self._one("gather", input_tensors)
         outs = output_tensors[0] if output_tensors else None
         return self._work(algorithms.gather(self._tp(inp), outs, inp, opts.rootRank), outs or [])
 
+    @collective("scatter")
     def scatter(self, output_tensors, input_tensors, opts=None):
         out = self._one("scatter", output_tensors)
         ins = input_tensors[0] if input_tensors else None
         return self._work(algorithms.scatter(self._tp(out), out, ins, opts.rootRank), [out])
 
+    @collective("send")
     def send(self, tensors, dstRank, tag=0):
         t = self._one("send", tensors)
         return self._work(algorithms.send(self._tp(t), t, dstRank, tag), tensors)
 
+    @collective("recv")
     def recv(self, tensors, srcRank, tag=0):
         t = self._one("recv", tensors)
         return self._work(algorithms.recv(self._tp(t), t, srcRank, tag), tensors)
@@ -264,21 +299,27 @@ class ProcessGroupFuncoll(ProcessGroup):
     # -- the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones) ------
     # Each is the same algorithm as its older twin; the C++ defaults would look for a per-device backend, which a
     # Python process group does not have ("No backend type associated with device type cpu").
+    @collective("all_gather_single")
     def all_gather_single(self, output, input, opts=None):
         return self._allgather_base(output, input, opts)
 
+    @collective("all_gather_single_coalesced")
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
+    @collective("reduce_scatter_single")
     def reduce_scatter_single(self, output, input, opts=None):
         return self._reduce_scatter_base(output, input, opts)
 
+    @collective("reduce_scatter_single_coalesced")
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
 
+    @collective("all_to_all_single")
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
+    @collective("gather_single")
     def gather_single(self, output, input, opts=None):
         """``dist.gather_single``: every rank's ``input`` lands in the single ``output`` of the root (a flat
         concatenation or a stack: only its element count matters, as upstream)."""
@@ -294,24 +335,46 @@ class ProcessGroupFuncoll(ProcessGroup):
             outs = list(output.view((n,) + tuple(input.shape)).unbind(0))
         return self._work(algorithms.gather(self._tp(input), outs, input, root), [output])
 
+    @collective("gather_into_tensor")
     def gather_into_tensor(self, output, input, opts=None):
         return self.gather_single(output, input, opts)
 
+    @collective("recv_anysource")
     def recv_anysource(self, tensors, tag=0):
         raise NotImplementedError("funcoll.recv: receiving from any source is not supported; pass src")
 
+    @collective("barrier")
     def barrier(self, opts=None):
         device = "cpu"
         if self._transports and "cpu" not in self._transports:
             device = next(iter(self._transports))
         return self._work(algorithms.barrier(self.transport(device)))
 
-    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        """gloo's monitored barrier on the CPU transport: names the ranks that did not arrive (funcoll.debug)."""
-        from funcoll.entry.debug import monitored_barrier
-
-        return monitored_barrier(self, timeout, wait_all_ranks)
-
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False) -> None:
+        """gloo's monitored barrier on the group's CPU transport: rank 0 waits up to ``timeout`` for every other rank
+        and raises naming the first rank that did not arrive (all of them with ``wait_all_ranks``); the other ranks
+        raise when rank 0 fails. Recorded in the flight recorder without a sequence number."""
+        if timeout is None:
+            timeout = self._timeout
+        elif not isinstance(timeout, timedelta):
+            timeout = timedelta(seconds=float(timeout))
+        trace = self._state.trace
+        call = trace.start("monitored_barrier", "monitored_barrier",
+                           {"op": "monitored_barrier", "timeout_s": timeout.total_seconds(),
+                            "wait_all_ranks": bool(wait_all_ranks)}, counted=False)
+        backend = getattr(self.transport("cpu"), "backend", None)
+        if backend is None or not hasattr(backend, "monitored_barrier"):
+            e = NotImplementedError(f"funcoll: monitored_barrier needs a gloo CPU transport on group "
+                                    f"{self.group_name!r}")
+            call.failed(e)
+            raise e
+        try:
+            backend.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        except RuntimeError as e:
+            call.failed(e)
+            raise CollectiveError(f"funcoll: monitored_barrier on group {trace.group!r} (global ranks "
+                                  f"{flight_recorder._ranks(trace.global_ranks)}): {str(e).strip()}") from e
+        call.completed()
 
     # -- lifecycle and the rest of c10d's ProcessGroup surface (torch 2.9 to the newest) -----------------------
     # A Python process group has no per-device backends registered in C++; where c10d asks for one
@@ -349,6 +412,7 @@ class ProcessGroupFuncoll(ProcessGroup):
     def set_timeout(self, timeout: timedelta) -> None:
         """``dist.set_timeout``: the timeout of every later collective of this group, on every transport."""
         self._timeout = timeout
+        self._state.set_timeout(timeout)
         for tp in list(self._transports.values()):
             backend = getattr(tp, "backend", None)
             setter = getattr(backend, "_set_default_timeout", None)
@@ -386,7 +450,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         """Drops the transports and calls ``how`` ("shutdown" or "abort") on each one's own backend."""
         with self._lock:
             transports, self._transports = dict(self._transports), {}
-        self.__dict__.pop("_funcoll_guard", None)  # the size guard's reference to the CPU backend and its buffers
+        self._state.guard_backend = self._state.guard_bufs = None  # the size guard's CPU backend and its buffers
         for tp in transports.values():
             stop = getattr(getattr(tp, "backend", None), how, None)
             if stop is not None:
@@ -422,162 +486,3 @@ class ProcessGroupFuncoll(ProcessGroup):
         if group_desc:
             child._set_group_desc(group_desc)
         return child
-
-
-# -- the native fast path ------------------------------------------------------------------------------------
-# Per method: the request as c10d passes it (positional arguments, options last), checked for what a signature does
-# not hold (one dense contiguous tensor of a plain class per argument, options of the method's own type), then one
-# cached lookup in funcoll.algorithms, which decides whether the backend serves the signature natively and
-# unchanged. None: the full path (funcoll.entry.debug.instrument calls these only when nobody observes).
-_STRIDED = torch.strided
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_C = torch._C._distributed_c10d
-
-
-def _dense(t) -> bool:
-    return t.__class__ in _PLAIN and t.layout is _STRIDED and t.is_contiguous()
-
-
-def _tp_of(pg: "ProcessGroupFuncoll", t) -> Optional[Transport]:
-    return pg._transports.get("cpu" if t.is_cpu else t.device.type)
-
-
-def _fast_allreduce(pg, args, _opts=_C.AllreduceOptions, _lookup=algorithms.native_all_reduce_request):
-    if len(args) == 2:
-        tensors, opts = args
-        if type(opts) is _opts and type(tensors) is list and len(tensors) == 1:
-            t = tensors[0]
-            if t.__class__ in _PLAIN and t.layout is _STRIDED and t.is_contiguous():
-                tp = pg._transports.get("cpu" if t.is_cpu else t.device.type)
-                if tp is not None:
-                    return _lookup(tp, opts.reduceOp, t)
-    return None
-
-
-def _fast_allgather_base(pg, args):
-    if len(args) != 3 or type(args[2]) is not _C.AllgatherOptions:
-        return None
-    out, inp = args[0], args[1]
-    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN:
-        return None
-    tp = _tp_of(pg, inp)
-    if tp is None:
-        return None
-    nat = algorithms.native_all_gather_request(tp, out, inp)
-    return nat if nat is not None and _dense(out) and _dense(inp) else None
-
-
-def _fast_reduce_scatter_base(pg, args):
-    if len(args) != 3 or type(args[2]) is not _C.ReduceScatterOptions:
-        return None
-    out, inp, opts = args
-    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN:
-        return None
-    tp = _tp_of(pg, inp)
-    if tp is None:
-        return None
-    nat = algorithms.native_reduce_scatter_request(tp, opts.reduceOp, out, inp)
-    return nat if nat is not None and _dense(out) and _dense(inp) else None
-
-
-def _fast_alltoall_base(pg, args):
-    if len(args) != 5 or type(args[4]) is not _C.AllToAllOptions:
-        return None
-    out, inp, osz, isz = args[0], args[1], args[2], args[3]
-    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN or type(osz) is not list or type(isz) is not list:
-        return None
-    tp = _tp_of(pg, inp)
-    if tp is None:
-        return None
-    nat = algorithms.native_all_to_all_request(tp, out, inp, osz, isz)
-    return nat if nat is not None and _dense(out) and _dense(inp) else None
-
-
-def _fast_broadcast(pg, args):
-    if len(args) != 2:
-        return None
-    tensors, opts = args
-    if type(opts) is not _C.BroadcastOptions or type(tensors) is not list or len(tensors) != 1:
-        return None
-    t = tensors[0]
-    if t.__class__ not in _PLAIN:
-        return None
-    tp = _tp_of(pg, t)
-    if tp is None:
-        return None
-    nat = algorithms.native_broadcast_request(tp, t, opts.rootRank, opts.rootTensor)
-    return nat if nat is not None and t.layout is _STRIDED and t.is_contiguous() else None
-
-
-_FAST = {"allreduce": _fast_allreduce, "broadcast": _fast_broadcast,
-         "_allgather_base": _fast_allgather_base, "all_gather_single": _fast_allgather_base,
-         "_reduce_scatter_base": _fast_reduce_scatter_base, "reduce_scatter_single": _fast_reduce_scatter_base,
-         "alltoall_base": _fast_alltoall_base, "all_to_all_single": _fast_alltoall_base}
-
-# the one hook every collective passes through: sequence numbers, flight recorder, debug-mode check, the native fast
-# path (funcoll.entry.debug)
-from funcoll.entry.debug import instrument as _instrument  # noqa: E402
-
-_instrument(ProcessGroupFuncoll, _FAST)
-
-
-def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
-    o = dist_backend_opts
-    world = dist.get_world_size() if dist.is_initialized() else o.group_size
-    opts = backend_options if isinstance(backend_options, Options) else None
-    return ProcessGroupFuncoll(o.store, o.group_rank, o.group_size, o.timeout, group_name=o.group_id,
-                               global_ranks=tuple(o.global_ranks_in_group), world_size=world,
-                               options=opts)
-
-
-def _funcoll_traceable_broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
-    """What torch.compile traces for ``dist.broadcast`` (Dynamo's rewrite of the eager call, as upstream does
-    for all_reduce, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single): on a funcoll group,
-    the functional broadcast (group-local source) copied into ``tensor``; on any other group, upstream's own
-    ``dist.broadcast``, traced as before."""
-    import torch.distributed._functional_collectives as fc
-
-    group = group or dist.group.WORLD
-    if not isinstance(group, ProcessGroupFuncoll):
-        return _eager_broadcast(tensor, src, group, async_op, group_src)
-    if group_src is None:
-        group_src = groups.to_group(group.group_name, src)
-    return tensor.copy_(fc.broadcast(tensor, group_src, group))
-
-
-# the undecorated dist.broadcast: calling dist.broadcast itself from the rewrite would be rewritten again
-_eager_broadcast = getattr(dist.broadcast, "__wrapped__", dist.broadcast)
-
-
-def _register_traceable_broadcast() -> None:
-    """torch 2.9's Dynamo rewrites eager all_reduce/all_gather/reduce_scatter/all_to_all calls into functional
-    collectives but not ``dist.broadcast``, which then cannot be traced (fullgraph fails). Adds the rewrite,
-    for funcoll groups only. Dynamo looks the replacement up by its __name__ in ``_functional_collectives``."""
-    import torch.distributed._functional_collectives as fc
-
-    remaps = getattr(fc, "traceable_collective_remaps", None)
-    if remaps is None or (dist.broadcast in remaps and remaps[dist.broadcast] is not _funcoll_traceable_broadcast):
-        return  # a torch whose Dynamo traces broadcast itself
-    fc._funcoll_traceable_broadcast = _funcoll_traceable_broadcast  # type: ignore[attr-defined]
-    remaps[dist.broadcast] = _funcoll_traceable_broadcast
-
-
-def _declare_self_recording() -> None:
-    """torch >= 2.15 attaches its C++ flight-recorder hook to every new group whose backend does not record itself;
-    the hook runs around the C++ ProcessGroup methods, which a Python process group replaces, and it cannot read a
-    Python group's name (group creation failed with "ProcessGroup name not set"). funcoll records every collective
-    itself and dumps in the format torch's analyser reads (:mod:`funcoll.entry.flight_recorder`), so it declares
-    itself self-recording, as gloo and xccl are. Older torch has no such set and attaches no hook."""
-    import torch.distributed.distributed_c10d as c10d
-
-    self_recording = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
-    if self_recording is not None:
-        self_recording.add(BACKEND_NAME)
-
-
-def register_backend() -> None:
-    if "FUNCOLL" in dist.Backend._plugins:
-        return
-    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])
-    _declare_self_recording()
-    _register_traceable_broadcast()

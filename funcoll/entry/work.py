@@ -1,4 +1,5 @@
-"""``FuncollWork``: the Work every eager funcoll collective returns, and the errors it raises.
+"""``FuncollWork``: the Work every eager funcoll collective returns, and the errors it raises
+(:mod:`funcoll.entry.errors`).
 
 A Work waits on the transport's native handles, then runs the algorithm's finishing steps once. It tells the
 truth about failure, as c10d's own Works do:
@@ -25,29 +26,23 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from torch._C._distributed_c10d import Work
 
+from funcoll import algorithms
 from funcoll.entry import flight_recorder
+from funcoll.entry.errors import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    backend_message,
+    is_backend_timeout,
+    is_wait_timeout,
+)
+from funcoll.entry.flight_recorder import NativeEntry, recent
+from funcoll.transport.gloo import track_callbacks, waited
 
 _now = time.time
 
-__all__ = ["FuncollWork", "NativeWork", "CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError",
-           "failure"]
-
-
-class CollectiveError(dist.DistBackendError):
-    """A funcoll collective failed (a peer died, the backend reported an error). The message names the op, the
-    group, its ranks and the sequence number; ``__cause__`` is the backend's own error."""
-
-
-class CollectiveTimeoutError(CollectiveError):
-    """A collective (or the debug mode's cross-rank check of one) did not complete in time."""
-
-
-class CollectiveMismatchError(CollectiveError):
-    """Debug mode (``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``): the ranks of a group issued different
-    collectives at the same sequence number. Raised on every rank, with the same message, before anything is sent."""
+__all__ = ["FuncollWork", "NativeWork", "failure"]
 
 
 def _pending_native_done(p) -> bool:
@@ -65,52 +60,10 @@ def _pending_native_done(p) -> bool:
     return True
 
 
-def _recent(call: Optional[flight_recorder.Call], trace: Optional[flight_recorder.GroupTrace], dump: bool) -> str:
-    if trace is None:
-        return ""
-    path = flight_recorder.dump_on_timeout(trace) if dump else None
-    last = [c for c in trace.entries() if c is not call][-4:]
-    text = ""
-    if last:
-        text = " Last collectives of this group on this rank: " + "; ".join(
-            f"{c.number()} {c.op} {c.state}" for c in last) + "."
-    if path:
-        text += f" Flight recorder dumped to {path}."
-    elif dump:
-        text += " (Set FUNCOLL_TRACE_DIR to dump the flight recorder, or call funcoll.flight_recorder.dump().)"
-    return text
-
-
-_CALLBACK = "Got the following error when running the callback: "
-
-
-def _backend_message(e: BaseException) -> str:
-    """The backend's own message: a torch future's ``then`` wraps an error as "Got the following error when running
-    the callback: RuntimeError: <message>\n\nAt:\n<traceback>"; this is <message>."""
-    msg = str(e).strip()
-    while msg.startswith(_CALLBACK):
-        msg = msg[len(_CALLBACK):].split("\n\nAt:\n", 1)[0].strip()
-        head, sep, rest = msg.partition(": ")
-        if sep and head.isidentifier() and (head.endswith("Error") or head.endswith("Exception")):
-            msg = rest.strip()
-    return msg
-
-
-def _is_wait_timeout(e: BaseException) -> bool:
-    """The caller's ``wait(timeout)`` ran out (funcoll's own TimeoutError, or c10d's "Operation timed out!"), as
-    opposed to the backend giving up on the collective."""
-    return isinstance(e, TimeoutError) or "Operation timed out!" in str(e)
-
-
-def _is_backend_timeout(e: BaseException) -> bool:
-    s = str(e).lower()
-    return "timed out" in s or "timeout" in s
-
-
 def _named(work, e: BaseException, limit) -> CollectiveError:
     """The error a Work's ``wait`` raises for the backend's ``e``: a timeout of the caller's ``limit`` as such, else
     the collective's failure; both name the collective (FuncollWork and NativeWork alike)."""
-    return work._wait_timeout(e, limit) if limit is not None and _is_wait_timeout(e) else work._failure(e)
+    return work._wait_timeout(e, limit) if limit is not None and is_wait_timeout(e) else work._failure(e)
 
 
 class FuncollWork(Work):
@@ -130,7 +83,7 @@ class FuncollWork(Work):
         self._lock = threading.RLock()
 
     def _attach(self, call: flight_recorder.Call, trace: flight_recorder.GroupTrace) -> "FuncollWork":
-        """Called by the collective entry (:func:`funcoll.debug.instrument`) with the call's flight-recorder entry."""
+        """Called by the pipeline (:mod:`funcoll.entry.pipeline`) with the call's flight-recorder entry."""
         self._call, self._trace = call, trace
         if self._done:
             call.completed()
@@ -150,7 +103,7 @@ class FuncollWork(Work):
         err = CollectiveTimeoutError(
             f"funcoll: {self._label()} did not complete within the {limit.total_seconds():g} s given to "
             "Work.wait(); it is still pending (wait again, or check that every rank of the group issued it)."
-            + _recent(self._call, self._trace, dump=True))
+            + recent(self._call, self._trace, dump=True))
         err.__cause__ = e
         return err
 
@@ -244,8 +197,6 @@ class FuncollWork(Work):
                     self._call.completed()
                 out.set_result(result)
 
-            from funcoll.transport.gloo import track_callbacks
-
             backend_fut = self._pending.future()
             backend_fut.add_done_callback(finish)
             track_callbacks(backend_fut)
@@ -258,7 +209,7 @@ class NativeWork(FuncollWork):
     backend's own Work, with :class:`FuncollWork`'s contract kept (errors and timeouts naming the collective, its group,
     ranks and sequence number; ``exception()``, ``is_success()``, futures; the flight-recorder state). Nothing runs
     after the backend's Work: there are no finishing steps. Blocking calls do not get one: the entry waits on the
-    backend's Work itself and returns it (:func:`funcoll.entry.debug.instrument`)."""
+    backend's Work itself and returns it (:mod:`funcoll.entry.pipeline`)."""
 
     _done = False
     _exc: Optional[CollectiveError] = None
@@ -266,13 +217,11 @@ class NativeWork(FuncollWork):
     _c: Optional[flight_recorder.Call] = None
     _future_lock = threading.Lock()
 
-    def __init__(self, handle, rec: list, state):  # noqa: D107 - FuncollWork's __init__ is not run
+    def __init__(self, handle, rec: NativeEntry, state):  # noqa: D107 - FuncollWork's __init__ is not run
         Work.__init__(self)
-        from funcoll.transport.gloo import waited
-
         self._h = waited(handle)  # a backend Work without a future (gloo's reduce_scatter) gets one
         self._rec = rec  # the call's flight-recorder record (GroupTrace.native_record): a Call only when it fails
-        self._st = state  # the group's funcoll.entry.debug.GroupState
+        self._st = state  # the group's funcoll.entry.group_state.GroupState
 
     @property
     def _call(self) -> flight_recorder.Call:  # type: ignore[override]
@@ -284,7 +233,7 @@ class NativeWork(FuncollWork):
 
     def _completed(self) -> None:
         if self._c is None:
-            self._rec[5] = _now()
+            self._rec.t_done = _now()
         else:
             self._c.completed()
 
@@ -301,14 +250,12 @@ class NativeWork(FuncollWork):
 
     @property
     def _pending(self):  # type: ignore[override]  # the handle, for code that waits on a FuncollWork's pending part
-        from funcoll.algorithms import Pending
-
-        return Pending([self._h])
+        return algorithms.Pending([self._h])
 
     def _failure(self, e: BaseException) -> CollectiveError:
         call = self._call
         if call is not None and call.timeout is None:
-            call.timeout = self._st.timeout_s()
+            call.timeout = self._st.timeout_s
         return super()._failure(e)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -362,8 +309,6 @@ class NativeWork(FuncollWork):
             self._completed()
             out.set_result(value)
 
-        from funcoll.transport.gloo import track_callbacks
-
         backend_fut = self._h.get_future()
         backend_fut.add_done_callback(finish)
         track_callbacks(backend_fut)
@@ -378,13 +323,13 @@ def failure(call: Optional[flight_recorder.Call], trace: Optional[flight_recorde
     if isinstance(e, CollectiveError):
         err = e
     else:
-        timeout = _is_backend_timeout(e)
+        timeout = is_backend_timeout(e)
         cls = CollectiveTimeoutError if timeout else CollectiveError
         what = "timed out" if timeout else "failed"
         group_t = getattr(call, "timeout", None) if call is not None else None
         tt = f" (group timeout {group_t:g} s)" if timeout and group_t else ""
         label = call.label() if call is not None else "collective"
-        err = cls(f"funcoll: {label} {what}{tt}: {_backend_message(e)}" + _recent(call, trace, dump=timeout))
+        err = cls(f"funcoll: {label} {what}{tt}: {backend_message(e)}" + recent(call, trace, dump=timeout))
         err.__cause__ = e
     if call is not None:
         call.failed(e)

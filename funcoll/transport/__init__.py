@@ -17,7 +17,7 @@ import collections
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -275,6 +275,10 @@ class Transport:
     """
 
     device_type: str = "cpu"
+    # the group this transport serves, as its log lines and profiler events name it: set by the funcoll group that
+    # made it (and again when that group is named later); a transport lent by another backend's group has none
+    group_name: str = ""
+    global_ranks: Tuple[int, ...] = ()
 
     def __init__(self, rank: int, size: int, caps: Capabilities):
         self.rank = rank

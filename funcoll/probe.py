@@ -3,7 +3,7 @@
 The capability tables (:mod:`funcoll.transport`, the XCCL fact table of :mod:`funcoll.transport.xpu`) are beliefs
 about library versions; XCCL and torch_xla have shipped wrong results on some paths (integer MIN/MAX,
 double-divided AVG, uneven all_to_all on some GPUs), and a version table cannot catch a bug nobody has reported.
-:func:`probe` runs, on the group's own transport, a tiny collective for every request the table calls native:
+:func:`run` runs, on the group's own transport, a tiny collective for every request the table calls native:
 
 * every ``(reducing primitive, reduce op, dtype)`` with ``caps.reduces(primitive, op, dtype)`` (all_reduce,
   all_reduce_coalesced, reduce_scatter, reduce) that funcoll's algorithms can send natively (bool only as
@@ -31,7 +31,8 @@ The verified table is cached on disk (``FUNCOLL_PROBE_CACHE``, default ``~/.cach
 it), keyed by (torch version, collective library and its version, device name, topology, group size, capability
 table). With a cache entry that every rank of the group holds identically, the probe applies it without running
 the collectives. ``FUNCOLL_PROBE=1`` probes every transport a funcoll group creates (``TORCH_LOGS=funcoll`` shows
-the results); :func:`results` lists them; ``python -m funcoll probe`` runs it from the command line.
+the results: the group's transports call :func:`at_creation` when made); :func:`results` lists them;
+``python -m funcoll probe`` runs it from the command line.
 """
 
 from __future__ import annotations
@@ -44,19 +45,23 @@ import os
 import platform
 import socket
 import time
-import types
+import weakref
 import zlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 
 from funcoll import algorithms, semantics
 from funcoll.algorithms.observe import LOG, group_label
+from funcoll.entry.group_state import is_local_store
+from funcoll.entry.process_group import TRANSPORT_HOOKS
 from funcoll.semantics import FLOAT8, ReduceOp, Reduction
 from funcoll.transport import Capabilities
+from funcoll.transport.registry import transport_for
 
-__all__ = ["probe", "probe_transport", "ProbeResult", "Request", "requests", "demote", "results", "cache_dir",
+__all__ = ["run", "probe_transport", "ProbeResult", "Request", "requests", "demote", "results", "cache_dir",
            "inject_wrong"]
 
 R = ReduceOp
@@ -71,6 +76,7 @@ _PREMUL = 0.5
 _BATCH_BYTES = 16 << 20  # gathered bytes per batch (group size x this rank's inputs)
 
 _results: List["ProbeResult"] = []
+_probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
 
 
 def _dt(dtype) -> str:
@@ -715,7 +721,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
         raise RuntimeError("funcoll.probe: the XLA transport on the CPU PJRT device (PJRT_DEVICE=CPU) runs no "
                            "multi-replica collective and has no bf16 all-reduce; torch_xla 2.9 crashes after a few "
                            "failed ones. Probe XLA on a TPU (PJRT_DEVICE=TPU)")
-    done = getattr(tp, "_funcoll_probe", None)
+    done = _probed.get(tp)
     if cache and done is not None:  # probed in this process already (every rank of the group was part of it)
         return done
     t0 = time.monotonic()
@@ -793,7 +799,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     res = ProbeResult(group, device_type, key, names, wrong, demoted, unfixable, cached, time.monotonic() - t0,
                       tp.caps.name)
     _results.append(res)
-    tp._funcoll_probe = res
+    _probed[tp] = res
     if not cached:
         _write_cache(path, {"key": key, "checked": names, "wrong": wrong, "demoted": demoted,
                             "unfixable": unfixable, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
@@ -810,15 +816,11 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     return res
 
 
-def probe(group=None, device: Optional[str] = None, *, cache: bool = True) -> ProbeResult:
+def run(group=None, device: Optional[str] = None, *, cache: bool = True) -> ProbeResult:
     """Verifies every request the capability table of ``group``'s transport for ``device`` calls native, on the live
     group (collective: call it on every rank of the group), and demotes, for this process, those whose native result
     is wrong. ``group``: a process group (default: the world); ``device``: "cpu", "xpu", "xla" (default: "xpu"
     where an XPU is available, else "cpu"). ``cache=False`` ignores and does not write the disk cache."""
-    import torch.distributed as dist
-
-    from funcoll.transport.registry import transport_for
-
     if group is None:
         group = dist.group.WORLD
     if device is None:
@@ -829,11 +831,12 @@ def probe(group=None, device: Optional[str] = None, *, cache: bool = True) -> Pr
 
 
 def at_creation(pg, device_type: str, tp) -> None:
-    """``FUNCOLL_PROBE=1``: probes a transport a funcoll group just created (not in a virtual world: a group built
-    in one process over a HashStore/FakeStore cannot run collectives)."""
-    from funcoll.entry.process_group import _LOCAL_STORES, _unwrap_store
-
-    if isinstance(_unwrap_store(pg._store), _LOCAL_STORES) or getattr(tp, "virtual", False):
+    """With ``FUNCOLL_PROBE=1``: probes a transport a funcoll group just made (one of
+    :data:`funcoll.entry.process_group.TRANSPORT_HOOKS`); not in a virtual world (a group built in one process over a
+    HashStore/FakeStore cannot run collectives)."""
+    if os.environ.get("FUNCOLL_PROBE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        return
+    if is_local_store(pg.get_group_store()) or getattr(tp, "virtual", False):
         LOG.info("funcoll.probe: group %s %s: not probed (a virtual group)", pg.group_name, device_type)
         return
     if device_type == "xla" and _xla_on_cpu():
@@ -842,8 +845,11 @@ def at_creation(pg, device_type: str, tp) -> None:
     probe_transport(tp, device_type, pg.group_name or "(unnamed)")
 
 
+TRANSPORT_HOOKS.append(at_creation)
+
+
 # ---------------------------------------------------------------------------------------------------
-# a deliberately wrong transport (tests, ``python -m funcoll probe --simulate-wrong``)
+# a deliberately wrong transport (``python -m funcoll probe --simulate-wrong``: what the probe reports then)
 # ---------------------------------------------------------------------------------------------------
 def inject_wrong(tp, name: str) -> None:
     """Makes ``tp`` return a wrong result for one native reduction, e.g. ``"all_reduce max int32"`` (it reduces
@@ -855,8 +861,8 @@ def inject_wrong(tp, name: str) -> None:
     cls = type(tp)
     method = "_" + req.primitive
 
-    def wrong(self, *args):
-        args = list(args)
+    def wrong(self, *given):
+        args = list(given)
         t = args[0] if req.primitive != "reduce_scatter" else args[1]
         red_at = len(args) - 1
         if t.dtype == req.dtype and args[red_at].op is req.op:
@@ -864,16 +870,3 @@ def inject_wrong(tp, name: str) -> None:
         return getattr(cls, method)(self, *args)
 
     tp.__class__ = type(f"Wrong{cls.__name__}", (cls,), {method: wrong})
-
-
-class _CallableModule(types.ModuleType):
-    """``funcoll.probe(...)`` is :func:`probe`, and ``funcoll.probe.results()`` etc. are this module's: the module is
-    callable, so the function does not shadow the module (``import funcoll.probe`` keeps working)."""
-
-    def __call__(self, *args, **kwargs):
-        return probe(*args, **kwargs)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,110 @@
+"""What funcoll changes in torch.distributed, in one place: the backend ``"funcoll"`` registered
+(:func:`register_backend`), funcoll declared self-recording to torch >= 2.15's flight recorder, Dynamo's rewrite of
+``dist.broadcast`` for funcoll groups (torch's own rewrites cover all_reduce, all_gather_into_tensor,
+reduce_scatter_tensor and all_to_all_single), and, on torch versions whose ``dist.monitored_barrier`` accepts only
+groups named "gloo" (2.9), :func:`patch_monitored_barrier`. Every other group keeps torch's own behaviour.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from datetime import timedelta
+
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+import torch.distributed.distributed_c10d as c10d
+
+from funcoll.entry.process_group import BACKEND_NAME, Options, ProcessGroupFuncoll
+from funcoll.semantics import groups
+
+__all__ = ["register_backend", "patch_monitored_barrier"]
+
+
+def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
+    o = dist_backend_opts
+    world = dist.get_world_size() if dist.is_initialized() else o.group_size
+    opts = backend_options if isinstance(backend_options, Options) else None
+    return ProcessGroupFuncoll(o.store, o.group_rank, o.group_size, o.timeout, group_name=o.group_id,
+                               global_ranks=tuple(o.global_ranks_in_group), world_size=world,
+                               options=opts)
+
+
+def _funcoll_traceable_broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    """What torch.compile traces for ``dist.broadcast`` (Dynamo's rewrite of the eager call, as upstream does
+    for all_reduce, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single): on a funcoll group,
+    the functional broadcast (group-local source) copied into ``tensor``; on any other group, upstream's own
+    ``dist.broadcast``, traced as before."""
+    group = group or dist.group.WORLD
+    if not isinstance(group, ProcessGroupFuncoll):
+        return _eager_broadcast(tensor, src, group, async_op, group_src)
+    if group_src is None:
+        group_src = groups.to_group(group.group_name, src)
+    return tensor.copy_(fc.broadcast(tensor, group_src, group))
+
+
+# the undecorated dist.broadcast: calling dist.broadcast itself from the rewrite would be rewritten again
+_eager_broadcast = getattr(dist.broadcast, "__wrapped__", dist.broadcast)
+
+
+def _register_traceable_broadcast() -> None:
+    """torch 2.9's Dynamo rewrites eager all_reduce/all_gather/reduce_scatter/all_to_all calls into functional
+    collectives but not ``dist.broadcast``, which then cannot be traced (fullgraph fails). Adds the rewrite,
+    for funcoll groups only. Dynamo looks the replacement up by its __name__ in ``_functional_collectives``."""
+    remaps = getattr(fc, "traceable_collective_remaps", None)
+    if remaps is None or (dist.broadcast in remaps and remaps[dist.broadcast] is not _funcoll_traceable_broadcast):
+        return  # a torch whose Dynamo traces broadcast itself
+    fc._funcoll_traceable_broadcast = _funcoll_traceable_broadcast  # type: ignore[attr-defined]
+    remaps[dist.broadcast] = _funcoll_traceable_broadcast
+
+
+def _declare_self_recording() -> None:
+    """torch >= 2.15 attaches its C++ flight-recorder hook to every new group whose backend does not record itself;
+    the hook runs around the C++ ProcessGroup methods, which a Python process group replaces, and it cannot read a
+    Python group's name (group creation failed with "ProcessGroup name not set"). funcoll records every collective
+    itself and dumps in the format torch's analyser reads (:mod:`funcoll.entry.flight_recorder`), so it declares
+    itself self-recording, as gloo and xccl are. Older torch has no such set and attaches no hook."""
+    self_recording = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if self_recording is not None:
+        self_recording.add(BACKEND_NAME)
+
+
+def register_backend() -> None:
+    if "FUNCOLL" in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])
+    _declare_self_recording()
+    _register_traceable_broadcast()
+
+
+def patch_monitored_barrier() -> bool:
+    """torch 2.9's ``dist.monitored_barrier`` refuses every group whose backend is not named "gloo" before reaching
+    it. Where it does, this wraps it: funcoll groups get the same argument handling and then the group's own
+    monitored barrier; every other group calls the original function. Returns whether it patched. Idempotent."""
+    orig = c10d.monitored_barrier
+    if getattr(orig, "__funcoll_patch__", False):
+        return True
+    consts = " ".join(c for c in orig.__code__.co_consts if isinstance(c, str))
+    if "only implemented for GLOO backend" not in consts:
+        return False
+
+    @functools.wraps(orig)
+    def monitored_barrier_(group=None, timeout=None, wait_all_ranks=False):
+        pg = group if group is not None else (c10d._get_default_group() if c10d.is_initialized() else None)
+        if not isinstance(pg, ProcessGroupFuncoll) or c10d._rank_not_in_group(group):
+            return orig(group, timeout, wait_all_ranks)
+        if timeout is None:
+            timeout = c10d._get_default_timeout(c10d.get_backend(group))
+        elif isinstance(timeout, float):
+            warnings.warn("Please specify timeout arg as a timedelta. "
+                          f"Converting current value of {timeout} assuming it represents seconds", stacklevel=2)
+            timeout = timedelta(seconds=timeout)
+        c10d._check_valid_timeout(timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier_.__funcoll_patch__ = True  # type: ignore[attr-defined]
+    monitored_barrier_.__funcoll_original__ = orig  # type: ignore[attr-defined]
+    c10d.monitored_barrier = monitored_barrier_
+    if dist.monitored_barrier is orig:
+        dist.monitored_barrier = monitored_barrier_
+    return True

@@ -1,0 +1,205 @@
+"""The two cross-rank checks of an eager collective, run right before its first byte is sent (funcoll's own
+validation has passed, the call has its sequence number): the debug mode's :func:`store_check` and the size guard's
+:func:`size_guard`. Both compare what every rank of the group is about to do, by the rules of
+:mod:`funcoll.entry.fingerprint`, and raise the same :class:`~funcoll.entry.errors.CollectiveMismatchError` on every
+rank when the ranks differ; nothing of the collective is sent then, and every rank has used its sequence number, so
+the next collective pairs up.
+
+**The store check** (debug mode, ``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``): every rank publishes the
+call's fingerprint in the group's c10d store and reads every other rank's, within the group's timeout. It goes
+through the store, never through the backend that carries the data: mismatched requests never reach gloo, which
+aborts the process on some of them ("Received data size doesn't match expected size"). Four store round trips per
+collective; a rank that does not arrive is named (:class:`~funcoll.entry.errors.CollectiveTimeoutError`).
+
+**The size guard** (``FUNCOLL_GUARD=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``; blocking collectives on the CPU
+transport of groups of 2+ ranks): gloo aborts the whole process when the ranks disagree on how many bytes a
+collective moves. The guard prevents that for the price of one small collective: every rank makes a digest of the
+call (:func:`funcoll.entry.fingerprint.digest`: the sequence number, a stable hash of the fields every rank must
+share, and its share of a per-peer sum that is zero over the group exactly when every send meets an equal
+receive), the ranks exchange the digests with ONE ``all_gather`` of ``3 * group size`` int64 on the group's gloo
+backend, and each rank compares the table locally. Equal (every correct program): the collective runs. Not equal
+(every rank sees the same table, so every rank decides the same): two more all_gathers exchange the full
+fingerprints and every rank raises the debug mode's message. A rank that never reaches the collective makes the
+others' exchange time out (the group timeout): a CollectiveTimeoutError naming the collective, the flight recorder
+dumped. Not for ``async_op=True`` calls (their issue must not wait for the peers), point-to-point ops, one rank,
+virtual worlds, XLA or XPU tensors (there an extra collective costs real device latency).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+from datetime import timedelta
+from typing import List
+
+import torch
+
+from funcoll.entry.errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    backend_message,
+    is_backend_timeout,
+)
+from funcoll.entry.fingerprint import SLOTS, agree, compare, digest, who
+from funcoll.entry.flight_recorder import Call, _ranks, describe, recent
+from funcoll.entry.group_state import GroupState
+
+__all__ = ["store_check", "size_guard"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the store check (debug mode)
+# ---------------------------------------------------------------------------------------------------
+_KEY = "funcoll-check/{seq}/{rank}"
+
+
+def store_check(st: GroupState, call: Call) -> None:
+    """Publishes this rank's fingerprint of ``call`` in the group's store, waits (group timeout) for every other
+    rank's, compares. Raises CollectiveMismatchError (same message on every rank) or CollectiveTimeoutError
+    naming the ranks that did not arrive."""
+    n, me, seq = st.size, st.rank, call.seq
+    store = st.store
+    keys = [_KEY.format(seq=seq, rank=r) for r in range(n)]
+    others = [keys[r] for r in range(n) if r != me]
+    timeout = st.timeout_s
+    unreachable = f"funcoll: {call.label()}: the debug check could not reach the group's store: "
+    try:
+        store.set(keys[me], json.dumps(call.fingerprint))
+        try:
+            store.wait(others, timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001 - DistStoreError("Wait timeout") or a dead store
+            missing = []
+            for r in range(n):
+                if r == me:
+                    continue
+                try:
+                    if not store.check([keys[r]]):
+                        missing.append(r)
+                except Exception:  # noqa: BLE001
+                    missing = []  # cannot tell
+                    break
+            if missing:
+                raise CollectiveTimeoutError(
+                    f"funcoll: {call.label()}: {who(missing, st.trace.global_ranks)} did not reach this collective "
+                    f"within {timeout:g} s (debug check of every collective: the rank is behind, skipped the call, "
+                    f"hangs in another call, or died). This rank called {describe(call.fingerprint)}."
+                    + recent(call, st.trace, dump=True)) from e
+            raise CollectiveError(f"{unreachable}{e}") from e
+        values = store.multi_get(others)
+    except CollectiveError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the store itself failed (its server, rank 0, died)
+        raise CollectiveError(f"{unreachable}{e}") from e
+    it = iter(values)
+    fps: List[dict] = [call.fingerprint if r == me else json.loads(bytes(next(it)).decode()) for r in range(n)]
+    if seq:
+        try:  # every rank has read this rank's previous fingerprint: it published this one after that
+            store.delete_key(_KEY.format(seq=seq - 1, rank=me))
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+    msg = compare(fps, int(seq or 0), st.trace.group, st.trace.global_ranks)
+    if msg is not None:
+        raise CollectiveMismatchError(msg)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the size guard
+# ---------------------------------------------------------------------------------------------------
+def _buffers(n: int) -> tuple:
+    """``(input, output)`` int64 tensors for the digest exchange, and Python arrays sharing their memory (cheaper
+    to fill and read than tensor ops: this is most of the guard's own time; no numpy needed)."""
+    inp_arr = array.array("q", bytes(8 * SLOTS))
+    out_arr = array.array("q", bytes(8 * n * SLOTS))
+    return (torch.frombuffer(inp_arr, dtype=torch.int64), torch.frombuffer(out_arr, dtype=torch.int64),
+            inp_arr, out_arr)
+
+
+def _exchange(backend, values: torch.Tensor, n: int) -> torch.Tensor:
+    out = values.new_empty((n * values.numel(),))
+    backend._allgather_base(out, values).wait()
+    return out
+
+
+def size_guard(st: GroupState, call: Call) -> None:
+    """Checks, across the ranks of the group, that ``call`` moves the same bytes on every rank, before it sends
+    anything (see the module's docstring). Returns at once where the guard does not apply (off, one rank, a virtual
+    world, not a CPU collective). Raises CollectiveMismatchError (the same message on every rank),
+    CollectiveTimeoutError (a rank did not reach the collective within the group's timeout) or CollectiveError (a
+    peer died)."""
+    if not st.guard:
+        return
+    fp = call.fingerprint
+    backend = st.guard_backend  # the CPU transport's gloo backend: set once the group has a CPU transport
+    if backend is None or fp.get("device", "cpu" if fp.get("op") == "barrier" else None) != "cpu":
+        return  # a barrier runs on the CPU transport whenever the group has one
+    n = st.size
+    mine = digest(fp, call.seq if call.seq is not None else -1, st.rank, n)
+    own = st.guard_lock.acquire(blocking=False)
+    try:
+        bufs = st.guard_bufs if own and st.guard_bufs is not None else _buffers(n)
+        if own:
+            st.guard_bufs = bufs
+        inp, out, inp_arr, out_arr = bufs
+        inp_arr[:] = array.array("q", mine)
+        try:
+            backend._allgather_base(out, inp).wait()
+        except Exception as e:  # noqa: BLE001 - the digest exchange failed: a rank is missing or dead
+            raise _failure(st, call, e) from e
+        table = out_arr.tolist()
+    finally:
+        if own:
+            st.guard_lock.release()
+    if not agree(table, n):
+        _mismatch(st, call, backend, n)
+
+
+def _failure(st: GroupState, call: Call, e: BaseException) -> CollectiveError:
+    if is_backend_timeout(e):
+        return CollectiveTimeoutError(
+            f"funcoll: {call.label()} timed out (group timeout {st.timeout_s:g} s): {backend_message(e)} "
+            f"(while the ranks exchanged this collective's size digest before sending it: a rank did not reach it "
+            f"-- it is behind, skipped the call, or hangs in another one; this rank called "
+            f"{describe(call.fingerprint)})." + recent(call, st.trace, dump=True))
+    return CollectiveError(f"funcoll: {call.label()} failed: {backend_message(e)}")
+
+
+_DEBUG_SUFFIX = "(cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL)"
+_GUARD_SUFFIX = "(funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off)"
+
+
+def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
+    """The slow path: every rank's full fingerprint, through two more all_gathers of sizes every rank knows, then
+    the debug mode's message. Raises CollectiveMismatchError."""
+    payload = json.dumps({"seq": call.seq, "fp": call.fingerprint}).encode()
+    try:
+        lengths = _exchange(backend, torch.tensor([len(payload)], dtype=torch.int64), n).tolist()
+        size = max(lengths)
+        buf = torch.zeros(size, dtype=torch.uint8)
+        buf[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        table = _exchange(backend, buf, n).view(n, size)
+    except Exception as e:  # noqa: BLE001
+        raise _failure(st, call, e) from e
+    got = [json.loads(bytes(table[r, :lengths[r]].tolist()).decode()) for r in range(n)]
+    fps = [d["fp"] for d in got]
+    seqs = [int(d["seq"]) for d in got]
+    group, ranks = st.trace.group, st.trace.global_ranks
+    if len(set(seqs)) == 1:
+        msg = compare(fps, seqs[0], group, ranks)
+        if msg is None:  # the digests differ, the fingerprints compare equal: say so rather than guess
+            msg = _text(group, ranks, seqs, fps, "their size digests differ (funcoll internal: the fingerprints "
+                        "compare equal; please report)")
+    else:
+        at = ", ".join(f"rank {r} at #{s}" for r, s in enumerate(seqs))
+        msg = _text(group, ranks, seqs, fps, f"the ranks are at different sequence numbers ({at}): a rank skipped a "
+                    "collective or issued one more earlier")
+    msg = msg.replace(_DEBUG_SUFFIX, _GUARD_SUFFIX) if _DEBUG_SUFFIX in msg else msg + " " + _GUARD_SUFFIX
+    raise CollectiveMismatchError(msg)
+
+
+def _text(group: str, ranks, seqs: List[int], fps: List[dict], why: str) -> str:
+    lines = [f"  rank {r}: #{s} {describe(fp)}" for r, (s, fp) in enumerate(zip(seqs, fps))]
+    gr = f" (global ranks {_ranks(ranks)})" if ranks is not None else ""
+    return (f"funcoll: detected mismatch between collectives on group {group!r}{gr} at sequence number "
+            f"{min(seqs)}: {why}.\n" + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives "
+            "in the same order. Nothing of this collective was sent.")

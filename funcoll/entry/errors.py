@@ -1,0 +1,53 @@
+"""The errors an eager funcoll collective raises, and how a backend's own error message is read.
+
+Every one is a ``torch.distributed.DistBackendError`` (so a ``RuntimeError``) whose message names the op, the group,
+its ranks and the sequence number; ``__cause__`` is the backend's own error.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+__all__ = ["CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError", "backend_message",
+           "is_wait_timeout", "is_backend_timeout"]
+
+
+class CollectiveError(dist.DistBackendError):
+    """A funcoll collective failed (a peer died, the backend reported an error). The message names the op, the
+    group, its ranks and the sequence number; ``__cause__`` is the backend's own error."""
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """A collective (or the debug mode's cross-rank check of one) did not complete in time."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Debug mode (``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``) or the size guard: the ranks of a group
+    issued different collectives at the same sequence number. Raised on every rank, with the same message, before
+    anything is sent."""
+
+
+_CALLBACK = "Got the following error when running the callback: "
+
+
+def backend_message(e: BaseException) -> str:
+    """The backend's own message: a torch future's ``then`` wraps an error as "Got the following error when running
+    the callback: RuntimeError: <message>\\n\\nAt:\\n<traceback>"; this is <message>."""
+    msg = str(e).strip()
+    while msg.startswith(_CALLBACK):
+        msg = msg[len(_CALLBACK):].split("\n\nAt:\n", 1)[0].strip()
+        head, sep, rest = msg.partition(": ")
+        if sep and head.isidentifier() and (head.endswith("Error") or head.endswith("Exception")):
+            msg = rest.strip()
+    return msg
+
+
+def is_wait_timeout(e: BaseException) -> bool:
+    """The caller's ``wait(timeout)`` ran out (funcoll's own TimeoutError, or c10d's "Operation timed out!"), as
+    opposed to the backend giving up on the collective."""
+    return isinstance(e, TimeoutError) or "Operation timed out!" in str(e)
+
+
+def is_backend_timeout(e: BaseException) -> bool:
+    s = str(e).lower()
+    return "timed out" in s or "timeout" in s

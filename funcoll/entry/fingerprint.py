@@ -1,0 +1,527 @@
+"""Each collective's cross-rank rules, written once and side by side (as JAX's ``lax/parallel.py`` keeps each
+primitive's rules together): pure functions, tested without processes.
+
+A *fingerprint* describes one call as a dict of JSON values: op, reduce op, root, dtypes, shapes, split sizes or
+per-peer shapes. Most fields must be equal on every rank of the group; the *per-rank* fields of an op (all_to_all
+split sizes and per-peer shapes, a rooted gather/scatter's list) legitimately differ and are checked against each
+other instead. Per op, one row of :data:`RULES` says which fields are per-rank, how the cross-rank check reads
+them (:func:`compare`, the debug mode's and the size guard's mismatch message) and this rank's share of the size
+guard's per-peer sum (:func:`digest`); per c10d method, one row of :data:`METHODS` says which op it is, how its
+arguments become a fingerprint and which argument it sends (the NaN check). The fingerprint's text is
+:func:`funcoll.entry.flight_recorder.describe`. Adding an op means adding one row to each table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from funcoll.entry.flight_recorder import _ranks, describe
+from funcoll.semantics import parse_reduction
+
+__all__ = ["Rule", "RULES", "Spec", "METHODS", "PER_RANK", "fingerprint", "compare", "digest", "agree", "check_nan",
+           "flat", "SLOTS"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading a call's arguments (c10d passes them positionally, options last)
+# ---------------------------------------------------------------------------------------------------
+def _arg(args, kwargs, i: int, name: str, default=None):
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(name, default)
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _t(t) -> list:
+    return [_dt(t.dtype), list(t.shape)]
+
+
+def _ts(ts) -> list:
+    return [_t(t) for t in ts if isinstance(t, torch.Tensor)]
+
+
+def _shapes(ts) -> list:
+    return [list(t.shape) for t in ts]
+
+
+_PREMUL = dist.ReduceOp.RedOpType.PREMUL_SUM  # type: ignore[attr-defined]
+
+
+def _reduce_op(opts, opname: str) -> Optional[str]:
+    op = opts
+    if opts is not None and not isinstance(opts, (str, dist.ReduceOp)) and hasattr(opts, "reduceOp"):
+        op = opts.reduceOp
+    if op is None:
+        return "sum"
+    if isinstance(op, dist.ReduceOp):  # the common case, without parsing: ReduceOp.SUM -> "sum"
+        kind = op.op  # type: ignore[attr-defined]
+        if kind != _PREMUL:
+            return kind.name.lower()
+    try:
+        red = parse_reduction(op, opname)
+    except Exception:  # noqa: BLE001 - validation is the algorithm's job; describe what was given
+        return repr(op)
+    f = red.factor
+    if f is not None:
+        f = float(f.reshape(-1)[0]) if isinstance(f, torch.Tensor) else float(f)
+        return f"{red.op}({f:g})"
+    return str(red.op)
+
+
+def _root(opts) -> Optional[int]:
+    r = getattr(opts, "rootRank", None)
+    return int(r) if r is not None else 0
+
+
+def _device(ts) -> Optional[str]:
+    for t in ts:
+        if isinstance(t, torch.Tensor):
+            return t.device.type
+    return None
+
+
+def flat(x) -> list:
+    """Every tensor in ``x`` (nested lists and tuples)."""
+    out = []
+    for v in x if isinstance(x, (list, tuple)) else [x]:
+        if isinstance(v, (list, tuple)):
+            out += flat(v)
+        elif isinstance(v, torch.Tensor):
+            out.append(v)
+    return out
+
+
+def _splits(splits, t, n: int):
+    if splits is not None and len(splits):
+        return [int(s) for s in splits]
+    if t.dim() and t.shape[0] % n == 0:
+        return [t.shape[0] // n] * n
+    return None
+
+
+def _numel(shape) -> int:
+    k = 1
+    for d in shape or []:
+        k *= int(d)
+    return k
+
+
+# ---------------------------------------------------------------------------------------------------
+# the size guard's per-peer sum: + every edge a rank sends, - every edge it expects to receive; over the group the
+# shares add up to 0 (mod 2**64) exactly when every send meets an equal receive
+# ---------------------------------------------------------------------------------------------------
+_M = (1 << 64) - 1
+SLOTS = 3  # a digest: seq, hash of the common fields, sum of the per-peer hashes
+
+
+def _hash(text: str) -> int:
+    """A stable unsigned 64-bit hash of ``text`` (the same in every process, unlike ``hash()``)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a stable 64-bit mix of a small integer tuple's encoding."""
+    x = (x + 0x9E3779B97F4A7C15) & _M
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M
+    return x ^ (x >> 31)
+
+
+def _edge(kind: int, src: int, dst: int, value) -> int:
+    """The hash of "rank ``src`` sends ``value`` (rows, a shape) to rank ``dst``"."""
+    v = value if isinstance(value, int) else _hash(repr(value))
+    return _mix(_mix(_mix((kind << 48) ^ src) ^ dst) ^ (v & _M))
+
+
+_A2A, _A2A_LIST, _GATHER, _SCATTER = 1, 2, 3, 4
+_NUMEL = 0x9E3779B97F4A7C15 | 1  # odd: multiplying by it is a bijection mod 2**64
+
+
+# ---------------------------------------------------------------------------------------------------
+# the per-rank rules of each op that has per-rank fields: the check (every rank's fingerprint at hand: the message)
+# and the share (this rank's fingerprint alone: the size guard's sum)
+# ---------------------------------------------------------------------------------------------------
+def _check_a2a_single(fps: List[dict], n: int) -> Optional[str]:
+    trailing = fps[0]["tensors"][0][1] if fps[0].get("tensors") else []
+    for r in range(n):
+        out_s = fps[r].get("output_split_sizes")
+        for q in range(n):
+            in_s = fps[q].get("input_split_sizes")
+            if out_s is None or in_s is None:
+                continue
+            if len(out_s) != n or len(in_s) != n:
+                return (f"rank {r} gives {len(out_s)} output_split_sizes and rank {q} {len(in_s)} "
+                        f"input_split_sizes for a group of {n}")
+            if out_s[q] != in_s[r]:
+                return (f"the split sizes do not match: rank {q} sends {in_s[r]} rows to rank {r} "
+                        f"(input_split_sizes={in_s}) but rank {r} expects {out_s[q]} from rank {q} "
+                        f"(output_split_sizes={out_s}); row shape {trailing}")
+    return None
+
+
+def _share_a2a_single(fp: dict, rank: int) -> int:
+    ins, outs = fp.get("input_split_sizes"), fp.get("output_split_sizes")
+    if ins is None or outs is None:
+        return 0
+    return (sum(_edge(_A2A, rank, q, int(k)) for q, k in enumerate(ins))
+            - sum(_edge(_A2A, q, rank, int(k)) for q, k in enumerate(outs)))
+
+
+def _check_a2a(fps: List[dict], n: int) -> Optional[str]:
+    for r in range(n):
+        outs = fps[r].get("per_peer_out") or []
+        for q in range(n):
+            ins = fps[q].get("per_peer_in") or []
+            if len(outs) == n and len(ins) == n and outs[q] != ins[r]:
+                return (f"the per-peer shapes do not match: rank {q} sends a tensor of shape {ins[r]} to rank "
+                        f"{r}, which expects {outs[q]}")
+    return None
+
+
+def _share_a2a(fp: dict, rank: int) -> int:
+    return (sum(_edge(_A2A_LIST, rank, q, shape) for q, shape in enumerate(fp.get("per_peer_in") or ()))
+            - sum(_edge(_A2A_LIST, q, rank, shape) for q, shape in enumerate(fp.get("per_peer_out") or ())))
+
+
+def _rooted(op: str, key: str, kind: int):
+    """gather (the root's list of output shapes) and scatter (of input shapes): the root's list against every
+    rank's own tensor."""
+    def check(fps: List[dict], n: int) -> Optional[str]:
+        root = fps[0].get("root")
+        if root is None or not 0 <= root < n:
+            return None
+        shapes = fps[root].get(key)
+        if shapes is None:
+            return None
+        if len(shapes) != n:
+            return f"the root (rank {root}) passes {len(shapes)} tensors for a group of {n}"
+        for q in range(n):
+            mine = (fps[q].get("tensors") or [[None, None]])[0][1]
+            if shapes[q] != mine:
+                what, way = ("receive", "from") if op == "gather" else ("send", "to")
+                return (f"the root (rank {root}) would {what} a tensor of shape {shapes[q]} {way} rank {q}, whose "
+                        f"tensor has shape {mine}")
+        return None
+
+    def share(fp: dict, rank: int) -> int:
+        s = _edge(kind, rank, -1, (fp.get("tensors") or [[None, None]])[0][1])
+        if rank == fp.get("root"):
+            s -= sum(_edge(kind, q, -1, shape) for q, shape in enumerate(fp.get(key) or ()))
+        return s
+
+    return check, share
+
+
+def _check_gather_single(fps: List[dict], n: int) -> Optional[str]:
+    root = fps[0].get("root")
+    if root is None or not 0 <= root < n or fps[root].get("root_output_numel") is None:
+        return None
+    numels = sum(_numel((fp.get("tensors") or [[None, []]])[0][1]) for fp in fps)
+    if fps[root]["root_output_numel"] != numels:
+        return f"the root's output has {fps[root]['root_output_numel']} elements, the inputs {numels}"
+    return None
+
+
+def _share_gather_single(fp: dict, rank: int) -> int:
+    s = _numel((fp.get("tensors") or [[None, []]])[0][1]) * _NUMEL
+    if fp.get("root_output_numel") is not None and rank == fp.get("root"):
+        s -= int(fp["root_output_numel"]) * _NUMEL
+    return s
+
+
+class Rule:
+    """What every rank of a group must agree on for one op: ``per_rank``, the fingerprint fields that differ between
+    ranks; ``check(fps, n)``, the message when those fields do not pair up (None when they do); ``share(fp, rank)``,
+    this rank's share of the size guard's per-peer sum; ``p2p``: a point-to-point op (its own counter, not checked)."""
+
+    __slots__ = ("per_rank", "check", "share", "p2p")
+
+    def __init__(self, per_rank: Tuple[str, ...] = (), check: Optional[Callable] = None,
+                 share: Optional[Callable] = None, p2p: bool = False):
+        self.per_rank, self.check, self.share, self.p2p = per_rank, check, share, p2p
+
+
+_GATHER_RULES = _rooted("gather", "root_outputs", _GATHER)
+_SCATTER_RULES = _rooted("scatter", "root_inputs", _SCATTER)
+_PLAIN = Rule()
+
+RULES: Dict[str, Rule] = {  # op -> its cross-rank rule (ops without per-rank fields: every field equal)
+    "all_reduce": _PLAIN, "all_reduce_coalesced": _PLAIN, "all_gather_into_tensor": _PLAIN, "all_gather": _PLAIN,
+    "all_gather_into_tensor_coalesced": _PLAIN, "all_gather_coalesced": _PLAIN, "reduce_scatter_tensor": _PLAIN,
+    "reduce_scatter": _PLAIN, "reduce_scatter_tensor_coalesced": _PLAIN, "broadcast": _PLAIN, "reduce": _PLAIN,
+    "barrier": _PLAIN,
+    "all_to_all_single": Rule(("input_split_sizes", "output_split_sizes"), _check_a2a_single, _share_a2a_single),
+    "all_to_all": Rule(("per_peer_in", "per_peer_out"), _check_a2a, _share_a2a),
+    "gather": Rule(("root_outputs",), *_GATHER_RULES),
+    "scatter": Rule(("root_inputs",), *_SCATTER_RULES),
+    "gather_single": Rule(("root_output_numel",), _check_gather_single, _share_gather_single),
+    "send": Rule(p2p=True), "recv": Rule(p2p=True),
+}
+PER_RANK = frozenset(k for rule in RULES.values() for k in rule.per_rank)
+
+
+# ---------------------------------------------------------------------------------------------------
+# per c10d method: its op, its fingerprint, the argument it sends
+# ---------------------------------------------------------------------------------------------------
+def _fp_allreduce(op):
+    def fn(pg, a, k):
+        ts = list(_arg(a, k, 0, "tensors"))
+        return {"op": op, "reduce_op": _reduce_op(_arg(a, k, 1, "opts"), op), "tensors": _ts(ts),
+                "device": _device(ts)}
+    return fn
+
+
+def _fp_gather_base(pg, a, k):
+    out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
+    return {"op": "all_gather_into_tensor", "tensors": [_t(inp)], "outputs": [list(out.shape)],
+            "device": inp.device.type}
+
+
+def _fp_gather_coalesced(pg, a, k):
+    outs, ins = list(_arg(a, k, 0, "outputs")), list(_arg(a, k, 1, "inputs"))
+    return {"op": "all_gather_into_tensor_coalesced", "tensors": _ts(ins), "outputs": _shapes(outs),
+            "device": _device(ins)}
+
+
+def _fp_allgather(op, outs_name="output_tensors", ins_name="input_tensors"):
+    def fn(pg, a, k):
+        outs, ins = _arg(a, k, 0, outs_name), list(_arg(a, k, 1, ins_name))
+        return {"op": op, "tensors": _ts(ins), "outputs": [_shapes(o) for o in outs], "device": _device(ins)}
+    return fn
+
+
+def _fp_rs_tensor(pg, a, k):
+    out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
+    return {"op": "reduce_scatter_tensor", "reduce_op": _reduce_op(_arg(a, k, 2, "opts"), "reduce_scatter_tensor"),
+            "tensors": [_t(inp)], "outputs": [list(out.shape)], "device": inp.device.type}
+
+
+def _fp_rs_coalesced(pg, a, k):
+    op = "reduce_scatter_tensor_coalesced"
+    outs, ins = list(_arg(a, k, 0, "outputs")), list(_arg(a, k, 1, "inputs"))
+    return {"op": op, "reduce_op": _reduce_op(_arg(a, k, 2, "opts"), op), "tensors": _ts(ins),
+            "outputs": _shapes(outs), "device": _device(ins)}
+
+
+def _fp_reduce_scatter(pg, a, k):
+    outs, ins = list(_arg(a, k, 0, "output_tensors")), _arg(a, k, 1, "input_tensors")
+    return {"op": "reduce_scatter", "reduce_op": _reduce_op(_arg(a, k, 2, "opts"), "reduce_scatter"),
+            "tensors": _ts(outs), "inputs": [_shapes(i) for i in ins], "device": _device(outs)}
+
+
+def _fp_a2a_single(pg, a, k):
+    out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
+    osz, isz = _arg(a, k, 2, "output_split_sizes"), _arg(a, k, 3, "input_split_sizes")
+    n = pg.size()
+    return {"op": "all_to_all_single", "tensors": [[_dt(inp.dtype), list(inp.shape[1:])]],
+            "outputs": [list(out.shape[1:])], "device": inp.device.type,
+            "input_split_sizes": _splits(isz, inp, n), "output_split_sizes": _splits(osz, out, n)}
+
+
+def _fp_a2a(pg, a, k):
+    outs, ins = list(_arg(a, k, 0, "output_tensors")), list(_arg(a, k, 1, "input_tensors"))
+    return {"op": "all_to_all", "tensors": [[_dt(t.dtype), None] for t in ins[:1]], "device": _device(ins),
+            "count": [len(ins), len(outs)], "per_peer_in": _shapes(ins), "per_peer_out": _shapes(outs)}
+
+
+def _fp_broadcast(pg, a, k):
+    ts = list(_arg(a, k, 0, "tensors"))
+    return {"op": "broadcast", "root": _root(_arg(a, k, 1, "opts")), "tensors": _ts(ts), "device": _device(ts)}
+
+
+def _fp_reduce(pg, a, k):
+    ts = list(_arg(a, k, 0, "tensors"))
+    opts = _arg(a, k, 1, "opts")
+    return {"op": "reduce", "root": _root(opts), "reduce_op": _reduce_op(opts, "reduce"), "tensors": _ts(ts),
+            "device": _device(ts)}
+
+
+def _fp_rooted(op, key):
+    def fn(pg, a, k):
+        outs, ins = _arg(a, k, 0, "output_tensors"), _arg(a, k, 1, "input_tensors")
+        mine, lists = (list(ins), outs) if op == "gather" else (list(outs), ins)
+        root = _root(_arg(a, k, 2, "opts"))
+        fp = {"op": op, "root": root, "tensors": _ts(mine), "device": _device(mine)}
+        if pg.rank() == root:
+            fp[key] = _shapes(lists[0]) if lists else []
+        return fp
+    return fn
+
+
+def _fp_gather_single(pg, a, k):
+    out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
+    root = _root(_arg(a, k, 2, "opts"))
+    fp = {"op": "gather_single", "root": root, "tensors": [_t(inp)], "device": inp.device.type}
+    if pg.rank() == root:
+        fp["root_output_numel"] = int(out.numel())
+    return fp
+
+
+def _fp_barrier(pg, a, k):
+    return {"op": "barrier"}
+
+
+def _fp_p2p(op, peer_arg):
+    def fn(pg, a, k):
+        ts = list(_arg(a, k, 0, "tensors"))
+        return {"op": op, "peer": _arg(a, k, 1, peer_arg), "tag": _arg(a, k, 2, "tag", 0), "tensors": _ts(ts)}
+    return fn
+
+
+def _fp_recv_any(pg, a, k):
+    ts = list(_arg(a, k, 0, "tensors"))
+    return {"op": "recv", "peer": "any", "tag": _arg(a, k, 1, "tag", 0), "tensors": _ts(ts)}
+
+
+class Spec:
+    """One c10d method: its op, ``fn(pg, args, kwargs) -> fingerprint``, the index of the argument it sends (None:
+    it sends nothing of its own; the NaN check reads it) and whether it is point-to-point."""
+
+    __slots__ = ("op", "fn", "sends", "p2p")
+
+    def __init__(self, op: str, fn: Callable, sends: Optional[int] = 1):
+        self.op, self.fn, self.sends, self.p2p = op, fn, sends, RULES[op].p2p
+
+
+METHODS: Dict[str, Spec] = {
+    "allreduce": Spec("all_reduce", _fp_allreduce("all_reduce"), 0),
+    "allreduce_coalesced": Spec("all_reduce_coalesced", _fp_allreduce("all_reduce_coalesced"), 0),
+    "_allgather_base": Spec("all_gather_into_tensor", _fp_gather_base),
+    "all_gather_single": Spec("all_gather_into_tensor", _fp_gather_base),
+    "allgather": Spec("all_gather", _fp_allgather("all_gather")),
+    "allgather_into_tensor_coalesced": Spec("all_gather_into_tensor_coalesced", _fp_gather_coalesced),
+    "all_gather_single_coalesced": Spec("all_gather_into_tensor_coalesced", _fp_gather_coalesced),
+    "allgather_coalesced": Spec("all_gather_coalesced",
+                                _fp_allgather("all_gather_coalesced", "output_lists", "input_list")),
+    "_reduce_scatter_base": Spec("reduce_scatter_tensor", _fp_rs_tensor),
+    "reduce_scatter_single": Spec("reduce_scatter_tensor", _fp_rs_tensor),
+    "reduce_scatter": Spec("reduce_scatter", _fp_reduce_scatter),
+    "reduce_scatter_tensor_coalesced": Spec("reduce_scatter_tensor_coalesced", _fp_rs_coalesced),
+    "reduce_scatter_single_coalesced": Spec("reduce_scatter_tensor_coalesced", _fp_rs_coalesced),
+    "alltoall_base": Spec("all_to_all_single", _fp_a2a_single),
+    "all_to_all_single": Spec("all_to_all_single", _fp_a2a_single),
+    "alltoall": Spec("all_to_all", _fp_a2a),
+    "broadcast": Spec("broadcast", _fp_broadcast, 0),
+    "reduce": Spec("reduce", _fp_reduce, 0),
+    "gather": Spec("gather", _fp_rooted("gather", "root_outputs")),
+    "scatter": Spec("scatter", _fp_rooted("scatter", "root_inputs")),
+    "gather_single": Spec("gather_single", _fp_gather_single),
+    "gather_into_tensor": Spec("gather_single", _fp_gather_single),
+    "barrier": Spec("barrier", _fp_barrier, None),
+    "send": Spec("send", _fp_p2p("send", "dstRank"), 0),
+    "recv": Spec("recv", _fp_p2p("recv", "srcRank"), None),
+    "recv_anysource": Spec("recv", _fp_recv_any, None),
+}
+
+
+def fingerprint(pg, method: str, args, kwargs) -> dict:
+    """The fingerprint of a call of ``pg.<method>(*args, **kwargs)``."""
+    spec = METHODS[method]
+    try:
+        return spec.fn(pg, args, kwargs)
+    except Exception:  # noqa: BLE001 - a malformed call: the method itself raises the precise error
+        return {"op": spec.op, "malformed": True}
+
+
+def check_nan(method: str, args) -> bool:
+    """Whether a tensor the call sends holds a NaN (TORCH_DIST_NAN_CHECK=1), as torch's NanCheckHook checks."""
+    i = METHODS[method].sends
+    if i is None:
+        return False
+    sent = args[i] if len(args) > i else None  # c10d passes every argument positionally
+    return any(t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()) for t in flat(sent))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the cross-rank comparison: every rank's fingerprint at hand (the debug mode; the size guard's slow path)
+# ---------------------------------------------------------------------------------------------------
+_FIELD_NAMES = {"op": "the collective", "reduce_op": "the reduce op", "root": "the root", "device": "the device",
+                "outputs": "the output shapes", "inputs": "the input shapes", "count": "the number of tensors",
+                "malformed": "the arguments"}
+_ORDER = ["op", "reduce_op", "root", "tensors", "device", "outputs", "inputs", "count"]
+
+
+def _tensor_fields(fps: List[dict]) -> List[str]:
+    ts = [fp.get("tensors") or [] for fp in fps]
+    if len({len(t) for t in ts}) > 1:
+        return ["the number of tensors"]
+    out = []
+    if len({json.dumps([d for d, _ in t]) for t in ts}) > 1:
+        out.append("the dtypes")
+    if len({json.dumps([s for _, s in t]) for t in ts}) > 1:
+        out.append("the shapes")
+    return out
+
+
+def who(ranks: List[int], global_ranks) -> str:
+    """``rank 1 (global 5)``, ``ranks 0,2``."""
+    g = [global_ranks[r] for r in ranks] if global_ranks is not None else ranks
+    base = ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+    if g != ranks:
+        base += f" (global {','.join(map(str, g))})"
+    return base
+
+
+def compare(fps: List[dict], seq: int, group: str, global_ranks=None) -> Optional[str]:
+    """The mismatch message for the fingerprints of every rank (index = group rank), or None when they agree.
+    The same on every rank: it depends on the fingerprints only."""
+    n = len(fps)
+    common = [{k: v for k, v in fp.items() if k not in PER_RANK} for fp in fps]
+    keys = [json.dumps(c, sort_keys=True) for c in common]
+    fields: List[str] = []
+    if len(set(keys)) > 1:
+        for key in sorted(set().union(*common), key=lambda k: (_ORDER.index(k) if k in _ORDER else len(_ORDER), k)):
+            if key == "tensors":
+                fields += _tensor_fields(fps)
+            elif len({json.dumps(c.get(key), sort_keys=True) for c in common}) > 1:
+                fields.append(_FIELD_NAMES.get(key, key))
+        fields = fields or ["the arguments"]
+        if "the collective" in fields:
+            fields = ["the collective"]
+        why = "they differ in " + ", ".join(dict.fromkeys(fields))
+    else:
+        rule = RULES.get(fps[0].get("op", ""))
+        cross = rule.check(fps, n) if rule is not None and rule.check is not None else None
+        if cross is None:
+            return None
+        why = cross
+    by_desc: Dict[str, List[int]] = {}
+    for r, fp in enumerate(fps):
+        by_desc.setdefault(describe(fp), []).append(r)
+    lines = [f"  {who(ranks, global_ranks)}: {desc}" for desc, ranks in by_desc.items()]
+    gr = "" if global_ranks is None else f" (global ranks {_ranks(global_ranks)})"
+    return (f"funcoll: detected mismatch between collectives on group {group!r}{gr} at sequence number {seq}: "
+            f"{why}.\n" + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives in the same "
+            "order, with the same op, reduce op, root, dtypes and shapes, and matching split sizes. Nothing of this "
+            "collective was sent (cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL).")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the size guard's digest: this rank's fingerprint alone
+# ---------------------------------------------------------------------------------------------------
+def _signed(x: int) -> int:
+    x &= _M
+    return x - (1 << 64) if x >> 63 else x
+
+
+def digest(fp: dict, seq: int, rank: int, n: int) -> List[int]:
+    """The call's digest, ``[seq, hash of the common fields, per-peer share]`` as signed int64."""
+    # fingerprints are built by the same code on every rank: equal dicts, equal reprs
+    common = repr(fp) if PER_RANK.isdisjoint(fp) else repr({k: v for k, v in fp.items() if k not in PER_RANK})
+    rule = RULES.get(fp.get("op", ""))
+    cross = rule.share(fp, rank) & _M if rule is not None and rule.share is not None else 0
+    return [int(seq), _signed(_hash(common)), _signed(cross)]
+
+
+def agree(table: List[int], n: int) -> bool:
+    """Whether the digests of every rank (``table[3 * r: 3 * r + 3]``, rank r's) say the calls match."""
+    return (table[0::SLOTS].count(table[0]) == n and table[1::SLOTS].count(table[1]) == n
+            and sum(table[2::SLOTS]) & _M == 0)

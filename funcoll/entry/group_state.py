@@ -1,0 +1,148 @@
+"""The state of one funcoll group, built once in ``ProcessGroupFuncoll.__init__`` and passed explicitly: its flight
+recorder trace (and so its sequence numbers), the debug and guard switches, the size guard's backend and buffers,
+the NaN check, the timeout, and whether its store is local (a virtual world in one process).
+
+The switches, per group (every rank of the group must do the same, between the same two collectives):
+
+* the debug mode (:func:`funcoll.entry.checks.store_check`): ``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
+  (``FUNCOLL_DEBUG=0`` turns it off under DETAIL), read when the group is created; :func:`set_debug`;
+* the size guard (:func:`funcoll.entry.checks.size_guard`): ``FUNCOLL_GUARD=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
+  (``FUNCOLL_GUARD=0`` keeps it off under DETAIL), ``funcoll.Options(guard=...)``, read when the group is created;
+  :func:`set_guard`;
+* the NaN check: ``TORCH_DIST_NAN_CHECK=1`` (torch's backend-agnostic check, which torch >= 2.15 attaches to every
+  group; funcoll runs it itself, on every torch version).
+
+Neither check runs on a group of one rank or on a local store (HashStore, FakeStore): there is nothing to compare.
+These functions are public as ``funcoll.debug``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+from typing import Optional, Sequence
+
+import torch.distributed as dist
+
+from funcoll.entry.flight_recorder import GroupTrace
+
+__all__ = ["GroupState", "set_debug", "debug_enabled", "set_guard", "guard_enabled", "sequence_number",
+           "debug_from_env", "guard_from_env", "is_local_store", "unwrap_store"]
+
+_TRUE = ("1", "true", "yes", "on", "detail")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _detail() -> bool:
+    try:
+        return dist.get_debug_level() == dist.DebugLevel.DETAIL
+    except Exception:  # noqa: BLE001 - a torch without debug levels
+        return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
+
+
+def _switch(var: str) -> bool:
+    """``var``: 1/true/yes/on turns it on, 0/false/no/off off; unset, torch's convention for cross-rank checks: on
+    under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, off otherwise (a user's job pays for no check by default)."""
+    v = os.environ.get(var, "").strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    return _detail()
+
+
+def debug_from_env() -> bool:
+    return _switch("FUNCOLL_DEBUG")
+
+
+def guard_from_env() -> bool:
+    return _switch("FUNCOLL_GUARD")
+
+
+def _local_stores() -> tuple:
+    kinds: list = [dist.HashStore]
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        kinds.append(FakeStore)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(kinds)
+
+
+_LOCAL_STORES = _local_stores()
+
+
+def unwrap_store(store):
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+def is_local_store(store) -> bool:
+    """A store that cannot rendezvous other processes (HashStore, FakeStore): a virtual world in one process."""
+    return isinstance(unwrap_store(store), _LOCAL_STORES)
+
+
+class GroupState:
+    """Everything funcoll keeps per group beside its transports (see the module's docstring)."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str, global_ranks: Sequence[int],
+                 guard: Optional[bool] = None):
+        self.store = store
+        self.rank, self.size = rank, size
+        self.timeout = timeout
+        self.timeout_s = timeout.total_seconds()  # read by every call: the group's timeout in seconds
+        self.local_store = is_local_store(store)
+        self.trace = GroupTrace(name or "(unnamed)", global_ranks, rank, size)
+        self._checkable = size > 1 and not self.local_store
+        self.debug = self._checkable and debug_from_env()
+        self.guard = self._checkable and (guard_from_env() if guard is None else bool(guard))
+        self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
+        # the size guard's: the CPU transport's gloo backend (set when the group makes its CPU transport) and its
+        # reused digest buffers (another thread on the same group allocates its own)
+        self.guard_backend = None
+        self.guard_lock = threading.Lock()
+        self.guard_bufs: Optional[tuple] = None
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.timeout, self.timeout_s = timeout, timeout.total_seconds()
+
+    def set_debug(self, enabled: bool) -> None:
+        self.debug = bool(enabled) and self._checkable
+
+    def set_guard(self, enabled: bool) -> None:
+        self.guard = bool(enabled) and self._checkable
+
+
+def _of(group) -> GroupState:
+    st = getattr(group, "_state", None)
+    if not isinstance(st, GroupState):
+        raise ValueError(f"funcoll: {group!r} is not a funcoll process group")
+    return st
+
+
+def set_debug(group, enabled: bool = True) -> None:
+    """Turns the debug mode's cross-rank check on or off for one group (every rank of the group must do the same,
+    between the same two collectives)."""
+    _of(group).set_debug(enabled)
+
+
+def debug_enabled(group) -> bool:
+    return _of(group).debug
+
+
+def set_guard(group, enabled: bool = True) -> None:
+    """Turns the size guard on or off for one group. Every rank of the group must do the same, between the same two
+    collectives (a rank that guards and one that does not would pair a digest exchange with a collective)."""
+    _of(group).set_guard(enabled)
+
+
+def guard_enabled(group) -> bool:
+    return _of(group).guard
+
+
+def sequence_number(group) -> int:
+    """The sequence number the group's next collective will get (the count of collectives so far)."""
+    return _of(group).trace.seq

@@ -1,0 +1,291 @@
+"""Every eager collective's pipeline, in order: the decorator :func:`collective` wraps each collective method of
+:class:`~funcoll.entry.process_group.ProcessGroupFuncoll` in the class body, as c10d wraps its own collectives in
+its logger decorators. Per call:
+
+1. **the native fast path?** When nobody observes (no debug mode, no NaN check, not coalescing, not inside another
+   collective method, no ``record()``, profiler or funcoll debug log) and the method's adapter finds the request
+   served by the transport's backend as it is (one cached lookup per signature in :mod:`funcoll.algorithms`; a new
+   signature is validated in full, an invalid one never cached), the call is counted, numbered and recorded (a
+   :class:`~funcoll.entry.flight_recorder.NativeEntry`; the signature's fingerprint made once) and the backend's own
+   method is called with the caller's arguments. A blocking call is waited on here (a failure raises naming the
+   collective) and the backend's Work returned; an async one gets a :class:`~funcoll.entry.work.NativeWork`. Blocking
+   CPU calls of a group whose size guard is on take the full path, which runs the guard.
+2. **fingerprint and record**: the call's fingerprint (:mod:`funcoll.entry.fingerprint`) and its flight-recorder
+   :class:`~funcoll.entry.flight_recorder.Call`;
+3. **layout and NaN**: a sparse tensor is refused for every op; with ``TORCH_DIST_NAN_CHECK=1`` a floating input
+   holding a NaN is refused; nothing is sent, no sequence number used;
+4. **number and check before send**: right before the first primitive sends (the transport's ``before_send`` hook,
+   the one call from the transport layer up into the entry layer), the call gets the group's next sequence number
+   (point-to-point ops their own counter) and the debug mode's store check or the size guard runs
+   (:mod:`funcoll.entry.checks`);
+5. **the body**: the method itself (:mod:`funcoll.algorithms`); an error the backend raises while issuing is
+   re-raised naming the collective (:class:`~funcoll.entry.errors.CollectiveError`); funcoll's own validation errors
+   (ValueError, TypeError) pass unchanged;
+6. **the Work**: the Call is handed to the returned :class:`~funcoll.entry.work.FuncollWork`, which completes or
+   fails it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Callable, Optional
+
+import torch
+
+from funcoll import algorithms
+from funcoll.entry.checks import size_guard, store_check
+from funcoll.entry.errors import CollectiveError
+from funcoll.entry.fingerprint import METHODS, check_nan, fingerprint, flat
+from funcoll.entry.flight_recorder import INVALID
+from funcoll.entry.work import FuncollWork, NativeWork, failure
+from funcoll.semantics import check_layout
+from funcoll.transport import before_send
+
+__all__ = ["collective", "FAST"]
+
+_now = time.time
+_watched = algorithms.watched
+
+
+class _Depth(threading.local):
+    depth = 0  # > 0 inside a collective method: a method delegating to another is recorded once, as the outer one
+
+
+_tls = _Depth()
+
+
+class _StrategyLog(list):
+    """An ``algorithms.record()`` log that keeps only the calls of the thread that opened it."""
+
+    __slots__ = ("tid",)
+
+    def __init__(self):
+        super().__init__()
+        self.tid = threading.get_ident()
+
+    def append(self, item) -> None:
+        if threading.get_ident() == self.tid:
+            list.append(self, item)
+
+
+# a native signature's fingerprint, made at its first call: the same for every call of it
+_described: dict = {}
+_DESCRIBED_MAX = 4096
+
+
+def _description(nat, pg, method: str, args) -> dict:
+    if len(_described) >= _DESCRIBED_MAX:
+        _described.clear()
+    fp = _described[nat] = fingerprint(pg, method, args, {})
+    return fp
+
+
+def collective(method: str) -> Callable:
+    """Decorates the ProcessGroupFuncoll method ``method`` (a name of :data:`funcoll.entry.fingerprint.METHODS`) with
+    the pipeline. ``FAST[method]``, where there is one, is the method's native fast path: ``fast(pg, args)`` -> a
+    :class:`funcoll.algorithms.Native` when the request (positional arguments, options last) is one native backend
+    call, else None."""
+    spec = METHODS[method]
+    fast: Optional[Callable] = FAST.get(method)
+    op, p2p = spec.op, spec.p2p
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(self, *args, **kwargs):
+            st = self._state
+            # 1. the native fast path
+            if (fast is not None and not st.debug and not st.nan_check and self._coalesced is None and not kwargs
+                    and not _tls.depth and not _watched()):
+                try:
+                    nat = fast(self, args)
+                except Exception:  # noqa: BLE001 - a request the adapter cannot read: the full path names the problem
+                    nat = None
+                blocking = nat is not None and not args[-1].asyncOp
+                if nat is not None and not (blocking and nat.cpu and st.guard):
+                    nat.tally.n += 1
+                    rec = st.trace.native_record(op, method,
+                                                 _described.get(nat) or _description(nat, self, method, args))
+                    if not blocking:
+                        try:
+                            work = nat.issue(*args)
+                        except Exception as e:  # noqa: BLE001 - the backend failed while issuing
+                            call = st.trace.promote(rec)
+                            call.failed(e)
+                            raise CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}") from e
+                        return NativeWork(work, rec, st)
+                    try:
+                        work = nat.issue(*args)
+                        work.wait()
+                    except Exception as e:  # noqa: BLE001 - re-raised naming the collective
+                        call = st.trace.promote(rec)
+                        call.timeout = st.timeout_s
+                        raise failure(call, st.trace, e) from e
+                    rec.t_done = _now()
+                    return work
+            if _tls.depth:  # a method delegating to another: the outer call is the one recorded
+                return fn(self, *args, **kwargs)
+            # 2. fingerprint and record
+            call = st.trace.call(op, method, fingerprint(self, method, args, kwargs))
+            # 3. layout and NaN: refused before anything is sent, without a sequence number
+            try:
+                check_layout(op, flat(list(args) + list(kwargs.values())))
+            except TypeError as e:  # a sparse tensor (semantics.check_layout)
+                call.failed(e, INVALID)
+                st.trace.keep(call)
+                raise
+            if st.nan_check and check_nan(method, args):
+                nan = RuntimeError(f"NaN found in input tensor. (funcoll: {op} on group {st.trace.group!r}, "
+                                   f"rank {st.rank} of {st.size}; TORCH_DIST_NAN_CHECK=1; nothing was sent)")
+                call.failed(nan, INVALID)
+                st.trace.keep(call)
+                raise nan
+            call.timeout = st.timeout_s
+            numbered = []
+
+            # 4. number and check, right before the first primitive sends: everything has been validated
+            def start():
+                st.trace.number(call, p2p)
+                numbered.append(True)
+                if not p2p:
+                    if st.debug:
+                        store_check(st, call)
+                    elif st.guard and not (args and getattr(args[-1], "asyncOp", False) is True):
+                        size_guard(st, call)  # blocking CPU collectives, 2+ ranks: sizes agree, or a clear error
+
+            # 5. the body
+            log = _StrategyLog() if st.trace.enabled else None
+            _tls.depth = 1
+            before_send(start)
+            try:
+                if log is not None:
+                    algorithms._recorders.append(log)
+                try:
+                    work = fn(self, *args, **kwargs)
+                finally:
+                    if log is not None:
+                        algorithms._forget(log)  # by identity: the user's record() log may hold equal contents
+                if not numbered:  # nothing to send on this rank (empty tensors, a lazy transport): counted all the same
+                    start()
+            except (ValueError, TypeError, NotImplementedError) as e:
+                if numbered:
+                    call.failed(e)
+                else:  # funcoll's validation: nothing was sent, no sequence number was used
+                    call.failed(e, INVALID)
+                    st.trace.keep(call)
+                raise
+            except CollectiveError as e:
+                call.failed(e)
+                raise
+            except Exception as e:  # noqa: BLE001 - the backend failed while issuing
+                call.failed(e)
+                if not numbered:
+                    st.trace.keep(call)
+                raise CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}") from e
+            finally:
+                before_send(None)
+                _tls.depth = 0
+            # 6. the Work
+            if log:
+                call.strategies = list(dict.fromkeys(s for _, notes in log for s in notes))
+            if isinstance(work, FuncollWork):
+                work._attach(call, st.trace)
+            else:
+                call.completed()
+            return work
+
+        return run
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------------------------------
+# the fast path's adapters, per method: the request as c10d passes it (positional arguments, options last), checked
+# for what a signature does not hold (one dense contiguous tensor of a plain class per argument, options of the
+# method's own type), then one cached lookup in funcoll.algorithms (is this request one native backend call?)
+# ---------------------------------------------------------------------------------------------------
+_STRIDED = torch.strided
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_C = torch._C._distributed_c10d
+
+
+def _dense(t) -> bool:
+    return t.__class__ in _PLAIN and t.layout is _STRIDED and t.is_contiguous()
+
+
+def _tp_of(pg, t):
+    return pg._transports.get("cpu" if t.is_cpu else t.device.type)
+
+
+def _fast_allreduce(pg, args, _opts=_C.AllreduceOptions, _lookup=algorithms.native_all_reduce_request):
+    if len(args) == 2:
+        tensors, opts = args
+        if type(opts) is _opts and type(tensors) is list and len(tensors) == 1:
+            t = tensors[0]
+            if t.__class__ in _PLAIN and t.layout is _STRIDED and t.is_contiguous():
+                tp = pg._transports.get("cpu" if t.is_cpu else t.device.type)
+                if tp is not None:
+                    return _lookup(tp, opts.reduceOp, t)
+    return None
+
+
+def _fast_allgather_base(pg, args):
+    if len(args) != 3 or type(args[2]) is not _C.AllgatherOptions:
+        return None
+    out, inp = args[0], args[1]
+    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN:
+        return None
+    tp = _tp_of(pg, inp)
+    if tp is None:
+        return None
+    nat = algorithms.native_all_gather_request(tp, out, inp)
+    return nat if nat is not None and _dense(out) and _dense(inp) else None
+
+
+def _fast_reduce_scatter_base(pg, args):
+    if len(args) != 3 or type(args[2]) is not _C.ReduceScatterOptions:
+        return None
+    out, inp, opts = args
+    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN:
+        return None
+    tp = _tp_of(pg, inp)
+    if tp is None:
+        return None
+    nat = algorithms.native_reduce_scatter_request(tp, opts.reduceOp, out, inp)
+    return nat if nat is not None and _dense(out) and _dense(inp) else None
+
+
+def _fast_alltoall_base(pg, args):
+    if len(args) != 5 or type(args[4]) is not _C.AllToAllOptions:
+        return None
+    out, inp, osz, isz = args[0], args[1], args[2], args[3]
+    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN or type(osz) is not list or type(isz) is not list:
+        return None
+    tp = _tp_of(pg, inp)
+    if tp is None:
+        return None
+    nat = algorithms.native_all_to_all_request(tp, out, inp, osz, isz)
+    return nat if nat is not None and _dense(out) and _dense(inp) else None
+
+
+def _fast_broadcast(pg, args):
+    if len(args) != 2:
+        return None
+    tensors, opts = args
+    if type(opts) is not _C.BroadcastOptions or type(tensors) is not list or len(tensors) != 1:
+        return None
+    t = tensors[0]
+    if t.__class__ not in _PLAIN:
+        return None
+    tp = _tp_of(pg, t)
+    if tp is None:
+        return None
+    nat = algorithms.native_broadcast_request(tp, t, opts.rootRank, opts.rootTensor)
+    return nat if nat is not None and t.layout is _STRIDED and t.is_contiguous() else None
+
+
+FAST = {"allreduce": _fast_allreduce, "broadcast": _fast_broadcast,
+        "_allgather_base": _fast_allgather_base, "all_gather_single": _fast_allgather_base,
+        "_reduce_scatter_base": _fast_reduce_scatter_base, "reduce_scatter_single": _fast_reduce_scatter_base,
+        "alltoall_base": _fast_alltoall_base, "all_to_all_single": _fast_alltoall_base}
