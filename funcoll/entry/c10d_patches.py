@@ -1,8 +1,9 @@
 """What funcoll changes in torch.distributed, in one place: the backend ``"funcoll"`` registered
 (:func:`register_backend`), funcoll declared self-recording to torch >= 2.15's flight recorder, Dynamo's rewrite of
 ``dist.broadcast`` for funcoll groups (torch's own rewrites cover all_reduce, all_gather_into_tensor,
-reduce_scatter_tensor and all_to_all_single), and, on torch versions whose ``dist.monitored_barrier`` accepts only
-groups named "gloo" (2.9), :func:`patch_monitored_barrier`. Every other group keeps torch's own behaviour.
+reduce_scatter_tensor and all_to_all_single), the kernel of a compiled ``batch_isend_irecv`` (torch >= 2.15) on
+funcoll groups, and, on torch versions whose ``dist.monitored_barrier`` accepts only groups named "gloo" (2.9),
+:func:`patch_monitored_barrier`. Every other group keeps torch's own behaviour.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import functools
 import warnings
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 import torch.distributed.distributed_c10d as c10d
+from torch._C._distributed_c10d import _register_work
 
 from funcoll.entry.process_group import BACKEND_NAME, Options, ProcessGroupFuncoll
 from funcoll.semantics import groups
@@ -69,12 +72,54 @@ def _declare_self_recording() -> None:
         self_recording.add(BACKEND_NAME)
 
 
+def _batch_p2p_ops(op_list, peer_list, tag_list, tensors, group_name):
+    """torch >= 2.15 compiles ``dist.batch_isend_irecv`` (with ``enable_p2p_compilation``) into
+    ``_c10d_functional.batch_p2p_ops``, whose kernel coalesces through the group's C++ backend for the tensors'
+    device; a Python process group has none ("No backend type associated with device type cpu"). On a funcoll group
+    the batch is the group's own isend/irecv (group-local peers), each Work registered for ``wait_tensor`` as torch's
+    kernel does; on any other group torch's own kernel runs."""
+    group = c10d._resolve_process_group(group_name)
+    if not isinstance(group, ProcessGroupFuncoll):
+        return _BATCH_P2P.redispatch(_COMPOSITE, op_list, peer_list, tag_list, tensors, group_name)
+    if not len(op_list) == len(peer_list) == len(tag_list) == len(tensors):
+        raise ValueError(f"funcoll: batch_p2p_ops got {len(op_list)} ops, {len(peer_list)} peers, {len(tag_list)} "
+                         f"tags and {len(tensors)} tensors; one of each per operation")
+    outs = []
+    for op, peer, tag, t in zip(op_list, peer_list, tag_list, tensors):
+        if op == "isend":
+            work, out = group.send([t], int(peer), int(tag)), t.new_empty(0)
+        elif op == "irecv":
+            work, out = group.recv([t], int(peer), int(tag)), t
+        else:
+            raise ValueError(f"funcoll: batch_p2p_ops: unknown operation {op!r} (isend or irecv)")
+        _register_work(out, work)
+        outs.append(out)
+    return outs
+
+
+_BATCH_P2P = getattr(getattr(torch.ops._c10d_functional, "batch_p2p_ops", None), "default", None)
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+_LIBS: list = []
+
+
+def _register_compiled_batch_p2p() -> None:
+    """Serves ``_c10d_functional.batch_p2p_ops`` on funcoll groups (CPU and XPU tensors); a torch without the op
+    (before 2.15) compiles no batch of point-to-point calls."""
+    if _BATCH_P2P is None or _LIBS:
+        return
+    lib = torch.library.Library("_c10d_functional", "IMPL")
+    for key in ("CPU", "XPU"):
+        lib.impl("batch_p2p_ops", _batch_p2p_ops, key)
+    _LIBS.append(lib)
+
+
 def register_backend() -> None:
     if "FUNCOLL" in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])
     _declare_self_recording()
     _register_traceable_broadcast()
+    _register_compiled_batch_p2p()
 
 
 def patch_monitored_barrier() -> bool:
