@@ -371,13 +371,15 @@ _GLOO_MOVES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torc
 def _gloo_can(c: dict) -> bool:
     """Whether the case may be sent to raw gloo: gloo aborts the process (SIGABRT, not an exception) on some requests
     funcoll serves -- dtypes it does not move -- or fails them on a worker thread, leaving the group broken (integer
-    AVG), or refuses them on one rank only (PREMUL_SUM reduce); those are recorded as not asked."""
+    AVG), or refuses them on some ranks only (PREMUL_SUM); those are recorded as not asked."""
     if c["kind"] in ("compiled", "objects", "async_batch"):
         return True
     if c["kind"] in REDUCING and c["op"] == "avg" and not c["dtype"].is_floating_point:
         return False  # gloo fails integer AVG on its worker thread, and the gloo group is unusable afterwards
-    if c["kind"] == "reduce" and c["op"] == "premul_sum":
-        return False  # gloo refuses PREMUL_SUM on the root alone: the others' reduce completes, the ranks part ways
+    if c["op"] == "premul_sum" and c["kind"] in REDUCING:
+        # gloo has no PREMUL_SUM; it refuses it on some ranks only (the root of a reduce) or on its worker thread
+        # (async reduce_scatter), and its group falls out of step: nothing to compare with
+        return False
     return c["dtype"] in _GLOO_MOVES
 
 
