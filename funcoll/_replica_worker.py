@@ -76,7 +76,7 @@ def _run(exe, devices, local, params_of_local):
         args.append(jax.make_array_from_single_device_arrays(
             shape, sharding, [jax.device_put(v, d) for v, d in zip(values, local)]))
     results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
-    by_device = {}
+    by_device: dict = {}
     for per_output in results:
         for a in per_output:
             (dev,) = a.devices()

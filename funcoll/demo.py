@@ -75,21 +75,25 @@ def _train(rank, n, compiled):
     data, target = torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)
     loss = torch.nn.functional.mse_loss(model(data), target)
     loss.backward()
-    grads = [p.grad for p in model.parameters()]
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    assert len(grads) == len(params)
+    world = dist.group.WORLD
+    assert world is not None
     if compiled:
         def avg(gs):
-            return [fc.all_reduce(x, "avg", dist.group.WORLD) for x in gs]
+            return [fc.all_reduce(x, "avg", world) for x in gs]
 
         avg = torch.compile(avg, fullgraph=True, backend="aot_eager")
         new = [fc.wait_tensor(x) for x in avg(grads)]
-        for p, x in zip(model.parameters(), new):
-            p.grad.copy_(x)
+        for grad, x in zip(grads, new):
+            grad.copy_(x)
     else:
         for x in grads:
             dist.all_reduce(x, op=dist.ReduceOp.AVG)
     with torch.no_grad():
-        for p in model.parameters():
-            p -= 0.1 * p.grad
+        for p, grad in zip(params, grads):
+            p.sub_(0.1 * grad)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 

@@ -163,17 +163,18 @@ def _entry(fn):
         if _current.notes is not None or not (_recorders or observed):  # nested, or nobody listens
             with torch.no_grad():
                 return fn(*args, **kwargs)
-        _current.notes = notes = Scope(op, fn, args, kwargs) if observed else []
+        scope = Scope(op, fn, args, kwargs) if observed else None
+        _current.notes = notes = scope if scope is not None else []
         try:
             with torch.no_grad():
-                return fn(*(notes.args if observed else args), **kwargs)
+                return fn(*(scope.args if scope is not None else args), **kwargs)
         finally:
             _current.notes = None
-            if observed:
-                notes.close(args)
-            notes = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
+            if scope is not None:
+                scope.close(args)
+            strategies = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
             for log in _recorders:
-                log.append((op, notes))
+                log.append((op, strategies))
 
     return wrapper
 

@@ -80,6 +80,7 @@ def _batch_p2p_ops(op_list, peer_list, tag_list, tensors, group_name):
     kernel does; on any other group torch's own kernel runs."""
     group = c10d._resolve_process_group(group_name)
     if not isinstance(group, ProcessGroupFuncoll):
+        assert _BATCH_P2P is not None  # registered only where the op exists
         return _BATCH_P2P.redispatch(_COMPOSITE, op_list, peer_list, tag_list, tensors, group_name)
     if not len(op_list) == len(peer_list) == len(tag_list) == len(tensors):
         raise ValueError(f"funcoll: batch_p2p_ops got {len(op_list)} ops, {len(peer_list)} peers, {len(tag_list)} "
