@@ -117,7 +117,7 @@ def test_wait_timeout_names_the_collective_and_leaves_it_pending(tmp_path, monke
     t0 = time.monotonic()
     with pytest.raises(CollectiveTimeoutError) as e:
         work.wait(timedelta(seconds=0.3))
-    assert 0.25 < time.monotonic() - t0 < 2.0
+    assert 0.25 < time.monotonic() - t0 < 60  # waited its 0.3 s, and returned (a loaded machine may be slow)
     msg = str(e.value)
     assert msg.startswith(f"funcoll: {LABEL} did not complete within the 0.3 s given to Work.wait(); it is still "
                           "pending"), msg
