@@ -34,7 +34,7 @@ def a2a_splits(rank):
 
 # -- the functions under test ------------------------------------------------------------------------
 def every_op(x, y, z, w):
-    """Every functional collective (DESIGN.md section 4, compiled column) through the public functional API."""
+    """Every functional collective (docs/design.md section 5, compiled column) through the public functional API."""
     world = dist.group.WORLD
     a = fc.all_reduce(x, "avg", world)
     cs = fc.all_reduce_coalesced([x, y], "max", world)

@@ -28,7 +28,7 @@ PROFILES = [None, "xccl", "xla", "torchtpu"]
 
 # -- rank bodies: run on every rank by funcoll.launch.run_world; the tests below assert on what they return --
 def all_ops(rank, n):
-    """Every op of DESIGN.md section 4, every dtype, every reduce op that applies."""
+    """Every op of docs/design.md section 5, every dtype, every reduce op that applies."""
     c = ref.Cases(rank, n)
     others = range(n)
     with funcoll.record() as log:

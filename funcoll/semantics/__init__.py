@@ -48,7 +48,7 @@ class ReduceOp(str, enum.Enum):
 
 BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 
-# The collectives funcoll implements (DESIGN.md section 4). Eager-only ones are marked.
+# The collectives funcoll implements (docs/design.md section 5). Eager-only ones are marked.
 OPS = (
     "all_reduce",
     "all_reduce_coalesced",

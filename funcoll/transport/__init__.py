@@ -99,7 +99,7 @@ _GLOO_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.fl
                           torch.uint8, torch.int32, torch.int64, torch.bool})
 
 # The capability table of gloo and XLA. Each fact has a source: "probe" means measured on torch 2.9.0 (funcoll.probe
-# re-checks them on the running torch); DESIGN.md section 1 collects the XLA facts. XCCL's facts live in one table,
+# re-checks them on the running torch); docs/design.md section 1 collects the XLA facts. XCCL's facts live in one table,
 # funcoll.transport.xpu.XCCL_FACTS; its profile here is derived from them (see _Profiles).
 _STATIC_PROFILES: Dict[str, Capabilities] = {
     "gloo": Capabilities(
@@ -148,7 +148,7 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
             "xla.reduce_ops": "cross_replica_reduces.cpp accepts sum/mul/and/or/min/max only (torch_xla 2.9)",
             "xla.a2a": "all_to_all_single split sizes must be equal (torch_xla 2.9, seed 003)",
             "xla.broadcast": "no broadcast lowering for _c10d_functional (torch_xla 2.9)",
-            "xla.reduce_gather_scatter": "ProcessGroupXla runs a full collective plus a graph sync (DESIGN.md)",
+            "xla.reduce_gather_scatter": "ProcessGroupXla runs a full collective plus a graph sync (docs/design.md)",
         },
     ),
 }

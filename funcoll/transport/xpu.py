@@ -263,7 +263,7 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
          "all_to_all_single with split sizes",
          native_since=None, scale_out_since=None, overridable=_BOTH,
          strategy="n-1 rounds of pairwise send/recv, each message exactly its split (no agreement, no padding)",
-         source="uneven all_to_all_single has returned wrong results on some GPUs (DESIGN.md section 1; "
+         source="uneven all_to_all_single has returned wrong results on some GPUs (docs/design.md section 1; "
                 "intel/torch-xpu-ops#3021 on B60, torch 2.9, open); torch 2.9/2.10 call ccl::alltoallv (release/2.10 "
                 "PGX:2295,2387); from 2.11 (#2803, merged 2026-02-06) non-uniform splits are one group of send/recv "
                 "on the v1 and v2 paths (xccl.cpp:211-282); onecclAllToAllV (#5057) is an open PR as of 2026-08-20",
@@ -317,7 +317,7 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
                    ("2.12", "each wrapped in a group call"))),
 )}
 
-# stock torch wheels ship ProcessGroupXCCL from 2.8 (DESIGN.md section 1); source builds with USE_XCCL=1 from 2.7
+# stock torch wheels ship ProcessGroupXCCL from 2.8 (docs/design.md section 1); source builds with USE_XCCL=1 from 2.7
 # (huggingface/accelerate#3401)
 XCCL_BACKEND_SINCE = (2, 8)
 
@@ -524,7 +524,8 @@ def conservative_profile(torch_version=None) -> Capabilities:
     d = derive(torch.__version__ if torch_version is None else torch_version, None, "", None)
     kw = {f.name: getattr(d, f.name) for f in fields(Capabilities)}
     kw.update(name="xccl", dtypes=d.dtypes | FLOAT8,
-              sources={**d.sources, "xccl.fp8": "fp8 reductions raise (DESIGN.md section 1); fp8 is moved as bytes"})
+              sources={**d.sources,
+                       "xccl.fp8": "fp8 reductions raise (docs/design.md section 1); fp8 is moved as bytes"})
     return Capabilities(**kw)
 
 
