@@ -258,7 +258,8 @@ def graphs(rank, n):
             [str(x) for x in cap.collectives("dynamo")] == out["autograd dynamo collectives"]]
         with torch._subclasses.fake_tensor.FakeTensorMode():
             fargs = (torch.empty(4, 3), torch.empty(3, dtype=torch.bfloat16), torch.empty(4, dtype=torch.int32))
-        out["installed inplace same graph"] = testing.render_graph(testing.trace_fake(inplace_ops, *fargs)) == out["inplace"]
+        installed_inplace = testing.render_graph(testing.trace_fake(inplace_ops, *fargs))
+        out["installed inplace same graph"] = installed_inplace == out["inplace"]
         # upstream's CPU kernel refuses a non-contiguous reduce_scatter input (the backward of a gather whose
         # gradient is an expand); funcoll's kernel takes it
         w = ref.make(torch.float32, (2, 3), rank, "nc").requires_grad_()

@@ -47,7 +47,7 @@ def ring(x, y, group=None):
 
 
 def _pair_reference(rank):
-    (x0, y0), (x1, y1) = _inputs(0), _inputs(1)
+    (x0, _y0), (_x1, y1) = _inputs(0), _inputs(1)
     return (x0, y1 + 1) if rank == 0 else (x0 * 2, torch.empty(0))
 
 

@@ -419,7 +419,8 @@ def repro(c: dict, profile, n: int) -> str:
 
 
 def rank_main(rank: int, n: int, seeds: list, case, profile, compiled: bool) -> dict:
-    """Runs every case of ``seeds`` (or the cases listed in ``case``) on this rank; returns the counts and failures (repro lines)."""
+    """Runs every case of ``seeds`` (or the cases listed in ``case``) on this rank; returns the counts and failures
+    (repro lines)."""
     import torch._dynamo
 
     # every compiled case traces the same small function with another dtype, shape, op or root: thousands of

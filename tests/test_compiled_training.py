@@ -52,7 +52,7 @@ def test_aot_eager_is_bit_identical_to_eager(worlds):
 
 
 def test_inductor_matches_eager_within_tolerance(worlds):
-    for profile, rank, t in runs(worlds):
+    for _profile, _rank, t in runs(worlds):
         for step in range(STEPS):
             torch.testing.assert_close(t["inductor"]["params"][step], t["eager"]["params"][step], **INDUCTOR_TOL)
             torch.testing.assert_close(t["inductor"]["losses"][step], t["eager"]["losses"][step], **INDUCTOR_TOL)
@@ -69,7 +69,7 @@ def test_native_and_xccl_profile_are_bit_identical(worlds):
 
 def test_ranks_agree_and_match_the_single_process_reference(worlds):
     want = worlds[None][0]["reference"]  # computed on a rank: no autograd in this process (see train_reference)
-    for profile, rank, t in runs(worlds):
+    for profile, _rank, t in runs(worlds):
         for mode in MODES:
             for step in range(STEPS):
                 got = t[mode]["params"][step]
@@ -80,7 +80,7 @@ def test_ranks_agree_and_match_the_single_process_reference(worlds):
 
 
 def test_the_xccl_profile_really_filled_avg(worlds):
-    for profile, rank, t in runs(worlds):
+    for profile, _rank, t in runs(worlds):
         for mode in MODES:
             # upstream's CPU kernels reach the group through its coalesced gather/reduce-scatter methods
             want = ["all_gather_into_tensor_coalesced: native",

@@ -14,8 +14,8 @@ from tests import differential
 RUNS = [(None, [0, 1], True), ("xccl", [3], False), ("xla", [5], False)]
 # cases the long run once failed (profile, seed, cases, world): an all_to_all of 0-row int16 tensors moved as bytes
 # (the byte view of a 1-D tensor changed its row count); a point-to-point batch on a sub-group of 3 ranks followed by
-# a world collective; PREMUL_SUM reduce and async reduce_scatter (gloo refuses them on some ranks only), each followed by
-# another case
+# a world collective; PREMUL_SUM reduce and async reduce_scatter (gloo refuses them on some ranks only), each
+# followed by another case
 FOUND = [(None, 2, [10], 2), ("xccl", 100, [37, 38], 3), (None, 26, [12, 13], 2), (None, 305, [27, 28], 4)]
 
 
@@ -32,11 +32,12 @@ def test_random_programs_agree_with_the_seed_and_with_gloo(profile, seeds, compi
         assert counts["invalid"] > 0 and counts.get("agreed with gloo", 0) > counts["cases"] // 4, counts
 
 
-@pytest.mark.parametrize("profile,seed,cases,world", FOUND, ids=[f"{p or 'native'}-{s}-{c[-1]}" for p, s, c, _ in FOUND])
+@pytest.mark.parametrize("profile,seed,cases,world", FOUND,
+                         ids=[f"{p or 'native'}-{s}-{c[-1]}" for p, s, c, _ in FOUND])
 def test_cases_the_long_run_found_pass(profile, seed, cases, world):
     results, codes, hung = differential.run([seed], profile, world, cases, True, deadline=300)
     assert not hung, f"ranks {hung} hung: exit codes {codes}"
-    for r, res in enumerate(results):
+    for res in results:
         assert res is not None and res[0] == "ok", res
         assert res[1]["failures"] == [], "\n".join(res[1]["failures"])
         assert res[1]["counts"]["cases"] == len(cases)

@@ -1,5 +1,5 @@
-"""funcoll.algorithms.observe: torch.profiler ranges read back from a real trace of a 2-rank world, the cost of the hook when
-no profiler runs, and the ``TORCH_LOGS="+funcoll"`` output of a 2-rank world, snapshotted."""
+"""funcoll.algorithms.observe: torch.profiler ranges read back from a real trace of a 2-rank world, the cost of the
+hook when no profiler runs, and the ``TORCH_LOGS="+funcoll"`` output of a 2-rank world, snapshotted."""
 
 import json
 import os

@@ -44,7 +44,8 @@ def test_plans(profile, primitive, op, dtype, steps):
 
 def test_notes_are_the_strategy_names_record_reports():
     xccl = caps_of("xccl")
-    assert planner.plan(xccl, "all_reduce", R.AVG, T.bfloat16).describe() == "avg=float32 reduce_scatter+scale+all_gather"
+    assert (planner.plan(xccl, "all_reduce", R.AVG, T.bfloat16).describe()
+            == "avg=float32 reduce_scatter+scale+all_gather")
     assert planner.plan(xccl, "reduce_scatter", R.AVG, T.bfloat16).describe() == "avg=sum+scale in float32"
     assert planner.plan(xccl, "reduce", R.AVG, T.float32).notes == ("reduce=all_reduce", "avg=sum+scale")
     assert planner.plan(xccl, "all_reduce", R.MIN, T.uint16).notes == (
@@ -87,8 +88,8 @@ def test_plans_are_cached_and_follow_the_capabilities():
 
 
 def test_unknown_primitive_is_a_value_error():
-    with pytest.raises(ValueError, match=r"^funcoll.algorithms.planner: 'all_gather' is not a reducing primitive; use one of "
-                                         r"\('all_reduce', 'reduce_scatter', 'reduce'\)$"):
+    with pytest.raises(ValueError, match=r"^funcoll.algorithms.planner: 'all_gather' is not a reducing primitive; "
+                                         r"use one of \('all_reduce', 'reduce_scatter', 'reduce'\)$"):
         planner.plan(caps_of("gloo"), "all_gather", R.SUM, T.float32)
 
 

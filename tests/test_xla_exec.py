@@ -251,10 +251,12 @@ def functional_program(x, i, b, u, group_name):
     F.all_gather_into_tensor_out(x, 1, g, out=o)
     out["all_gather_into_tensor_out"] = F.wait_tensor(o)
     a0, a1 = F.all_gather_into_tensor_coalesced([x, i], 1, g)
-    out["all_gather_into_tensor_coalesced 0"], out["all_gather_into_tensor_coalesced 1"] = F.wait_tensor(a0), F.wait_tensor(a1)
+    out["all_gather_into_tensor_coalesced 0"] = F.wait_tensor(a0)
+    out["all_gather_into_tensor_coalesced 1"] = F.wait_tensor(a1)
     out["reduce_scatter_tensor"] = F.wait_tensor(F.reduce_scatter_tensor(x, "sum", 1, g))
     r0, r1 = F.reduce_scatter_tensor_coalesced([x, b], "avg", 1, g)
-    out["reduce_scatter_tensor_coalesced 0"], out["reduce_scatter_tensor_coalesced 1"] = F.wait_tensor(r0), F.wait_tensor(r1)
+    out["reduce_scatter_tensor_coalesced 0"] = F.wait_tensor(r0)
+    out["reduce_scatter_tensor_coalesced 1"] = F.wait_tensor(r1)
     out["all_to_all_single"] = F.wait_tensor(F.all_to_all_single(x, [4], [4], g))
     out["broadcast"] = F.wait_tensor(F.broadcast(x, 0, g))
     z = x.clone()
@@ -312,7 +314,8 @@ def test_functional_ops_eager_and_compiled_equal_the_reference_and_each_other(gr
     compiled = {k: v.cpu() for k, v in prog(*xla, group.group_name).items()}
     # torch_xla's openxla bridge hands every uint32 graph output back as int32 (even for t.clone()): same bits
     u32 = compiled.pop("all_reduce min u32")
-    assert u32.dtype == torch.int32 and torch.equal(u32.to(torch.int64) & 0xFFFFFFFF, eager["all_reduce min u32"].to(torch.int64))
+    assert u32.dtype == torch.int32
+    assert torch.equal(u32.to(torch.int64) & 0xFFFFFFFF, eager["all_reduce min u32"].to(torch.int64))
     assert [(k, compiled[k], eager[k]) for k in compiled if not same(compiled[k], eager[k])] == []
     # a second and a third call with the same shapes (new values): no new graph, no new XLA compilation
     xla2 = [(t * 2 if t.dtype != torch.bool else t).to(dev()) for t in cpu]

@@ -1,10 +1,10 @@
 """The HLO a multi-replica XLA job compiles, read from virtual funcoll worlds of 2, 4 and 8 ranks.
 
 The worlds are built one after the other in a subprocess (``python -m tests.xla_cases funcoll 2:1 4:0 ...``:
-this process may have its own default process group) with a HashStore; the collectives are built lazily and their HLO read, never run (the CPU PJRT
-device has one replica). Snapshots are of rank 1; world 4 also runs as ranks 0, 2 and 3 to show that every rank
-emits the same collectives. Regenerate a snapshot with ``EXPECTTEST_ACCEPT=1 ./dev test tests/test_xla_hlo.py``
-and review the diff.
+this process may have its own default process group) with a HashStore; the collectives are built lazily and their
+HLO read, never run (the CPU PJRT device has one replica). Snapshots are of rank 1; world 4 also runs as ranks
+0, 2 and 3 to show that every rank emits the same collectives. Regenerate a snapshot with
+``EXPECTTEST_ACCEPT=1 ./dev test tests/test_xla_hlo.py`` and review the diff.
 """
 
 import json
@@ -178,7 +178,8 @@ all-reduce(u32[4], u32[]) -> (u32[4],u32[])  replica_groups={} to_apply=maximum"
 -- world 2: world all_to_all uneven (static bound 3)
 all-to-all(f32[3], f32[3]) -> (f32[3],f32[3])  replica_groups={}
 -- world 8: world all_to_all uneven (static bound 3)
-all-to-all(f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3]) -> (f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3])  replica_groups={}
+all-to-all(f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3]) -> \
+(f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3])  replica_groups={}
 -- world 4: world all_to_all uneven (static bound 3), pad/slice
 slice(f32[8]) -> f32[2]  slice={[0:2]}
 concatenate(f32[2], f32[1]) -> f32[3]  dimensions={0}
@@ -201,7 +202,11 @@ slice(f32[12]) -> f32[3]  slice={[9:12]}
 concatenate(f32[3], f32[1], f32[2], f32[3]) -> f32[9]  dimensions={0}""")
 
     def test_uneven_all_to_all_without_a_bound_on_a_virtual_world_is_a_clear_error(self):
-        self.assertExpectedInline(world(4)["world all_to_all uneven, no bound"], """raises ValueError: funcoll.all_to_all_single: split sizes on a virtual XLA world (4 ranks in a process whose XLA runtime has fewer replicas) need a static bound: wrap the call in funcoll.xla.static_split_bound(bound). Without one, the ranks agree on the largest split with a collective that must run, and a virtual world cannot run collectives""")
+        self.assertExpectedInline(world(4)["world all_to_all uneven, no bound"], """\
+raises ValueError: funcoll.all_to_all_single: split sizes on a virtual XLA world (4 ranks in a process whose XLA \
+runtime has fewer replicas) need a static bound: wrap the call in funcoll.xla.static_split_bound(bound). Without \
+one, the ranks agree on the largest split with a collective that must run, and a virtual world cannot run \
+collectives""")
 
     def test_coalesced_all_reduce_is_one_all_reduce_per_dtype(self):
         self.assertExpectedInline(show(
@@ -257,7 +262,8 @@ def test_eager_and_compiled_entry_points_emit_the_same_collectives():
     for w in (2, 4, 8):
         cases = world(w)
         assert cases["functional all_reduce avg"] == cases["world all_reduce avg"]
-        assert cases["functional all_to_all uneven (static bound 3)"] == cases["world all_to_all uneven (static bound 3)"]
+        assert (cases["functional all_to_all uneven (static bound 3)"]
+                == cases["world all_to_all uneven (static bound 3)"])
         assert cases[f"functional broadcast src={w - 1}"] == cases[f"world broadcast src={w - 1}"]
 
 

@@ -58,7 +58,8 @@ all-gather(s32[1]) -> s32[4]  replica_groups={} dimensions={0}
 [torch_xla] multiply(f32[4], f32[4]) -> f32[4]
 [funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2,3}} to_apply=add
 -- all_reduce_ (in place)
-[torch_xla] raises RuntimeError: Found a custom (non-ATen) operator whose output has alias annotations: _c10d_functional::all_reduce_(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!) ...
+[torch_xla] raises RuntimeError: Found a custom (non-ATen) operator whose output has alias annotations: \
+_c10d_functional::all_reduce_(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!) ...
 [funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add""")
 
     def test_uninstall_restores_torch_xla_behaviour(self):
@@ -79,10 +80,12 @@ all-gather(s32[1]) -> s32[4]  replica_groups={} dimensions={0}
 [ProcessGroupXla] raises NotImplementedError: reduce op <torch.distributed.distributed_c10d.ReduceOp object>
 [funcoll] 0 graph execution(s) before any result is read
 -- all_to_all_single with split sizes
-[ProcessGroupXla] raises AssertionError: XLA doesn't support specifying non-empty output_split_sizes and input_split_sizes
+[ProcessGroupXla] raises AssertionError: XLA doesn't support specifying non-empty output_split_sizes and \
+input_split_sizes
 [funcoll] 0 graph execution(s) before any result is read
 -- all_to_all_single with split sizes, static_split_bound(4)
-[ProcessGroupXla] raises AssertionError: XLA doesn't support specifying non-empty output_split_sizes and input_split_sizes
+[ProcessGroupXla] raises AssertionError: XLA doesn't support specifying non-empty output_split_sizes and \
+input_split_sizes
 [funcoll] 0 graph execution(s) before any result is read
 -- all_reduce_coalesced
 [ProcessGroupXla] raises NotImplementedError: 
@@ -92,4 +95,4 @@ all-gather(s32[1]) -> s32[4]  replica_groups={} dimensions={0}
 [funcoll] 0 graph execution(s) before any result is read
 -- gather
 [ProcessGroupXla] 1 graph execution(s) before any result is read
-[funcoll] 0 graph execution(s) before any result is read""")
+[funcoll] 0 graph execution(s) before any result is read""")  # noqa: W291 (the empty exception message above)

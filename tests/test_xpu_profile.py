@@ -205,7 +205,8 @@ def test_with_onccl_2022_avg_goes_native_but_reduce_avg_does_not():
         bad = [(k, d) for k, (ok, d) in res["results"].items() if not ok]
         assert not bad, bad
         assert res["native_avg"]
-        assert res["caps_name"] == f"xccl[torch {'.'.join(torch.__version__.split('.')[:2])}, oneCCL 2022.0, scale-out][gloo]"
+        torch_minor = ".".join(torch.__version__.split(".")[:2])
+        assert res["caps_name"] == f"xccl[torch {torch_minor}, oneCCL 2022.0, scale-out][gloo]"
         avg_calls = {(m, d) for m, op, d, *_ in res["spy"] if op == "avg"}
         # an unknown topology is the scale-out row: AVG on all_reduce only (oneCCL#195), reduce_scatter is filled
         assert avg_calls == {("allreduce", "torch.float32"), ("allreduce", "torch.float16"),

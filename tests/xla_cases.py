@@ -141,7 +141,8 @@ def funcoll_cases(world: int, rank: int) -> dict:
         return o
     case("world all_to_all uneven (static bound 3)", a2a)
     if world == 4:
-        case("world all_to_all uneven (static bound 3), pad/slice", a2a, testing.COLLECTIVE_OPCODES + ("concatenate", "slice"))
+        case("world all_to_all uneven (static bound 3), pad/slice", a2a,
+             testing.COLLECTIVE_OPCODES + ("concatenate", "slice"))
 
     def a2a_no_bound():
         outs, ins = a2a_splits(world, rank)
@@ -335,8 +336,8 @@ def process_group_xla() -> dict:
     }
     out = {}
     for name, call in calls.items():
-        out[name] = {"ProcessGroupXla": executions(lambda: call(pg_xla)),
-                     "funcoll": executions(lambda: call(pg_funcoll))}
+        out[name] = {"ProcessGroupXla": executions(lambda call=call: call(pg_xla)),
+                     "funcoll": executions(lambda call=call: call(pg_funcoll))}
     return out
 
 

@@ -262,7 +262,7 @@ def gaps(rank, n, oneccl=None, nan_fill=False):
                 continue  # _c10d_functional reduce_op strings carry no factor
             ins = inputs(n, dtype, (N_ELEM,), salt)
             record(("all_reduce", op, str(dtype), path),
-                   lambda: (run("all_reduce", ins[rank].clone(), op), ref.reduce(op, ins)))
+                   lambda run=run, ins=ins, op=op: (run("all_reduce", ins[rank].clone(), op), ref.reduce(op, ins)))
     for salt, (op, dtype, _) in enumerate(REDUCE_SCATTER, start=100):
         for path, run in paths.items():
             if path == "xpu_key" and op == "premul_sum":
@@ -271,7 +271,8 @@ def gaps(rank, n, oneccl=None, nan_fill=False):
             full = ref.reduce(op, ins)
             out = torch.empty((2, 2), dtype=dtype)
             record(("reduce_scatter", op, str(dtype), path),
-                   lambda: (run("reduce_scatter", ins[rank].clone(), op, out), full[2 * rank:2 * rank + 2]))
+                   lambda run=run, ins=ins, op=op, out=out, full=full:
+                   (run("reduce_scatter", ins[rank].clone(), op, out), full[2 * rank:2 * rank + 2]))
 
     # moves: all_gather, broadcast and uneven/even all_to_all of dtypes XCCL cannot carry natively
     for salt, dtype in enumerate(MOVED, start=200):
@@ -280,24 +281,30 @@ def gaps(rank, n, oneccl=None, nan_fill=False):
         for path in ("eager", "xpu_tp", "xpu_key"):
             out = torch.empty((2 * n, 3), dtype=dtype)
             if path == "eager":
-                fn = lambda: (dist.all_gather_into_tensor(out, ins[rank]), out)[1]
+                def fn(out=out, ins=ins):
+                    return (dist.all_gather_into_tensor(out, ins[rank]), out)[1]
             elif path == "xpu_tp":
-                fn = lambda: (algorithms.all_gather_into_tensor(tp, out, ins[rank]).wait(), out)[1]
+                def fn(out=out, ins=ins):
+                    return (algorithms.all_gather_into_tensor(tp, out, ins[rank]).wait(), out)[1]
             else:
-                c = torch.ops._c10d_functional
-                fn = lambda: c.wait_tensor(c.all_gather_into_tensor.default.redispatch(
-                    XPU_KEY, ins[rank], n, c10d_group.group_name))
-            record(("all_gather", "", str(dtype), path), lambda: (fn(), ref_ag))
+                def fn(out=out, ins=ins):
+                    c = torch.ops._c10d_functional
+                    return c.wait_tensor(c.all_gather_into_tensor.default.redispatch(
+                        XPU_KEY, ins[rank], n, c10d_group.group_name))
+            record(("all_gather", "", str(dtype), path), lambda fn=fn, ref_ag=ref_ag: (fn(), ref_ag))
             src = n - 1
             t = ins[rank].clone()
             if path == "eager":
-                fn = lambda: (dist.broadcast(t, src=src), t)[1]
+                def fn(t=t, src=src):
+                    return (dist.broadcast(t, src=src), t)[1]
             elif path == "xpu_tp":
-                fn = lambda: (algorithms.broadcast(tp, t, src).wait(), t)[1]
+                def fn(t=t, src=src):
+                    return (algorithms.broadcast(tp, t, src).wait(), t)[1]
             else:
-                c = torch.ops._c10d_functional
-                fn = lambda: c.wait_tensor(c.broadcast.default.redispatch(XPU_KEY, t, src, c10d_group.group_name))
-            record(("broadcast", "", str(dtype), path), lambda: (fn(), ins[src]))
+                def fn(t=t, src=src):
+                    c = torch.ops._c10d_functional
+                    return c.wait_tensor(c.broadcast.default.redispatch(XPU_KEY, t, src, c10d_group.group_name))
+            record(("broadcast", "", str(dtype), path), lambda fn=fn, ins=ins, src=src: (fn(), ins[src]))
     for salt, dtype in enumerate([torch.float32, torch.int16, torch.float8_e5m2, torch.uint64], start=300):
         send, recv = splits(n, rank)
         x = make(dtype, (sum(send), 3), rank, salt)
@@ -305,43 +312,53 @@ def gaps(rank, n, oneccl=None, nan_fill=False):
         for path in ("eager", "xpu_tp", "xpu_key"):
             out = torch.empty((sum(recv), 3), dtype=dtype)
             if path == "eager":
-                fn = lambda: (dist.all_to_all_single(out, x, recv, send), out)[1]
+                def fn(out=out, x=x, recv=recv, send=send):
+                    return (dist.all_to_all_single(out, x, recv, send), out)[1]
             elif path == "xpu_tp":
-                fn = lambda: (algorithms.all_to_all_single(tp, out, x, recv, send).wait(), out)[1]
+                def fn(out=out, x=x, recv=recv, send=send):
+                    return (algorithms.all_to_all_single(tp, out, x, recv, send).wait(), out)[1]
             else:
-                c = torch.ops._c10d_functional
-                fn = lambda: c.wait_tensor(c.all_to_all_single.default.redispatch(
-                    XPU_KEY, x, recv, send, c10d_group.group_name))
-            record(("all_to_all_uneven", "", str(dtype), path), lambda: (fn(), want))
+                def fn(out=out, x=x, recv=recv, send=send):
+                    c = torch.ops._c10d_functional
+                    return c.wait_tensor(c.all_to_all_single.default.redispatch(
+                        XPU_KEY, x, recv, send, c10d_group.group_name))
+            record(("all_to_all_uneven", "", str(dtype), path), lambda fn=fn, want=want: (fn(), want))
         # even all_to_all of float8 (moved as uint8)
         if dtype in FLOAT8:
             xe = make(dtype, (2 * n, 2), rank, salt + 50)
             ref_e = torch.cat([make(dtype, (2 * n, 2), j, salt + 50)[2 * rank:2 * rank + 2] for j in range(n)])
             oute = torch.empty_like(xe)
             record(("all_to_all_even", "", str(dtype), "xpu_tp"),
-                   lambda: (algorithms.all_to_all_single(tp, oute, xe).wait(), (oute, ref_e))[1])
+                   lambda oute=oute, xe=xe, ref_e=ref_e:
+                   (algorithms.all_to_all_single(tp, oute, xe).wait(), (oute, ref_e))[1])
     # reduce (AVG to one rank) and a coalesced all_reduce with two dtypes
     ins = inputs(n, torch.float32, (N_ELEM,), 400)
     for path in ("eager", "xpu_tp"):
         t = ins[rank].clone()
         if path == "eager":
-            fn = lambda: dist.reduce(t, dst=0, op=dist.ReduceOp.AVG)
+            def fn(t=t):
+                return dist.reduce(t, dst=0, op=dist.ReduceOp.AVG)
         else:
-            fn = lambda: algorithms.reduce(tp, t, 0, "avg").wait()
+            def fn(t=t):
+                return algorithms.reduce(tp, t, 0, "avg").wait()
         record(("reduce", "avg", "torch.float32", path),
-               lambda: (fn(), (t, ref.reduce("avg", ins) if rank == 0 else ins[rank]))[1])
+               lambda fn=fn, t=t: (fn(), (t, ref.reduce("avg", ins) if rank == 0 else ins[rank]))[1])
     ins16 = inputs(n, torch.bfloat16, (5,), 401)
     for path in ("eager", "xpu_tp"):
         ts = [ins[rank].clone(), ins[rank].clone() * 2, ins16[rank].clone()]
         if path == "eager":
             o = C.AllreduceCoalescedOptions()
             o.reduceOp = dist.ReduceOp.AVG
-            fn = lambda: dist.group.WORLD.allreduce_coalesced(ts, o).wait()  # mixed dtypes: the c10d method
+
+            def fn(ts=ts, o=o):
+                return dist.group.WORLD.allreduce_coalesced(ts, o).wait()  # mixed dtypes: the c10d method
         else:
-            fn = lambda: algorithms.all_reduce_coalesced(tp, ts, "avg").wait()
+            def fn(ts=ts):
+                return algorithms.all_reduce_coalesced(tp, ts, "avg").wait()
         refs = [ref.reduce("avg", ins), ref.reduce("avg", [i * 2 for i in ins]), ref.reduce("avg", ins16)]
         record(("all_reduce_coalesced", "avg", "float32+bfloat16", path),
-               lambda: (fn(), (torch.cat([t.float() for t in ts]), torch.cat([r.float() for r in refs])))[1])
+               lambda fn=fn, ts=ts, refs=refs:
+               (fn(), (torch.cat([t.float() for t in ts]), torch.cat([r.float() for r in refs])))[1])
     nan_control = None
     if nan_fill:  # the control: a buffer nobody wrote, sent as it is, is caught
         before = len(spy.nan)
