@@ -135,7 +135,8 @@ class Runner:
 
         def fin(w):
             if asy:
-                self._finish(w, c["wait"])
+                # raw gloo's reduce_scatter Work never turns completed when polled (funcoll's does): gloo is waited on
+                self._finish(w, "wait" if is_gloo and c["wait"] == "poll" else c["wait"])
 
         if kind == "all_reduce":
             t = _lay(xs[me], lay)
