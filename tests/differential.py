@@ -204,7 +204,8 @@ class Runner:
             nxt, prv = ranks[(me + 1) % n], ranks[(me - 1) % n]
             if asy:
                 ws = [dist.isend(_lay(xs[me], lay), nxt, group=group), dist.irecv(got, prv, group=group)]
-                self._finish(ws, "wait" if is_gloo and c["wait"] == "future" else c["wait"])  # gloo: no p2p future
+                # raw gloo's point-to-point Works have no future and do not complete by polling: gloo is waited on
+                self._finish(ws, "wait" if is_gloo and c["wait"] in ("future", "poll") else c["wait"])
             elif me % 2 == 0:
                 dist.send(_lay(xs[me], lay), nxt, group=group)
                 dist.recv(got, prv, group=group)

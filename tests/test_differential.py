@@ -15,9 +15,10 @@ RUNS = [(None, [0, 1], True), ("xccl", [3], False), ("xla", [5], False)]
 # cases the long run once failed (profile, seed, cases, world): an all_to_all of 0-row int16 tensors moved as bytes
 # (the byte view of a 1-D tensor changed its row count); a point-to-point batch on a sub-group of 3 ranks followed by
 # a world collective; PREMUL_SUM reduce and async reduce_scatter (gloo refuses them on some ranks only), each
-# followed by another case; an async reduce_scatter polled on a sub-group (raw gloo's never completes by polling)
+# followed by another case; async reduce_scatter and isend/irecv polled on a sub-group (raw gloo's never complete by
+# polling), each followed by a world collective
 FOUND = [(None, 2, [10], 2), ("xccl", 100, [37, 38], 3), (None, 26, [12, 13], 2), (None, 305, [27, 28], 4),
-         ("xccl", 116, [5, 9], 3)]
+         ("xccl", 116, [5, 9, 10, 12], 3)]
 
 
 @pytest.mark.parametrize("profile,seeds,compiled", RUNS, ids=["native", "xccl", "xla"])
