@@ -314,3 +314,47 @@ def test_ddp_comm_hooks_train_to_gloos_numbers(profile):
         assert r["moved"], "training changed nothing: the comparison would be empty"
         assert all(r["rs"]), r
         assert all(r["bf16"]), r
+
+
+# ---------------------------------------------------------------------------------------------------
+# eager autograd collectives: a Work that writes its outputs when waited on (gloo's reduce_scatter copies its slice
+# in wait(), on whichever thread waits) must not leave that write in the output's autograd history
+# ---------------------------------------------------------------------------------------------------
+def _grad_steps(rank, n, steps=60):
+    import torch.distributed._functional_collectives as fc
+
+    world = dist.group.WORLD
+    base = torch.arange(12.0).reshape(4, 3)
+
+    def upstream(r, rows):  # the gradient rank r feeds back: rows x 3, different on every rank
+        return torch.arange(rows * 3.0).reshape(rows, 3) + 10 * r
+
+    ops = {
+        # op(x) -> y; the gradient each rank's x must get when every rank r feeds back upstream(r, len(y))
+        "all_gather_tensor_autograd": (lambda x: fc.all_gather_tensor_autograd(x, 0, world), 4 * n,
+                                       lambda: sum(upstream(r, 4 * n) for r in range(n))[rank * 4:rank * 4 + 4]),
+        "reduce_scatter_tensor_autograd": (lambda x: fc.reduce_scatter_tensor_autograd(x, "sum", 0, world), 4 // n,
+                                           lambda: torch.cat([upstream(r, 4 // n) for r in range(n)])),
+        "all_to_all_single_autograd": (lambda x: fc.all_to_all_single_autograd(x, [4 // n] * n, [4 // n] * n, world),
+                                       4, lambda: torch.cat([upstream(r, 4)[rank * (4 // n):(rank + 1) * (4 // n)]
+                                                             for r in range(n)])),
+    }
+    wrong = {}
+    for name, (op, rows, want) in ops.items():
+        for waited in (False, True):  # the forward output used as it is, or waited on (read) before backward
+            bad = 0
+            for step in range(steps):
+                x = (base + 100 * rank + step).requires_grad_()
+                y = op(x)
+                if waited:
+                    y = fc.wait_tensor(y)
+                y.backward(upstream(rank, rows))
+                bad += not torch.equal(x.grad, want())
+            wrong[f"{name} waited={waited}"] = bad
+    return wrong
+
+
+@pytest.mark.parametrize("profile", [None, "xccl"])
+def test_eager_autograd_collectives_keep_their_gradients_every_step(profile):
+    for wrong in run_world("tests.test_work_contract:_grad_steps", 2, profile, timeout=300, coll_timeout=60):
+        assert len(wrong) == 6 and all(v == 0 for v in wrong.values()), wrong

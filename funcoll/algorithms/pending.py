@@ -16,7 +16,7 @@ import torch.autograd.profiler as _profiler
 
 from funcoll.algorithms.observe import LOG as _LOG
 from funcoll.algorithms.observe import Scope
-from funcoll.transport import Handle
+from funcoll.transport import Handle, wait_quietly
 
 
 class Pending(Handle):
@@ -56,13 +56,13 @@ class Pending(Handle):
         while self._handles:
             h = self._handles[0]
             if deadline is None:
-                h.wait()
+                wait_quietly(h)
             else:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     assert timeout is not None
                     raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
-                h.wait(timedelta(seconds=left))
+                wait_quietly(h, timedelta(seconds=left))
             self._handles.pop(0)
         self._run_thens()
 

@@ -22,6 +22,7 @@ from torch._C._distributed_c10d import _register_work
 from funcoll import algorithms, semantics
 from funcoll.algorithms.observe import on_install, on_uninstall
 from funcoll.entry.work import FuncollWork
+from funcoll.transport import wait_quietly
 from funcoll.transport.registry import _ensure_loaded, transport_for
 
 __all__ = ["install", "uninstall", "installed", "KERNELS", "DISPATCH_KEYS"]
@@ -50,7 +51,7 @@ def _finish(pending: algorithms.Pending, outputs: List[torch.Tensor], tp) -> Non
 def _finish_native(handle, output: torch.Tensor, tp) -> None:
     """The native fast path: the backend's own Work is what wait_tensor waits on."""
     if not tp.caps.is_async or handle.is_completed():
-        handle.wait()
+        wait_quietly(handle)
     else:
         _register_work(output, handle)
 

@@ -41,7 +41,7 @@ from funcoll.entry.fingerprint import METHODS, check_nan, fingerprint, flat
 from funcoll.entry.flight_recorder import INVALID
 from funcoll.entry.work import FuncollWork, NativeWork, failure
 from funcoll.semantics import check_layout
-from funcoll.transport import before_send
+from funcoll.transport import before_send, wait_quietly
 
 __all__ = ["collective", "FAST"]
 
@@ -117,7 +117,7 @@ def collective(method: str) -> Callable:
                         return NativeWork(work, rec, st)
                     try:
                         work = nat.issue(*args)
-                        work.wait()
+                        wait_quietly(work)
                     except Exception as e:  # noqa: BLE001 - re-raised naming the collective
                         call = st.trace.promote(rec)
                         call.timeout = st.timeout_s

@@ -38,6 +38,7 @@ from funcoll.entry.errors import (
     is_wait_timeout,
 )
 from funcoll.entry.flight_recorder import NativeEntry, recent
+from funcoll.transport import wait_quietly
 from funcoll.transport.gloo import track_callbacks, waited
 
 _now = time.time
@@ -245,7 +246,7 @@ class NativeWork(FuncollWork):
     def _result(self):  # type: ignore[override]
         h = self._h
         if not h.is_completed():  # c10d's result() needs a wait() first, also once the future has completed
-            h.wait()
+            wait_quietly(h)
         return h.result()
 
     @property
@@ -265,10 +266,7 @@ class NativeWork(FuncollWork):
             return True
         limit = timeout if timeout and timeout > timedelta(0) else None
         try:
-            if limit is None:
-                self._h.wait()
-            else:
-                self._h.wait(limit)
+            wait_quietly(self._h, limit)
         except Exception as e:  # noqa: BLE001 - re-raised with the collective named
             raise _named(self, e, limit) from e
         self._done = True

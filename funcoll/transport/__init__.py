@@ -23,8 +23,8 @@ import torch
 
 from funcoll.semantics import FLOAT8, ReduceOp, Reduction
 
-__all__ = ["Capabilities", "Handle", "Done", "Transport", "NativeRefused", "Native", "PROFILES", "profile",
-           "active_profile_name"]
+__all__ = ["Capabilities", "Handle", "wait_quietly", "Done", "Transport", "NativeRefused", "Native", "PROFILES",
+           "profile", "active_profile_name"]
 
 R = ReduceOp
 
@@ -205,6 +205,8 @@ def active_profile_name() -> Optional[str]:
 # number there and, in debug mode, the cross-rank fingerprint check runs), per thread, consumed once. Everything
 # the algorithms validate has been validated by then, so a rejected request neither sends nor counts.
 _before_send = threading.local()
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 
 
 def before_send(fn: Optional[Callable[[], None]]) -> None:
@@ -228,6 +230,20 @@ class Handle:
 
     def is_completed(self) -> bool:
         return True
+
+
+def wait_quietly(h, timeout=None) -> None:
+    """``h.wait()`` (``h.wait(timeout)`` when given) with autograd off on this thread: a backend may write its
+    outputs inside ``wait()`` (gloo's reduce_scatter copies its slice then), and autograd must not record that write
+    on an output that already has a history (it would cut the output from its backward)."""
+    if not _grad_enabled():
+        h.wait() if timeout is None else h.wait(timeout)
+        return
+    _set_grad_enabled(False)
+    try:
+        h.wait() if timeout is None else h.wait(timeout)
+    finally:
+        _set_grad_enabled(True)
 
 
 class Done(Handle):

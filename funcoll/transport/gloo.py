@@ -83,6 +83,7 @@ class _Waiters:
             self._cv.notify_all()
 
     def _run(self, job) -> None:
+        torch.set_grad_enabled(False)  # for good on this thread: see wait_quietly (a Work may write in wait())
         while True:
             job()
             job = None
