@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import operator
 import zlib
+from typing import Callable, Dict
 
 import torch
 
@@ -105,7 +106,7 @@ def _trunc_div(s: int, n: int) -> int:
     return q if s >= 0 else -q
 
 
-_INT_OPS = {
+_INT_OPS: Dict[str, Callable] = {
     "sum": sum,
     "product": lambda c: functools.reduce(operator.mul, c, 1),
     "min": min,
@@ -117,7 +118,7 @@ _INT_OPS = {
     # number of ranks with truncation toward zero (NCCL's rounding)
     "avg": lambda c: _trunc_div(_wrap(sum(c), 64, True), len(c)),
 }
-_BOOL_OPS = {"sum": any, "max": any, "bor": any, "product": all, "min": all, "band": all,
+_BOOL_OPS: Dict[str, Callable] = {"sum": any, "max": any, "bor": any, "product": all, "min": all, "band": all,
              "bxor": lambda c: sum(c) % 2 == 1}
 
 
