@@ -56,7 +56,7 @@ from funcoll import algorithms, reference
 from funcoll.algorithms.observe import LOG, group_label
 from funcoll.entry.group_state import is_local_store
 from funcoll.entry.process_group import TRANSPORT_HOOKS
-from funcoll.semantics import FLOAT8, ReduceOp, Reduction
+from funcoll.semantics import FLOAT8, ReduceOp, Reduction, dtype_name
 from funcoll.transport import Capabilities
 from funcoll.transport.registry import transport_for
 
@@ -73,12 +73,9 @@ _results: List["ProbeResult"] = []
 _probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
 
 
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-_DTYPES_BY_NAME = {_dt(d): d for d in (list(reference.BITS) + [torch.bool, torch.float16, torch.bfloat16, torch.float32,
-                                                      torch.float64] + sorted(FLOAT8, key=str))}
+_DTYPES_BY_NAME = {dtype_name(d): d for d in (list(reference.BITS) + [torch.bool, torch.float16, torch.bfloat16,
+                                                                       torch.float32, torch.float64]
+                                               + sorted(FLOAT8, key=str))}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -94,7 +91,7 @@ class Request:
 
     @property
     def name(self) -> str:
-        return " ".join([self.primitive] + ([str(self.op)] if self.op is not None else []) + [_dt(self.dtype)])
+        return " ".join([self.primitive] + ([str(self.op)] if self.op is not None else []) + [dtype_name(self.dtype)])
 
     @staticmethod
     def parse(name: str) -> "Request":
@@ -282,7 +279,7 @@ def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, Lis
         p = req.primitive
         if p in ("all_reduce", "reduce_scatter"):
             refused.add((req.op, req.dtype))
-            what = f"{req.op} on {_dt(req.dtype)}: the strategy, on every reducing primitive"
+            what = f"{req.op} on {dtype_name(req.dtype)}: the strategy, on every reducing primitive"
         elif p in _DROPPABLE:
             prims.discard(p)
             what = f"{p}: composed from the other primitives"
@@ -293,7 +290,7 @@ def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, Lis
                 d in dtypes and d != req.dtype and torch.empty((), dtype=d).element_size() ==
                 torch.empty((), dtype=req.dtype).element_size() for d in caps.dtypes):
             dtypes.discard(req.dtype)
-            what = f"{_dt(req.dtype)}: moved as the raw bits of another dtype"
+            what = f"{dtype_name(req.dtype)}: moved as the raw bits of another dtype"
         else:
             unfixable.append(name)
             continue
