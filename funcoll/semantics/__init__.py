@@ -8,7 +8,6 @@ call these checks first; the entry points (process group, kernels) never validat
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -312,7 +311,3 @@ def check_root_list(opname: str, role: str, tensors, like, group_size: int) -> N
                          f"got {None if tensors is None else len(tensors)}")
     for i, t in enumerate(tensors):
         check_same_tensor(opname, f"{role}[{i}]", t, like, like.shape)
-
-
-def numel_of(shape) -> int:
-    return math.prod(shape)
