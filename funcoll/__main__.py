@@ -71,35 +71,21 @@ def _cached_probes(device_types) -> List[dict]:
     return out
 
 
-def _xccl_facts(cols) -> Optional[dict]:
-    """The XCCL fact rows (funcoll's choice, what ProcessGroupXCCL does on that torch version) of the first XPU column,
-    or None when no column is one."""
-    from funcoll.transport import xpu
+def _facts(cols, key: str) -> Optional[dict]:
+    """The fact rows (funcoll's choice, what the library does in that version) of the first column derived by
+    ``key``'s table ("oneccl": XCCL, "torch_tpu": TorchTPU), or None when no column is one."""
+    from funcoll.transport import tpu, xpu
 
+    mod, table, prefix, row_key, lib = ((xpu, xpu.XCCL_FACTS, "xccl", "torch", "xccl") if key == "oneccl" else
+                                        (tpu, tpu.TORCHTPU_FACTS, "torchtpu", "row", "processgrouptpu"))
     for _, caps in cols:
         v = getattr(caps, "versions", None)
-        if v and "oneccl" in v:
-            row = None if v["torch"] == "?" else v["torch"]
-            return {"stack": dict(v), "known_until": xpu.KNOWN_UNTIL,
-                    "facts": [{"fact": key, "funcoll": caps.sources[f"xccl.{key}"].split(":", 1)[0],
-                               "xccl": fact.at(row), "strategy": fact.strategy}
-                              for key, fact in xpu.XCCL_FACTS.items()]}
-    return None
-
-
-def _torchtpu_facts(cols) -> Optional[dict]:
-    """The TorchTPU fact rows (funcoll's choice, what ProcessGroupTpu does in that torch_tpu version) of the first tpu
-    column, or None when no column is one."""
-    from funcoll.transport import tpu
-
-    for _, caps in cols:
-        v = getattr(caps, "versions", None)
-        if v and "torch_tpu" in v:
-            row = None if v["row"] == "unknown" else v["row"]
-            return {"torch_tpu": v["torch_tpu"], "known_until": tpu.KNOWN_UNTIL,
-                    "facts": [{"fact": key, "funcoll": caps.sources[f"torchtpu.{key}"].split(":", 1)[0],
-                               "processgrouptpu": fact.at(row), "strategy": fact.strategy}
-                              for key, fact in tpu.TORCHTPU_FACTS.items()]}
+        if v and key in v:
+            row = None if v[row_key] in ("?", "unknown") else v[row_key]
+            head = {"stack": dict(v)} if key == "oneccl" else {"torch_tpu": v["torch_tpu"]}
+            return {**head, "known_until": mod.KNOWN_UNTIL,
+                    "facts": [{"fact": k, "funcoll": caps.sources[f"{prefix}.{k}"].split(":", 1)[0],
+                               lib: fact.at(row), "strategy": fact.strategy} for k, fact in table.items()]}
     return None
 
 
@@ -113,8 +99,7 @@ def cmd_report(args) -> int:
     cols = _columns(args)
     rows = [(name, [report._cell(caps, run) for _, caps in cols]) for name, run in report.rows()]
     probes = _cached_probes(args.device or []) if args.probed else []
-    facts = _xccl_facts(cols)
-    tpu_facts = _torchtpu_facts(cols)
+    facts, tpu_facts = _facts(cols, "oneccl"), _facts(cols, "torch_tpu")
     if args.format == "json":
         doc: dict = {"torch": torch.__version__,
                "columns": [{"name": label, "capabilities": caps.name, "sources": dict(caps.sources)}
@@ -182,11 +167,12 @@ def _check_after(rank, n, device, name):
     import torch.distributed as dist
 
     import funcoll
-    from funcoll.probe import Request, _as_int64, _reduce_ref, _values, _wrap
+    from funcoll import reference
+    from funcoll.probe import Request, _values
 
     req = Request.parse(name)
     k = 3
-    xs = [_values(req, r, n, n * k) for r in range(n)]
+    xs = [_values(req, r, n * k) for r in range(n)]
     x = xs[rank].clone().to(device)
     op = getattr(dist.ReduceOp, str(req.op).upper())
     with funcoll.record() as calls:
@@ -202,16 +188,10 @@ def _check_after(rank, n, device, name):
         else:
             dist.reduce(x, dst=n - 1, op=op)
             got = x.cpu()
-    ref = _reduce_ref(torch.stack(xs), req, n)
+    ref = reference.reduce(str(req.op), xs)
     if req.primitive == "reduce_scatter":
         ref = ref[rank * k:(rank + 1) * k]
-    if req.primitive == "reduce" and rank != n - 1:
-        ok = True
-    elif req.dtype.is_floating_point:
-        ok = torch.allclose(got.double(), ref, rtol=1e-2, atol=1e-2)
-    else:
-        ok = torch.equal(got.to(torch.int64) if req.dtype == torch.bool else _as_int64(got),
-                         ref if req.dtype == torch.bool else _as_int64(_wrap(ref, req.dtype)))
+    ok = (req.primitive == "reduce" and rank != n - 1) or reference.close(got, ref, n, str(req.op), "grid") is None
     return [s for _, notes in calls for s in notes], bool(ok)
 
 

@@ -13,9 +13,10 @@ double-divided AVG, uneven all_to_all on some GPUs), and a version table cannot 
 
 each at two sizes (3 elements per rank, and about 1024 elements in all). Inputs are built from a seed; every rank
 all-gathers them (as raw bytes, in one collective per batch) and computes the reference from the gathered inputs
-(integers exactly, with the dtype's wrap-around; floats in float64 with a tolerance of a few units in the last
-place), after checking the gathered bytes against the inputs it regenerates from the seed. The verdicts of every
-rank are gathered too, so every rank demotes the same requests (a strategy that differs between ranks would hang).
+with :mod:`funcoll.reference`, the tests' own (integers exactly, with the dtype's wrap-around; floats in float64,
+within :func:`funcoll.reference.tolerance`), after checking the gathered bytes against the inputs it regenerates
+from the seed. The verdicts of every rank are gathered too, so every rank demotes the same requests (a strategy
+that differs between ranks would hang).
 
 A request whose native result is wrong is demoted, for this process, on that transport: its ``Capabilities`` is
 replaced (``dataclasses.replace``) so the algorithms take the strategy they take where the library lacks it:
@@ -37,7 +38,6 @@ the results: the group's transports call :func:`at_creation` when made); :func:`
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -46,18 +46,17 @@ import platform
 import socket
 import time
 import weakref
-import zlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from funcoll import algorithms, semantics
+from funcoll import algorithms, reference
 from funcoll.algorithms.observe import LOG, group_label
 from funcoll.entry.group_state import is_local_store
 from funcoll.entry.process_group import TRANSPORT_HOOKS
-from funcoll.semantics import FLOAT8, ReduceOp, Reduction
+from funcoll.semantics import FLOAT8, ReduceOp, Reduction, dtype_name
 from funcoll.transport import Capabilities
 from funcoll.transport.registry import transport_for
 
@@ -68,23 +67,15 @@ R = ReduceOp
 SCHEMA = 1
 _REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
 _BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
-_BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
-         torch.int64: 64, torch.uint64: 64}
-_UNSIGNED = semantics.UNSIGNED
-_TOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-_PREMUL = 0.5
 _BATCH_BYTES = 16 << 20  # gathered bytes per batch (group size x this rank's inputs)
 
 _results: List["ProbeResult"] = []
 _probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
 
 
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-_DTYPES_BY_NAME = {_dt(d): d for d in (list(_BITS) + [torch.bool, torch.float16, torch.bfloat16, torch.float32,
-                                                      torch.float64] + sorted(FLOAT8, key=str))}
+_DTYPES_BY_NAME = {dtype_name(d): d for d in (list(reference.BITS) + [torch.bool, torch.float16, torch.bfloat16,
+                                                                       torch.float32, torch.float64]
+                                               + sorted(FLOAT8, key=str))}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -100,7 +91,7 @@ class Request:
 
     @property
     def name(self) -> str:
-        return " ".join([self.primitive] + ([str(self.op)] if self.op is not None else []) + [_dt(self.dtype)])
+        return " ".join([self.primitive] + ([str(self.op)] if self.op is not None else []) + [dtype_name(self.dtype)])
 
     @staticmethod
     def parse(name: str) -> "Request":
@@ -122,7 +113,7 @@ class Request:
     @property
     def reduction(self) -> Reduction:
         assert self.op is not None, self.name
-        return Reduction(self.op, _PREMUL if self.op is R.PREMUL_SUM else None)
+        return Reduction(self.op, reference.PREMUL if self.op is R.PREMUL_SUM else None)
 
 
 def requests(caps: Capabilities, size: int) -> List[Request]:
@@ -135,14 +126,9 @@ def requests(caps: Capabilities, size: int) -> List[Request]:
         for dt in dtypes:
             if dt.is_complex or dt in FLOAT8:
                 continue
-            for op in ReduceOp:
-                if not caps.reduces(prim, op, dt) or (dt == torch.bool and op not in _BOOL_NATIVE):
-                    continue
-                try:
-                    semantics.check_reduction(prim, Reduction(op, _PREMUL if op is R.PREMUL_SUM else None), dt)
-                except TypeError:
-                    continue
-                out.append(Request(prim, op, dt))
+            valid = reference.valid_ops(dt)
+            out += [Request(prim, op, dt) for op in ReduceOp if caps.reduces(prim, op, dt) and op.value in valid
+                    and (dt != torch.bool or op in _BOOL_NATIVE)]
     for dt in dtypes:
         for prim in ("all_gather", "all_to_all", "broadcast", "gather", "scatter"):
             if caps.has(prim):
@@ -155,129 +141,23 @@ def requests(caps: Capabilities, size: int) -> List[Request]:
 # ---------------------------------------------------------------------------------------------------
 # inputs (deterministic per rank) and references
 # ---------------------------------------------------------------------------------------------------
-def _wrap(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """int64 values -> ``dtype`` modulo its width (two's complement for signed dtypes)."""
-    bits = _BITS[dtype]
-    if bits == 64:
-        return v.view(torch.uint64) if dtype == torch.uint64 else v
-    m = v & ((1 << bits) - 1)
-    if dtype not in _UNSIGNED:
-        m = m - ((m >> (bits - 1)) & 1) * (1 << bits)
-    return m.to(dtype)
+def _values(req: Request, rank: int, numel: int) -> torch.Tensor:
+    """The input of ``rank`` for ``req`` (CPU, ``numel`` elements), by :func:`funcoll.reference.make`: integers over
+    the dtype's whole range (64-bit: [0, -1] at element 0, MAX tells signed from unsigned), integer-valued floats for
+    a reduction (sums exact, an average rounds once), any floats for a move."""
+    return reference.make(req.dtype, (numel,), rank, f"funcoll.probe/{req.name}/{numel}",
+                          "random" if req.op is None else "grid")
 
 
-def _as_int64(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int64) if t.dtype == torch.uint64 else t.to(torch.int64)
-
-
-def _gen(req: Request, rank: int, numel: int) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(f"funcoll.probe/{req.name}/{rank}/{numel}".encode()))
-
-
-def _values(req: Request, rank: int, n: int, numel: int) -> torch.Tensor:
-    """The input of ``rank`` for ``req`` (CPU, ``numel`` elements): values chosen so that each op's result tells it
-    apart from the others (signs, extremes of the dtype, [-1, 0] for MAX, a factor 2 for PRODUCT, fractions for AVG),
-    exact in the dtype's arithmetic."""
-    dt, op = req.dtype, req.op
-    g = _gen(req, rank, numel)
-    i = torch.arange(numel, dtype=torch.int64)
-    kind = semantics.dtype_kind(dt)
-    if kind == "bool":
-        return torch.randint(0, 2, (numel,), generator=g).bool()
-    if kind == "float8":
-        return torch.randn(numel, generator=g).to(dt)
-    if op is None or op in semantics.BITWISE:  # moved bits, or bitwise ops: the full width
-        if kind == "float":
-            return (torch.randn(numel, generator=g) * 4).to(dt)
-        return _wrap(torch.randint(-(1 << 62), 1 << 62, (numel,), generator=g) * 2 + (i & 1), dt)
-    unsigned = dt in _UNSIGNED
-    if op in (R.SUM, R.AVG, R.PREMUL_SUM):
-        v = (i * 3 + rank * 5) % 7 - (0 if unsigned else 3)
-        if kind == "float":
-            return (v.double() + 0.5 * ((i + rank) % 2)).to(dt)
-        return _wrap(v, dt)
-    if op is R.PRODUCT:
-        v = torch.ones(numel, dtype=torch.int64)
-        v[i % n == rank] = 2
-        if not unsigned:
-            v[(i % 3 == 0) & ((i + 1) % n == rank) & (i % n != rank)] = -1
-        return v.to(dt) if kind == "float" else _wrap(v, dt)
-    # MIN / MAX: small values of both signs, the dtype's extremes, and [-1, 0]
-    v = (i * 7 + rank * 13) % 11 - (0 if unsigned else 5)
-    if kind == "float":
-        v = v.double() + 0.25 * (rank % 4)
-        if numel >= 2:
-            v[0], v[1] = -1000.0 - rank, 1000.0 + rank
-        return v.to(dt)
-    bits = _BITS[dt]
-    if numel >= 3:
-        if unsigned:
-            hi = -1 if bits == 64 else (1 << bits) - 1  # all bits set (as int64 bits for uint64)
-            half = -(1 << 63) if bits == 64 else 1 << (bits - 1)
-            v[0], v[1], v[2] = hi - rank, half + rank, rank % 2
-        else:
-            lo = -(1 << (bits - 1))
-            v[0], v[1], v[2] = lo + rank, -lo - 1 - rank, -1 if rank % 2 == 0 else 0
-    return _wrap(v, dt)
-
-
-def _reduce_ref(g: torch.Tensor, req: Request, n: int):
-    """The reduction of the gathered inputs ``g`` [n, numel]: int64 for integer and bool dtypes (compare after
-    wrapping), float64 for floating ones."""
-    op, dt = req.op, req.dtype
-    assert op is not None, req.name
-    if dt == torch.bool:
-        v = g.to(torch.int64)
-        return {R.BOR: v.amax(0), R.BAND: v.amin(0), R.BXOR: v.sum(0) % 2}[op]
-    if dt.is_floating_point:
-        v = g.double()
-        if op is R.SUM:
-            return v.sum(0)
-        if op is R.AVG:
-            return v.sum(0) / n
-        if op is R.PREMUL_SUM:
-            return v.sum(0) * _PREMUL
-        if op is R.PRODUCT:
-            return v.prod(0)
-        return v.amin(0) if op is R.MIN else v.amax(0)
-    v = _as_int64(g)
-    if op is R.SUM:
-        return v.sum(0)
-    if op is R.AVG:
-        return torch.div(v.sum(0), n, rounding_mode="trunc")
-    if op is R.PRODUCT:
-        return v.prod(0)
-    if op in (R.MIN, R.MAX):
-        flip = dt == torch.uint64  # unsigned order as signed order
-        w = v ^ (-(1 << 63)) if flip else v
-        w = w.amin(0) if op is R.MIN else w.amax(0)
-        return w ^ (-(1 << 63)) if flip else w
-    fn = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}[op]
-    return functools.reduce(fn, v.unbind(0))
-
-
-def _mismatch(got: torch.Tensor, want, req: Request) -> Optional[str]:
-    """None when ``got`` (CPU) matches the reference ``want``; else a short description."""
-    dt = req.dtype
-    if req.op is None:  # moved: bit for bit
-        a, b = got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)
-        if a.shape == b.shape and torch.equal(a, b):
-            return None
-        bad = (a != b).nonzero() if a.shape == b.shape else None
-        return f"bytes differ{f' from byte {int(bad[0])}' if bad is not None and len(bad) else ''}"
-    if dt.is_floating_point:
-        g, w = got.double(), want
-        tol = _TOL.get(dt, 1e-5)
-        if torch.allclose(g, w, rtol=tol, atol=tol):
-            return None
-        j = int((~torch.isclose(g, w, rtol=tol, atol=tol)).nonzero()[0])
-    else:
-        g = got.to(torch.int64) if dt == torch.bool else _as_int64(got)
-        w = want if dt == torch.bool else _as_int64(_wrap(want, dt))
-        if torch.equal(g, w):
-            return None
-        j = int((g != w).nonzero()[0])
-    return f"element {j}: got {g[j].item()}, expected {w[j].item()}"
+def _mismatch(got: torch.Tensor, want: torch.Tensor, req: Request, n: int) -> Optional[str]:
+    """None when ``got`` (CPU) matches ``want`` (moved: bit for bit; reduced: :func:`funcoll.reference.close`)."""
+    if req.op is not None:
+        return reference.close(got, want, n, str(req.op), "grid")
+    a, b = _bytes(got), _bytes(want)
+    if a.shape == b.shape and torch.equal(a, b):
+        return None
+    bad = (a != b).nonzero() if a.shape == b.shape else None
+    return f"bytes differ{f' from byte {int(bad[0])}' if bad is not None and len(bad) else ''}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -308,7 +188,7 @@ class _Case:
         return n * k
 
     def inputs(self, r: int) -> torch.Tensor:
-        return _values(self.req, r, self.n, self.numel[r])
+        return _values(self.req, r, self.numel[r])
 
     def run(self, tp, x: torch.Tensor, dev) -> Tuple[Any, List[torch.Tensor]]:
         """Issues the native call with this rank's input ``x``; returns (handle, outputs to read)."""
@@ -352,10 +232,10 @@ class _Case:
         if p in _REDUCING:
             if p == "reduce" and rank != self.root:
                 return None
-            ref = _reduce_ref(torch.stack(list(inputs)), req, n)
+            ref = reference.reduce(str(req.op), inputs, reference.PREMUL)
             if p == "reduce_scatter":
                 ref = ref[rank * k:(rank + 1) * k]
-            return _mismatch(torch.cat(got) if len(got) > 1 else got[0], ref, req)
+            return _mismatch(torch.cat(got) if len(got) > 1 else got[0], ref, req, n)
         if p == "all_gather":
             want = torch.cat(list(inputs))
         elif p == "all_to_all":
@@ -377,7 +257,7 @@ class _Case:
             want = inputs[self.root][rank * k:(rank + 1) * k]
         else:  # pragma: no cover
             raise AssertionError(p)
-        return _mismatch(got[0], want, req)
+        return _mismatch(got[0], want, req, n)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -399,7 +279,7 @@ def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, Lis
         p = req.primitive
         if p in ("all_reduce", "reduce_scatter"):
             refused.add((req.op, req.dtype))
-            what = f"{req.op} on {_dt(req.dtype)}: the strategy, on every reducing primitive"
+            what = f"{req.op} on {dtype_name(req.dtype)}: the strategy, on every reducing primitive"
         elif p in _DROPPABLE:
             prims.discard(p)
             what = f"{p}: composed from the other primitives"
@@ -410,7 +290,7 @@ def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, Lis
                 d in dtypes and d != req.dtype and torch.empty((), dtype=d).element_size() ==
                 torch.empty((), dtype=req.dtype).element_size() for d in caps.dtypes):
             dtypes.discard(req.dtype)
-            what = f"{_dt(req.dtype)}: moved as the raw bits of another dtype"
+            what = f"{dtype_name(req.dtype)}: moved as the raw bits of another dtype"
         else:
             unfixable.append(name)
             continue

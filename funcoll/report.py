@@ -11,17 +11,17 @@ from funcoll import algorithms, transport
 from funcoll.semantics import Reduction
 
 
+def _done(self, *args):
+    return transport.DONE
+
+
 class DryRunTransport(transport.Transport):
     """Shape-correct primitives that move no data between ranks (used only to read which strategy runs)."""
 
+    _all_reduce = _all_reduce_coalesced = _broadcast = _reduce = _gather = _scatter = _send = _recv = _barrier = _done
+
     def __init__(self, caps, size=4):
         super().__init__(0, size, caps)
-
-    def _all_reduce(self, t, red):
-        return transport.DONE
-
-    def _all_reduce_coalesced(self, ts, red):
-        return transport.DONE
 
     def _all_gather(self, out, inp):
         out.view(self.size, -1).copy_(inp.reshape(1, -1))
@@ -34,27 +34,6 @@ class DryRunTransport(transport.Transport):
     def _all_to_all(self, out, inp, out_splits, in_splits):
         if out.numel() == inp.numel():
             out.copy_(inp)
-        return transport.DONE
-
-    def _broadcast(self, t, src):
-        return transport.DONE
-
-    def _reduce(self, t, dst, red):
-        return transport.DONE
-
-    def _gather(self, outs, inp, dst):
-        return transport.DONE
-
-    def _scatter(self, out, inps, src):
-        return transport.DONE
-
-    def _send(self, t, dst, tag):
-        return transport.DONE
-
-    def _recv(self, t, src, tag):
-        return transport.DONE
-
-    def _barrier(self):
         return transport.DONE
 
 

@@ -32,6 +32,7 @@ from funcoll.replicas import ReplicaRuntimeError
 from funcoll.replicas import capture as capture_replicas
 from funcoll.replicas import execute as execute_replicas
 from funcoll.replicas import run as run_replicas
+from funcoll.semantics import dtype_name
 
 __all__ = ["xla_collectives", "xla_compiled_collectives", "group_label", "normalize_text", "render_graph",
            "Collective", "collectives", "CapturedGraph", "Captured", "capture_graphs", "trace_fake",
@@ -117,13 +118,9 @@ def _value_of(node: torch.fx.Node):
     return None
 
 
-def _dtype(d: torch.dtype) -> str:
-    return str(d).replace("torch.", "")
-
-
 def _show_value(v) -> str:
     if isinstance(v, torch.Tensor):
-        return f"{_dtype(v.dtype)}{list(v.shape)}@{v.device.type}"
+        return f"{dtype_name(v.dtype)}{list(v.shape)}@{v.device.type}"
     if isinstance(v, (list, tuple)):
         return "(" + ", ".join(_show_value(x) for x in v) + ")"
     return normalize_text(repr(v))
@@ -189,7 +186,7 @@ def render_graph(gm: Union[torch.fx.GraphModule, torch.fx.Graph], names: Optiona
         if isinstance(a, torch.device):
             return a.type
         if isinstance(a, torch.dtype):
-            return _dtype(a)
+            return dtype_name(a)
         return normalize_text(repr(a))
 
     lines = []
@@ -240,7 +237,7 @@ class Collective:
 
     def __str__(self) -> str:
         def ts(specs):
-            return ", ".join(f"{_dtype(d)}{list(s)}" for d, s in specs)
+            return ", ".join(f"{dtype_name(d)}{list(s)}" for d, s in specs)
 
         group = "[" + ",".join(map(str, self.group)) + "]" if isinstance(self.group, tuple) else self.group
         head = ("autograd." if self.autograd else "") + self.op

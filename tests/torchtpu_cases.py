@@ -33,6 +33,19 @@ NAME = "tpu_dist"
 C10_NAME = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float", torch.float64: "Double",
             torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
 _BITWISE = {"BAND", "BOR", "BXOR"}
+# the strategies funcoll takes for what ProcessGroupTpu lacks or gets wrong, whichever transport stands for it
+TORCHTPU_STRATEGIES = ("avg=int64 sum+truncating divide", "avg=float32 reduce_scatter+scale+all_gather",
+                       "premul_sum=scale+sum", "reduce=all_reduce", "broadcast=masked all_reduce",
+                       "scatter=broadcast+slice")
+
+
+def check_torchtpu_strategies(s) -> None:
+    """Asserts that the strategy notes ``s`` of a run under the torch_tpu table hold every strategy of
+    :data:`TORCHTPU_STRATEGIES` and pad uneven all_to_all (every rank the same shapes), never pairwise."""
+    for needed in TORCHTPU_STRATEGIES:
+        assert needed in s, (needed, s)
+    assert any(x.startswith("uneven all_to_all=pad to") for x in s), s
+    assert not any(x.startswith("uneven all_to_all=pairwise") for x in s), s
 
 
 def _op_name(opts) -> str:

@@ -31,6 +31,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.autograd.profiler as _prof
 
+from funcoll.semantics import dtype_name, ranks_text
+
 __all__ = ["LOG", "Scope", "profiling", "on_install", "on_uninstall",
            "group_label"]
 
@@ -79,18 +81,6 @@ def _params(fn) -> Tuple[str, ...]:
     return names
 
 
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _ranks(ranks) -> str:
-    ranks = list(ranks)
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    s = ",".join(map(str, ranks[:16]))
-    return s + (",..." if len(ranks) > 16 else "")
-
-
 def group_label(tp) -> str:
     """The name of the group a transport serves (``"?"`` when it cannot be told)."""
     if tp.group_name:
@@ -113,7 +103,7 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
         if ts is not None:
             for t in ts:
                 shapes.append(list(t.shape))
-                dtypes.append(_dt(t.dtype))
+                dtypes.append(dtype_name(t.dtype))
                 if len(tensors) < 16:
                     tensors.append(t)
             continue
@@ -139,7 +129,7 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
         "dtypes": ",".join(dict.fromkeys(dtypes)),
     }
     if ranks:  # unknown for a transport lent by another backend's group
-        desc["global_ranks"] = _ranks(ranks)
+        desc["global_ranks"] = ranks_text(ranks)
     if extra:
         desc["args"] = " ".join(extra)
     return desc, tuple(dict.fromkeys(dtypes)), red
@@ -172,7 +162,7 @@ class _Traced:
             for a in args:
                 if isinstance(a, (list, tuple)):
                     tensors += [t for t in a if isinstance(t, torch.Tensor)]
-            info = {"transport": tp.caps.name, "dtypes": ",".join(dict.fromkeys(_dt(t.dtype) for t in tensors)),
+            info = {"transport": tp.caps.name, "dtypes": ",".join(dict.fromkeys(dtype_name(t.dtype) for t in tensors)),
                     "shapes": str([list(t.shape) for t in tensors])}
             red = next((a for a in args if type(a).__name__ == "Reduction"), None)
             if red is not None:

@@ -42,7 +42,7 @@ from funcoll.entry.errors import (
     is_backend_timeout,
 )
 from funcoll.entry.fingerprint import SLOTS, agree, compare, digest, who
-from funcoll.entry.flight_recorder import Call, _ranks, describe, recent
+from funcoll.entry.flight_recorder import Call, describe, ranks_text, recent
 from funcoll.entry.group_state import GroupState
 
 __all__ = ["store_check", "size_guard"]
@@ -199,7 +199,7 @@ def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
 
 def _text(group: str, ranks, seqs: List[int], fps: List[dict], why: str) -> str:
     lines = [f"  rank {r}: #{s} {describe(fp)}" for r, (s, fp) in enumerate(zip(seqs, fps))]
-    gr = f" (global ranks {_ranks(ranks)})" if ranks is not None else ""
+    gr = f" (global ranks {ranks_text(ranks)})" if ranks is not None else ""
     return (f"funcoll: detected mismatch between collectives on group {group!r}{gr} at sequence number "
             f"{min(seqs)}: {why}.\n" + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives "
             "in the same order. Nothing of this collective was sent.")

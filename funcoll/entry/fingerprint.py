@@ -20,8 +20,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from funcoll.entry.flight_recorder import _ranks, describe
-from funcoll.semantics import parse_reduction
+from funcoll.entry.flight_recorder import describe
+from funcoll.semantics import dtype_name, parse_reduction, ranks_text
 
 __all__ = ["Rule", "RULES", "Spec", "METHODS", "PER_RANK", "fingerprint", "compare", "digest", "agree", "check_nan",
            "flat", "SLOTS"]
@@ -36,12 +36,8 @@ def _arg(args, kwargs, i: int, name: str, default=None):
     return kwargs.get(name, default)
 
 
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def _t(t) -> list:
-    return [_dt(t.dtype), list(t.shape)]
+    return [dtype_name(t.dtype), list(t.shape)]
 
 
 def _ts(ts) -> list:
@@ -321,14 +317,14 @@ def _fp_a2a_single(pg, a, k):
     out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
     osz, isz = _arg(a, k, 2, "output_split_sizes"), _arg(a, k, 3, "input_split_sizes")
     n = pg.size()
-    return {"op": "all_to_all_single", "tensors": [[_dt(inp.dtype), list(inp.shape[1:])]],
+    return {"op": "all_to_all_single", "tensors": [[dtype_name(inp.dtype), list(inp.shape[1:])]],
             "outputs": [list(out.shape[1:])], "device": inp.device.type,
             "input_split_sizes": _splits(isz, inp, n), "output_split_sizes": _splits(osz, out, n)}
 
 
 def _fp_a2a(pg, a, k):
     outs, ins = list(_arg(a, k, 0, "output_tensors")), list(_arg(a, k, 1, "input_tensors"))
-    return {"op": "all_to_all", "tensors": [[_dt(t.dtype), None] for t in ins[:1]], "device": _device(ins),
+    return {"op": "all_to_all", "tensors": [[dtype_name(t.dtype), None] for t in ins[:1]], "device": _device(ins),
             "count": [len(ins), len(outs)], "per_peer_in": _shapes(ins), "per_peer_out": _shapes(outs)}
 
 
@@ -497,7 +493,7 @@ def compare(fps: List[dict], seq: int, group: str, global_ranks=None) -> Optiona
     for r, fp in enumerate(fps):
         by_desc.setdefault(describe(fp), []).append(r)
     lines = [f"  {who(ranks, global_ranks)}: {desc}" for desc, ranks in by_desc.items()]
-    gr = "" if global_ranks is None else f" (global ranks {_ranks(global_ranks)})"
+    gr = "" if global_ranks is None else f" (global ranks {ranks_text(global_ranks)})"
     return (f"funcoll: detected mismatch between collectives on group {group!r}{gr} at sequence number {seq}: "
             f"{why}.\n" + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives in the same "
             "order, with the same op, reduce op, root, dtypes and shapes, and matching split sizes. Nothing of this "

@@ -32,6 +32,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from funcoll.semantics import ranks_text
 from funcoll.semantics.groups import resolve
 
 __all__ = ["Call", "NativeEntry", "GroupTrace", "trace_of", "recent", "entries", "dump", "format", "buffer_size",
@@ -45,14 +46,6 @@ def buffer_size() -> int:
         return max(0, int(os.environ.get("FUNCOLL_TRACE_BUFFER_SIZE", "256")))
     except ValueError:
         return 256
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    s = ",".join(map(str, ranks[:16]))
-    return s + (",..." if len(ranks) > 16 else "")
 
 
 class Call:
@@ -100,7 +93,7 @@ class Call:
 
     def label(self) -> str:
         """``all_reduce #5 on group 'default_pg' (global ranks 0,1; this is rank 0 of 2)``."""
-        return (f"{self.op} {self.number()} on group {self.group!r} (global ranks {_ranks(self.global_ranks)}; "
+        return (f"{self.op} {self.number()} on group {self.group!r} (global ranks {ranks_text(self.global_ranks)}; "
                 f"this is rank {self.rank} of {self.size})")
 
     def describe(self) -> str:
@@ -251,7 +244,7 @@ class GroupTrace:
         calls = self.entries()
         if last is not None:
             calls = calls[-last:]
-        head = (f"funcoll flight recorder: group {self.group!r} (global ranks {_ranks(self.global_ranks)}), "
+        head = (f"funcoll flight recorder: group {self.group!r} (global ranks {ranks_text(self.global_ranks)}), "
                 f"rank {self.rank} of {self.size}, next sequence number {self.seq}")
         return "\n".join([head] + ["  " + c.line() for c in calls])
 

@@ -89,7 +89,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             lazy = self._state.local_store
         if LOG.isEnabledFor(logging.INFO):
             LOG.info("group %s created: rank %d of %d, global ranks %s, world size %d, store %s, CPU transport %s",
-                     group_name or "(unnamed)", rank, size, flight_recorder._ranks(ranks), self._world_size,
+                     group_name or "(unnamed)", rank, size, flight_recorder.ranks_text(ranks), self._world_size,
                      type(unwrap_store(store)).__name__, "at the first CPU collective" if lazy else "now")
         if not lazy:
             self.transport("cpu")
@@ -373,7 +373,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         except RuntimeError as e:
             call.failed(e)
             raise CollectiveError(f"funcoll: monitored_barrier on group {trace.group!r} (global ranks "
-                                  f"{flight_recorder._ranks(trace.global_ranks)}): {str(e).strip()}") from e
+                                  f"{flight_recorder.ranks_text(trace.global_ranks)}): {str(e).strip()}") from e
         call.completed()
 
     # -- lifecycle and the rest of c10d's ProcessGroup surface (torch 2.9 to the newest) -----------------------

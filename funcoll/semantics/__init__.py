@@ -8,7 +8,6 @@ call these checks first; the entry points (process group, kernels) never validat
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -28,6 +27,8 @@ __all__ = [
     "check_layout",
     "check_same_tensor",
     "dtype_kind",
+    "dtype_name",
+    "ranks_text",
 ]
 
 
@@ -132,6 +133,19 @@ FLOAT8 = frozenset(
     if hasattr(torch, n)
 )
 UNSIGNED = frozenset({torch.uint8, torch.uint16, torch.uint32, torch.uint64})
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32``: a dtype as messages, traces and snapshots print it."""
+    return str(dtype).replace("torch.", "")
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Global ranks as messages print them: ``"0-7"`` for a run, else up to 16 of them (``"0,2,4"``)."""
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks[:16])) + (",..." if len(ranks) > 16 else "")
 
 
 def dtype_kind(dtype: torch.dtype) -> str:
@@ -297,7 +311,3 @@ def check_root_list(opname: str, role: str, tensors, like, group_size: int) -> N
                          f"got {None if tensors is None else len(tensors)}")
     for i, t in enumerate(tensors):
         check_same_tensor(opname, f"{role}[{i}]", t, like, like.shape)
-
-
-def numel_of(shape) -> int:
-    return math.prod(shape)

@@ -14,9 +14,11 @@ gap-filling paths run for real over gloo on any CPU machine.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -89,6 +91,45 @@ class Capabilities:
             sources={**self.sources, **other.sources},
             refused_on=self.refused_on | other.refused_on,
         )
+
+
+Version = Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class VersionedCapabilities(Capabilities):
+    """Capabilities plus the versions (and topology) a fact table derived them for (XCCL, TorchTPU)."""
+
+    versions: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def restrict(self, other: Capabilities) -> "VersionedCapabilities":
+        return VersionedCapabilities(**vars(Capabilities.restrict(self, other)), versions=self.versions)
+
+    def plain(self, **changes) -> Capabilities:
+        """The same capabilities without the versions (a profile), with ``changes``."""
+        return Capabilities(**{**{f.name: getattr(self, f.name) for f in fields(Capabilities)}, **changes})
+
+
+def parse_version(v, what: str = "funcoll: cannot read a version", example: str = "2.9.0") -> Optional[Version]:
+    """'2.9.0+xpu' -> (2, 9, 0); '2021.16.1' -> (2021, 16, 1); a tuple stays; None/'' -> None. Text that does not
+    start with a number is a ValueError: ``"{what} from {v!r}; write it as e.g. {example}"``."""
+    if v is None or (isinstance(v, str) and not v.strip()):
+        return None
+    if isinstance(v, tuple):
+        return tuple(int(x) for x in v)
+    m = re.match(r"\s*(\d+(?:\.\d+)*)", str(v))
+    if not m:
+        raise ValueError(f"{what} from {v!r}; write it as e.g. {example}")
+    return tuple(int(x) for x in m.group(1).split("."))
+
+
+def in_force(by_row: Sequence[Tuple[str, str]], row: str) -> str:
+    """A fact table's text for ``row``: the last ``(first row, text)`` entry whose first row is not after it."""
+    text = ""
+    for first, what in by_row:
+        if parse_version(first) <= parse_version(row):  # type: ignore[operator]
+            text = what
+    return text
 
 
 def _pairs(ops: Iterable[ReduceOp], dtypes: Iterable[torch.dtype]) -> frozenset:
@@ -199,6 +240,41 @@ def active_profile_name() -> Optional[str]:
         return None
     profile(name)  # validates
     return name
+
+
+# An uneven all_to_all without a sync (XLA, TorchTPU): a split bound every rank promises, per thread.
+_bound = threading.local()
+
+
+@contextlib.contextmanager
+def static_split_bound(bound: int):
+    """Inside the block, an uneven ``all_to_all_single`` on XLA or TorchTPU pads every split to ``bound`` rows instead
+    of agreeing on the largest split first (a tiny all-gather read back to the host: a device-to-host sync that bakes
+    the other ranks' splits of the first call into a compiled graph; under TorchTPU's compile no rank may read a value
+    back). Public as ``funcoll.xla.static_split_bound`` and ``funcoll.transport.tpu.static_split_bound``.
+
+    ``bound`` is a promise made by *every* rank: no split, sent or received, on any rank, exceeds it. Each rank
+    checks its own splits and raises ValueError if one does, but it cannot check the others' (a rank whose
+    split exceeds the bound raises while its peers enter the collective). The all-to-all then moves
+    ``group_size * bound`` rows per rank.
+
+    On a virtual world (more funcoll ranks than XLA replicas, built to read HLO) split sizes need this bound:
+    the agreement would have to run a collective, which a virtual world cannot (except under
+    :func:`funcoll.replicas.capture`, which answers it from every rank's splits).
+    """
+    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
+        raise ValueError(f"funcoll.static_split_bound: bound must be a positive int, got {bound!r}")
+    prev = getattr(_bound, "value", None)
+    _bound.value = bound
+    try:
+        yield bound
+    finally:
+        _bound.value = prev
+
+
+def promised_split_bound() -> Optional[int]:
+    """The bound of the innermost :func:`static_split_bound` block of this thread, or None."""
+    return getattr(_bound, "value", None)
 
 
 # The eager entry's hook before the first byte of a collective is sent (funcoll.debug: the call gets its sequence

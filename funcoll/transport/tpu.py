@@ -19,16 +19,23 @@ nothing touches the ``tpu`` device until a transport is created for a ``tpu`` te
 
 from __future__ import annotations
 
-import contextlib
-import re
-import threading
-from dataclasses import dataclass, field, fields, replace
-from typing import Dict, Mapping, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from funcoll.semantics import FLOAT8, ReduceOp
-from funcoll.transport import DONE, Capabilities, active_profile_name
+from funcoll.transport import (
+    DONE,
+    Capabilities,
+    Version,
+    VersionedCapabilities,
+    active_profile_name,
+    in_force,
+    parse_version,
+    promised_split_bound,
+    static_split_bound,
+)
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.gloo import C10dTransport
 from funcoll.transport.registry import GroupContext, register_device
@@ -38,7 +45,6 @@ __all__ = ["TORCHTPU_FACTS", "Fact", "TpuCapabilities", "TpuTransport", "derive"
            "KNOWN_UNTIL", "BACKEND_NAME"]
 
 R = ReduceOp
-Version = Tuple[int, ...]
 BACKEND_NAME = "tpu_dist"  # ProcessGroupTpu::getBackendName()
 
 # The torch_tpu versions the table has a row for; any other version (older, newer, or not found) is "unknown": every
@@ -78,15 +84,7 @@ class Fact:
         if row is None:
             return "unknown torch_tpu version: " + (self.unknown or ("not known" if self.info else
                                                                      "not known; funcoll's strategy"))
-        text = ""
-        for first, what in self.by_version:
-            if _key(first) <= _key(row):
-                text = what
-        return text
-
-
-def _key(row: str) -> Version:
-    return tuple(int(x) for x in row.split("."))
+        return in_force(self.by_version, row)
 
 
 _V02 = ("0.2",)
@@ -250,33 +248,16 @@ TORCHTPU_FACTS: Dict[str, Fact] = {f.key: f for f in (
 # ------------------------------------------------------------------------------------------------------
 # capabilities
 # ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TpuCapabilities(Capabilities):
-    """Capabilities plus the torch_tpu version they were derived for."""
-
-    versions: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def restrict(self, other: Capabilities) -> "TpuCapabilities":
-        base = Capabilities.restrict(self, other)
-        kw = {f.name: getattr(base, f.name) for f in fields(Capabilities)}
-        return TpuCapabilities(**kw, versions=self.versions)
+TpuCapabilities = VersionedCapabilities  # the name this module's users know
 
 
-def parse_version(v) -> Optional[Version]:
-    """'0.2.0' -> (0, 2, 0); None/'' -> None."""
-    if v is None or (isinstance(v, str) and not v.strip()):
-        return None
-    if isinstance(v, tuple):
-        return tuple(int(x) for x in v)
-    m = re.match(r"\s*(\d+(?:\.\d+)*)", str(v))
-    if not m:
-        raise ValueError(f"funcoll.tpu: cannot read a torch_tpu version from {v!r}; write it as e.g. 0.2.0")
-    return tuple(int(x) for x in m.group(1).split("."))
+def _parse_version(v) -> Optional[Version]:
+    return parse_version(v, "funcoll.tpu: cannot read a torch_tpu version", "0.2.0")
 
 
 def version_row(torch_tpu_version) -> Optional[str]:
     """The row of :data:`VERSION_ROWS` for a torch_tpu version ('0.2.0' -> '0.2'); None when the table has none."""
-    v = parse_version(torch_tpu_version)
+    v = _parse_version(torch_tpu_version)
     if v is None or len(v) < 2:
         return None
     row = f"{v[0]}.{v[1]}"
@@ -310,7 +291,7 @@ def derive(torch_tpu_version) -> TpuCapabilities:
     def label(k: str) -> str:
         return "info" if TORCHTPU_FACTS[k].info else ("native" if native(k) else "strategy")
 
-    vstr = ".".join(map(str, parse_version(torch_tpu_version) or ())) or "unknown"
+    vstr = ".".join(map(str, _parse_version(torch_tpu_version) or ())) or "unknown"
     return TpuCapabilities(
         name=f"torchtpu[{vstr}]",
         primitives=frozenset(primitives),
@@ -339,9 +320,7 @@ def conservative_profile(torch_tpu_version="0.2.0") -> Capabilities:
     table (:data:`VERSION_ROWS`), as plain :class:`Capabilities` -- the same on every machine, whether torch_tpu is
     installed or not."""
     d = derive(torch_tpu_version)
-    kw = {f.name: getattr(d, f.name) for f in fields(Capabilities)}
-    kw.update(name="torchtpu")
-    return Capabilities(**kw)
+    return d.plain(name="torchtpu")
 
 
 def torch_tpu_version() -> Optional[str]:
@@ -368,28 +347,6 @@ def capabilities(profile: Optional[str] = None, *, version=None) -> TpuCapabilit
         caps = caps.restrict(_named_profile(name))
     return replace(caps, sources={**caps.sources, "torchtpu.version": f"torch_tpu {caps.versions['torch_tpu']} "
                                                                       f"({src})"})
-
-
-# ------------------------------------------------------------------------------------------------------
-# the static split bound (uneven all_to_all with no agreement: nothing read back to the host)
-# ------------------------------------------------------------------------------------------------------
-_bound = threading.local()
-
-
-@contextlib.contextmanager
-def static_split_bound(bound: int):
-    """Inside the block, an uneven ``all_to_all_single`` on a ``tpu`` tensor pads every split to ``bound`` rows instead
-    of agreeing on the largest split first (a tiny all_gather read back to the host: under TorchTPU's compile, no
-    rank may read a value back). ``bound`` is a promise made by every rank: no split, sent or received, exceeds it
-    (each rank checks its own). The same contract as ``funcoll.xla.static_split_bound``."""
-    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
-        raise ValueError(f"funcoll.tpu.static_split_bound: bound must be a positive int, got {bound!r}")
-    prev = getattr(_bound, "value", None)
-    _bound.value = bound
-    try:
-        yield bound
-    finally:
-        _bound.value = prev
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -468,7 +425,7 @@ class TpuTransport(C10dTransport):
         return self._work(self.backend.barrier(C.BarrierOptions()))  # default options: ProcessGroupTpu refuses any
 
     def split_bound(self) -> Optional[int]:
-        return getattr(_bound, "value", None)
+        return promised_split_bound()
 
 
 def _is_tpu_backend(backend) -> bool:

@@ -33,7 +33,6 @@ Rules every primitive follows (all found by experiment on torch_xla 2.9, see doc
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple, Union
@@ -42,7 +41,15 @@ import torch
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
 
 from funcoll.semantics import ReduceOp, Reduction, groups
-from funcoll.transport import DONE, Capabilities, Transport, active_profile_name, profile
+from funcoll.transport import (
+    DONE,
+    Capabilities,
+    Transport,
+    active_profile_name,
+    profile,
+    promised_split_bound,
+    static_split_bound,
+)
 from funcoll.transport.registry import GroupContext, register_device
 
 __all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "reset_token", "static_split_bound"]
@@ -127,41 +134,6 @@ def normalize_device(device: Union[None, int, str, torch.device] = None) -> torc
     """``torch.device("xla", i)`` for ``device`` (see :func:`device_index`), validated against the devices
     this process can address."""
     return torch.device("xla", device_index(device))
-
-
-# ---------------------------------------------------------------------------------------------------
-# uneven all_to_all without a sync: a split bound every rank promises
-# ---------------------------------------------------------------------------------------------------
-_bound = threading.local()
-
-
-@contextlib.contextmanager
-def static_split_bound(bound: int):
-    """Inside the block, an uneven ``all_to_all_single`` on XLA pads every split to ``bound`` rows instead of
-    agreeing on the largest split first (which costs a tiny all-gather plus a device-to-host sync, and bakes
-    the other ranks' splits of the first call into a compiled graph).
-
-    ``bound`` is a promise made by *every* rank: no split, sent or received, on any rank, exceeds it. Each rank
-    checks its own splits and raises ValueError if one does, but it cannot check the others' (a rank whose
-    split exceeds the bound raises while its peers enter the collective). The all-to-all then moves
-    ``group_size * bound`` rows per rank.
-
-    On a virtual world (more funcoll ranks than XLA replicas, built to read HLO) split sizes need this bound:
-    the agreement would have to run a collective, which a virtual world cannot (except under
-    :func:`funcoll.replicas.capture`, which answers it from every rank's splits).
-    """
-    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
-        raise ValueError(f"funcoll.xla.static_split_bound: bound must be a positive int, got {bound!r}")
-    prev = getattr(_bound, "value", None)
-    _bound.value = bound
-    try:
-        yield bound
-    finally:
-        _bound.value = prev
-
-
-def _current_bound() -> Optional[int]:
-    return getattr(_bound, "value", None)
 
 
 # funcoll.replicas sets ``serve(group's global ranks, this global rank, values) -> every member's values`` while it
@@ -273,7 +245,7 @@ class XlaTransport(Transport):
         return self._like(torch.tensor([self.rank]), like)
 
     def split_bound(self) -> Optional[int]:
-        return _current_bound()
+        return promised_split_bound()
 
     def agreed(self, values) -> Optional[torch.Tensor]:
         serve = getattr(_agreements, "serve", None)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
 from funcoll.semantics import FLOAT8, ReduceOp
-from funcoll.transport import PRIMITIVES, Capabilities, active_profile_name
+from funcoll.transport import PRIMITIVES, Capabilities, Version, VersionedCapabilities, active_profile_name, in_force
+from funcoll.transport import parse_version as _parse_version
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.gloo import C10dTransport
 from funcoll.transport.registry import GroupContext, register_device
@@ -39,7 +40,6 @@ ENV_OVERRIDE = "FUNCOLL_XPU_OVERRIDE"
 ENV_ONECCL_VERSION = "FUNCOLL_ONECCL_VERSION"
 ENV_ONECCL_BUILD_VERSION = "FUNCOLL_ONECCL_BUILD_VERSION"
 
-Version = Tuple[int, ...]
 
 # dtypes ProcessGroupXCCL moves and reduces: the ``xcclDatatypes`` map (intel/torch-xpu-ops src/xccl/xccl.h:96-111
 # at ab84f925; ProcessGroupXCCL.cpp before). bool is carried as ccl uint8. float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz are
@@ -76,7 +76,7 @@ def torch_row(torch_version) -> Optional[str]:
 
 
 def _row_key(row: str) -> Version:
-    return tuple(int(x) for x in row.split("."))
+    return parse_version(row)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,7 @@ class Fact:
         """What ProcessGroupXCCL does on torch ``row`` (the ``by_torch`` entry in force there; "" if none)."""
         if row is None:
             return "unknown torch version: " + (self.unknown or "the strategy is used")
-        text = ""
-        for first, what in self.by_torch:
-            if _row_key(first) <= _row_key(row):
-                text = what
-        return text
+        return in_force(self.by_torch, row)
 
 
 _BOTH = TOPOLOGIES
@@ -367,28 +363,12 @@ def _not_overridable_why(key: str, topology: str, row: Optional[str], build: Opt
 # ------------------------------------------------------------------------------------------------------
 # capabilities
 # ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class XcclCapabilities(Capabilities):
-    """Capabilities plus the versions and topology they were derived for."""
-
-    versions: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def restrict(self, other: Capabilities) -> "XcclCapabilities":
-        base = Capabilities.restrict(self, other)
-        kw = {f.name: getattr(base, f.name) for f in fields(Capabilities)}
-        return XcclCapabilities(**kw, versions=self.versions)
+XcclCapabilities = VersionedCapabilities  # the name this module's users know
 
 
 def parse_version(v) -> Optional[Version]:
     """'2.9.0+xpu' -> (2, 9, 0); '2021.16.1' -> (2021, 16, 1); a tuple stays; None/'' -> None."""
-    if v is None or (isinstance(v, str) and not v.strip()):
-        return None
-    if isinstance(v, tuple):
-        return tuple(int(x) for x in v)
-    m = re.match(r"\s*(\d+(?:\.\d+)*)", str(v))
-    if not m:
-        raise ValueError(f"funcoll.xpu: cannot read a version from {v!r}; write it as e.g. 2021.16.1")
-    return tuple(int(x) for x in m.group(1).split("."))
+    return _parse_version(v, "funcoll.xpu: cannot read a version", "2021.16.1")
 
 
 def parse_topology(topology) -> str:
@@ -522,11 +502,9 @@ def conservative_profile(torch_version=None) -> Capabilities:
     :class:`Capabilities`, plus float8 moved as bytes. On torch 2.12+ that row has PREMUL_SUM native on all_reduce
     (ProcessGroupXCCL scales the tensor handed to it in place, then sums), which the CPU transport reproduces."""
     d = derive(torch.__version__ if torch_version is None else torch_version, None, "", None)
-    kw = {f.name: getattr(d, f.name) for f in fields(Capabilities)}
-    kw.update(name="xccl", dtypes=d.dtypes | FLOAT8,
-              sources={**d.sources,
-                       "xccl.fp8": "fp8 reductions raise (docs/design.md section 1); fp8 is moved as bytes"})
-    return Capabilities(**kw)
+    return d.plain(name="xccl", dtypes=d.dtypes | FLOAT8,
+                   sources={**d.sources,
+                            "xccl.fp8": "fp8 reductions raise (docs/design.md section 1); fp8 is moved as bytes"})
 
 
 # ------------------------------------------------------------------------------------------------------
