@@ -129,7 +129,9 @@ def collective(method: str) -> Callable:
                         call.timeout = st.timeout_s
                         raise failure(call, st.trace, e) from e
                     rec.t_done = _now()
-                    return work
+                    # c10d waits on what it gets once more: a backend Work that writes its outputs in wait() (gloo's
+                    # reduce_scatter copies its slice) would copy them again; it gets a finished NativeWork instead
+                    return work if outputs is None else NativeWork(None, rec, st, fargs, outputs, True)
             if _tls.depth:  # a method delegating to another: the outer call is the one recorded
                 return fn(self, *args, **kwargs)
             # 2. fingerprint and record

@@ -230,8 +230,10 @@ class NativeWork(FuncollWork):
     _ev: Optional[threading.Event] = None  # set when that wait has returned: made by whoever waits for it
     _nofut: Optional[bool] = None  # the backend's Work has no future (asked once, when it matters)
 
-    def __init__(self, handle, rec: NativeEntry, state, args=(), outputs=None):  # noqa: D107 - FuncollWork's is not run
-        Work.__init__(self)
+    def __init__(self, handle, rec: NativeEntry, state, args=(), outputs=None, done: bool = False):  # noqa: D107
+        Work.__init__(self)  # (FuncollWork's __init__ is not run); ``done``: a blocking call the entry waited on
+        if done:
+            self._done = self._role = True
         self._h = handle
         self._rec = rec  # the call's flight-recorder record (GroupTrace.native_record): a Call only when it fails
         self._st = state  # the group's funcoll.entry.group_state.GroupState
