@@ -37,8 +37,9 @@ def test_bench_runs_and_reports_every_case(bench_run):
                  "broadcast 1 KiB", "all_gather 1 KiB", "reduce_scatter 1 KiB", "barrier", "async issue all_reduce 4 B",
                  "pooled all_reduce 4 B-1 MiB", "pooled all_gather 4 B-1 MiB"):
         assert len(rows[case]) == 2, case
-        # the median per-call difference funcoll - raw, with its quartiles, in the extra column
-        assert all(re.search(r" [+-]\d+\.\dus \[[+-]\d+\.\.[+-]\d+\]$", line) for line in rows[case]), rows[case]
+        # the median per-call difference funcoll - raw, with its quartiles, then the calling thread's CPU difference
+        assert all(re.search(r" [+-]\d+\.\dus \[[+-]\d+\.\.[+-]\d+\] cpu [+-]\d+\.\dus$", line)
+                   for line in rows[case]), rows[case]
     assert len(rows["send/recv round trip 1 KiB"]) == 1  # world 2 only
     assert len(rows["compiled step, 10 all_reduce 256 B"]) == 1
     assert len(rows["all_reduce 4 B-1 MiB, forward only"]) == 1  # world 1: the floor of a Python process group
