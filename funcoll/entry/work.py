@@ -308,12 +308,21 @@ class NativeWork(FuncollWork):
             self._settle(fut)
 
     def _settle(self, fut: torch.futures.Future) -> None:
+        if fut.done():
+            return
+        if self._exc is not None:
+            value = None
+        else:
+            try:
+                value = self._result
+            except RuntimeError:  # a backend Work without result() (and no outputs known): nothing to hand over
+                value = []
         try:
             if self._exc is not None:
                 fut.set_exception(self._exc)
             else:
-                fut.set_result(self._result)
-        except RuntimeError:  # completed already, by the backend future's callback
+                fut.set_result(value)
+        except RuntimeError:  # completed meanwhile, by the backend future's callback
             pass
 
     def _release(self) -> None:
@@ -404,11 +413,16 @@ class NativeWork(FuncollWork):
             try:
                 value = f.value()  # re-raises the backend's error
             except Exception as e:  # noqa: BLE001
-                out.set_exception(self._failure(e))
+                err = self._failure(e)
+                if not out.done():
+                    out.set_exception(err)
                 return
             self._done = True
             self._completed()
-            out.set_result(value)
+            try:
+                out.set_result(value)
+            except RuntimeError:  # completed meanwhile by a wait() on another thread (_finish)
+                pass
 
         backend_fut = self._h.get_future()
         backend_fut.add_done_callback(finish)
