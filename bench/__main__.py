@@ -66,6 +66,10 @@ def table(rows) -> str:
             extra += f" sent {r['bytes_sent_ratio']:.2f}x"
         if "losses_equal" in r:
             extra = "losses equal" if r["losses_equal"] else "LOSSES DIFFER"
+        elif "d1" in r and not extra:  # the median per-call difference (µs), its quartiles
+            extra = f"{r['delta_us']:+.1f}us [{r['d1']:+.0f}..{r['d3']:+.0f}]"
+            if "cpu_delta_us" in r:  # the calling thread's own CPU time per call, funcoll - raw
+                extra += f" cpu {r['cpu_delta_us']:+.1f}us"
         out.append(f"{r['case']:<{w}}  {r['world']:>5} {r['raw_us']:>8.1f}us {r['funcoll_us']:>8.1f}us "
                    f"{r['ratio']:>6.2f} {r['q1']:>6.2f}-{r['q3']:<6.2f} {extra:>16}")
     return "\n".join(out)

@@ -1,11 +1,12 @@
 """The CPU parts of ``./dev bench``: funcoll against the raw path in the same processes, alternating blocks.
 
 * eager, world 1 and 2: per-call cost of ``dist.*`` (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
-  all_to_all_single, broadcast) on a funcoll group vs a plain gloo group (``new_group(backend="gloo")``), 4 B to
-  1 MiB, blocking, with one "pooled" row per op (the median of all its per-block ratios over the sizes); the async
-  issue time of all_reduce (until ``async_op=True`` returns; the waits are not timed); at world 1, the floor of any
-  Python process group (a method that only forwards ``allreduce`` to gloo, "forward only"). World 1 runs pinned to one
-  CPU (rows marked "(1 CPU)"; ``FUNCOLL_BENCH_PIN=0`` to keep the machine's scheduling): see ``_pin_process``;
+  all_to_all_single, broadcast, the list forms all_gather and reduce_scatter, barrier, and at world 2 a send/recv round
+  trip) on a funcoll group vs c10d's stock path over the same gloo backend (:func:`_stock_group`), 4 B to 1 MiB,
+  blocking, with one "pooled" row per op (the median of all its per-block ratios and differences over the sizes); the
+  async issue time of all_reduce (until ``async_op=True`` returns; the waits are not timed); at world 1, the floor of
+  any Python process group (a method that only forwards ``allreduce`` to gloo, "forward only"). World 1 runs pinned to
+  one CPU (rows marked "(1 CPU)"; ``FUNCOLL_BENCH_PIN=0`` to keep the machine's scheduling): see ``_pin_process``;
 * funcoll's optional per-call machinery, all_reduce 4 B against the same raw gloo group: both sides under
   torch.profiler (funcoll's profiler ranges), inside ``funcoll.record()``, and at world 2 a group with the size guard
   on, one in debug mode (the cross-rank check) and one with the flight recorder off;
@@ -14,8 +15,9 @@
   all_to_all (splits 10:1) vs the native op, with the peak extra memory each needs (from torch.profiler's memory
   events; the worst of 3 calls) and the bytes each rank sends.
 
-Every case alternates a block of the raw side and a block of funcoll's; a ratio is taken per block pair, and the
-median ratio is reported with the spread (25th-75th percentile) of those ratios.
+Every case alternates a block of the raw side and a block of funcoll's; a ratio and a difference (µs per call) are
+taken per block pair, and the median ratio is reported with the spread (25th-75th percentile) of those ratios, the
+median difference with its own (the table's ``extra`` column: ``+Δ us [25%..75%]``).
 """
 
 from __future__ import annotations
@@ -36,24 +38,40 @@ def progress(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _block(fn, k) -> float:
-    t0 = time.perf_counter()
+def _block(fn, k) -> tuple:
+    """``(wall, cpu)`` seconds per call of ``fn`` over ``k`` calls: the wall clock, and the CPU time of the calling
+    thread (what the caller's own code costs, without the time it sleeps waiting for the peers and gloo's threads)."""
+    c0, t0 = time.thread_time(), time.perf_counter()
     for _ in range(k):
         fn()
-    return (time.perf_counter() - t0) / k
+    t1, c1 = time.perf_counter(), time.thread_time()
+    return (t1 - t0) / k, (c1 - c0) / k
 
 
-def _summary(tr, to, ratios) -> dict:
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    return {"raw_us": statistics.median(tr) * 1e6, "funcoll_us": statistics.median(to) * 1e6,
-            "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2], "ratios": ratios}
+def _quartiles(xs) -> list:
+    return statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+
+
+def _summary(tr, to, ratios, cpu=None) -> dict:
+    """Per-call medians of each side, the median of the per-block ratios with its quartiles, and the median of the
+    per-block differences (funcoll - raw, µs per call: ``delta_us``) with its quartiles; with ``cpu`` (per-block
+    differences of the calling thread's CPU time per call, µs), their median ``cpu_delta_us``."""
+    q = _quartiles(ratios)
+    deltas = [(o - b) * 1e6 for o, b in zip(to, tr)]
+    d = _quartiles(deltas)
+    out = {"raw_us": statistics.median(tr) * 1e6, "funcoll_us": statistics.median(to) * 1e6,
+           "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2], "ratios": ratios,
+           "delta_us": statistics.median(deltas), "d1": d[0], "d3": d[2], "deltas": deltas}
+    if cpu:
+        out["cpu_delta_us"], out["cpu_deltas"] = statistics.median(cpu), cpu
+    return out
 
 
 def paired(raw, ours, blocks: int, k: int = BLOCK, timed=_block) -> dict:
     """Alternating blocks of ``k`` calls; per-call medians and the median (and quartiles) of the per-block ratios."""
     raw()
     ours()  # warm up: connections, caches, buffers
-    tr, to, ratios = [], [], []
+    tr, to, ratios, cpu = [], [], [], []
     for i in range(blocks):
         if i % 2:  # alternate which side goes first
             b = timed(raw, k)
@@ -61,19 +79,27 @@ def paired(raw, ours, blocks: int, k: int = BLOCK, timed=_block) -> dict:
         else:
             o = timed(ours, k)
             b = timed(raw, k)
+        if isinstance(b, tuple):  # (wall, cpu)
+            cpu.append((o[1] - b[1]) * 1e6)
+            b, o = b[0], o[0]
         tr.append(b)
         to.append(o)
         ratios.append(o / b)
-    return _summary(tr, to, ratios)
+    return _summary(tr, to, ratios, cpu)
 
 
 def pooled(case: str, rows: list, n: int) -> dict:
     """One row over several sizes: the median (and quartiles) of all their per-block ratios."""
     ratios = [x for r in rows for x in r["ratios"]]
-    q = statistics.quantiles(ratios, n=4)
-    return {"case": case, "bytes": 0, "world": n, "raw_us": statistics.median(r["raw_us"] for r in rows),
-            "funcoll_us": statistics.median(r["funcoll_us"] for r in rows), "ratio": statistics.median(ratios),
-            "q1": q[0], "q3": q[2]}
+    deltas = [x for r in rows for x in r["deltas"]]
+    cpu = [x for r in rows for x in r.get("cpu_deltas", ())]
+    q, d = _quartiles(ratios), _quartiles(deltas)
+    out = {"case": case, "bytes": 0, "world": n, "raw_us": statistics.median(r["raw_us"] for r in rows),
+           "funcoll_us": statistics.median(r["funcoll_us"] for r in rows), "ratio": statistics.median(ratios),
+           "q1": q[0], "q3": q[2], "delta_us": statistics.median(deltas), "d1": d[0], "d3": d[2]}
+    if cpu:
+        out["cpu_delta_us"] = statistics.median(cpu)
+    return out
 
 
 SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 1 << 20]
@@ -84,17 +110,17 @@ def _label(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
 
 
-def _issue_block(fn, k) -> float:
+def _issue_block(fn, k) -> tuple:
     """``fn()`` issues one async collective and returns its Work: the time until the calls return, per call; the
     waits come after, untimed."""
     works = []
-    t0 = time.perf_counter()
+    c0, t0 = time.thread_time(), time.perf_counter()
     for _ in range(k):
         works.append(fn())
-    dt = time.perf_counter() - t0
+    dt, dc = time.perf_counter() - t0, time.thread_time() - c0
     for w in works:
         w.wait()
-    return dt / k
+    return dt / k, dc / k
 
 
 def _pin_process(cpu: int):
@@ -147,6 +173,34 @@ def _forward_only(group):
     return allreduce
 
 
+def _stock_group(ours):
+    """A stock c10d ProcessGroup over the very gloo backend funcoll's group ``ours`` uses, registered with c10d like
+    any group of the world's ranks: the raw side of the per-op rows. Two gloo backends of the same ranks can differ by
+    far more than funcoll's cost (their TCP pairs wake up differently: a one-way stream of 4 B sends measured 0.2 ms
+    per send on one and 1.5 ms on the other, in the same processes), so the rows compare c10d's own path and
+    funcoll's over the same pairs. None where this torch's ProcessGroup cannot be built so (the bench then uses
+    ``new_group(backend="gloo")``)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    backend = ours.transport("cpu").backend
+    try:
+        pg = c10d.ProcessGroup(c10d.PrefixStore("funcoll-bench-stock", c10d._get_default_store()), backend.rank(),
+                               backend.size())
+        pg._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, backend)
+        pg._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
+        world = c10d._world
+        world.pg_group_ranks[pg] = {dist.get_global_rank(ours, r): r for r in range(backend.size())}
+        world.pg_map[pg] = ("gloo", None)
+        world.pg_names[pg] = "funcoll-bench-stock"
+        world.pg_backend_config[pg] = "cpu:gloo"
+        dist.barrier(group=pg)
+    except (AttributeError, TypeError, RuntimeError, ValueError) as e:
+        progress(f"no stock group over funcoll's gloo backend ({e}): the raw side is a gloo group of its own")
+        return None
+    return pg
+
+
 def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
     """Per-call cost of each native collective, funcoll group vs plain gloo group, 4 B to 1 MiB per rank (blocking),
     then one row per op pooling its sizes (what issue 11's target reads: the median of the paired ratios), and the
@@ -156,6 +210,7 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
     torch.set_num_threads(1)
     raw = dist.new_group(backend="gloo")
     ours = dist.group.WORLD
+    stock = _stock_group(ours) or raw  # the per-op rows: c10d's path over funcoll's own gloo backend
     if pinned:  # the new group's worker threads too
         _pin_process(0)
     rows: list = []
@@ -180,20 +235,50 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
         t = torch.ones(numel)
         return lambda: dist.broadcast(t, src=0, group=group)
 
-    for name, make, sizes in (("all_reduce", ar, SIZES), ("all_gather_into_tensor", ag, OTHER_SIZES),
-                              ("reduce_scatter_tensor", rs, OTHER_SIZES), ("all_to_all_single", a2a, OTHER_SIZES),
-                              ("broadcast", bc, OTHER_SIZES)):
+    def agl(group, numel):  # dist.all_gather: the list form
+        inp, outs = torch.ones(numel), [torch.empty(numel) for _ in range(n)]
+        return lambda: dist.all_gather(outs, inp, group=group)
+
+    def rsl(group, numel):  # dist.reduce_scatter: the list form
+        ins, out = [torch.ones(numel) for _ in range(n)], torch.empty(numel)
+        return lambda: dist.reduce_scatter(out, ins, group=group)
+
+    def bar(group, numel):
+        return lambda: dist.barrier(group=group)
+
+    def p2p(group, numel):  # one round trip: rank 0 sends then receives, rank 1 receives then sends
+        t = torch.ones(numel)
+        peer = dist.get_global_rank(group, 1 - dist.get_rank(group))
+
+        def ping():
+            dist.send(t, peer, group=group)
+            dist.recv(t, peer, group=group)
+
+        def pong():
+            dist.recv(t, peer, group=group)
+            dist.send(t, peer, group=group)
+
+        return ping if dist.get_rank(group) == 0 else pong
+
+    ops = [("all_reduce", ar, SIZES), ("all_gather_into_tensor", ag, OTHER_SIZES),
+           ("reduce_scatter_tensor", rs, OTHER_SIZES), ("all_to_all_single", a2a, OTHER_SIZES),
+           ("broadcast", bc, OTHER_SIZES), ("all_gather", agl, OTHER_SIZES), ("reduce_scatter", rsl, OTHER_SIZES),
+           ("barrier", bar, [0])]
+    if n == 2:
+        ops.append(("send/recv round trip", p2p, OTHER_SIZES))
+    for name, make, sizes in ops:
         mine = []
         for nbytes in sizes:
             if rank == 0:
                 progress(f"world {n}: {name} {_label(nbytes)}")
             numel = max(1, nbytes // 4)
-            r = paired(make(raw, numel), make(ours, numel), blocks)
-            mine.append({"case": f"{name} {_label(nbytes)}{' (1 CPU)' if pinned else ''}", "bytes": nbytes,
-                         "world": n, **r})
+            r = paired(make(stock, numel), make(ours, numel), blocks)
+            label = f" {_label(nbytes)}" if nbytes else ""
+            mine.append({"case": f"{name}{label}{' (1 CPU)' if pinned else ''}", "bytes": nbytes, "world": n, **r})
         rows += mine
-        rows.append(pooled(f"pooled {name} {_label(sizes[0])}-{_label(sizes[-1])}{' (1 CPU)' if pinned else ''}",
-                           mine, n))
+        if len(mine) > 1:
+            rows.append(pooled(f"pooled {name} {_label(sizes[0])}-{_label(sizes[-1])}"
+                               f"{' (1 CPU)' if pinned else ''}", mine, n))
 
     if n == 1:  # the floor of any Python ProcessGroup, for reading the all_reduce rows
         if rank == 0:
@@ -214,13 +299,19 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
 
     if rank == 0:
         progress(f"world {n}: async issue")
-    r = paired(issue(raw), issue(ours), blocks, timed=_issue_block)
-    rows.append({"case": f"async issue all_reduce 4 B{' (1 CPU)' if pinned else ''}", "bytes": 4, "world": n, **r,
-                 "delta_us": r["funcoll_us"] - r["raw_us"]})
+    r = paired(issue(stock), issue(ours), blocks, timed=_issue_block)
+    if stock is not raw:  # c10d forgets the stock group: nothing else (the profiler's group listing) meets it
+        from torch.distributed import distributed_c10d as c10d
+
+        for table in (c10d._world.pg_group_ranks, c10d._world.pg_map, c10d._world.pg_names,
+                      c10d._world.pg_backend_config):
+            table.pop(stock, None)
+    rows.append({"case": f"async issue all_reduce 4 B{' (1 CPU)' if pinned else ''}", "bytes": 4, "world": n, **r})
     rows += modes(rank, n, blocks, raw, " (1 CPU)" if pinned else "")
     dist.barrier()
     for r in rows:
-        r.pop("ratios", None)
+        for key in ("ratios", "deltas", "cpu_deltas"):
+            r.pop(key, None)
     return rows
 
 
@@ -260,9 +351,9 @@ def modes(rank: int, n: int, blocks: int, raw, suffix: str = "") -> list:
     rows = []
 
     def row(name, r):
-        r.pop("ratios", None)
-        rows.append({"case": f"all_reduce 4 B, {name}{suffix}", "bytes": 4, "world": n, **r,
-                     "delta_us": r["funcoll_us"] - r["raw_us"]})
+        for key in ("ratios", "deltas", "cpu_deltas"):
+            r.pop(key, None)
+        rows.append({"case": f"all_reduce 4 B, {name}{suffix}", "bytes": 4, "world": n, **r})
 
     if rank == 0:
         progress(f"world {n}: all_reduce 4 B, profiler on / record()")
@@ -305,15 +396,16 @@ def compiled(rank: int, n: int, blocks: int) -> list:
     tu, to, ratios = [], [], []
     for _ in range(blocks):
         funcoll.uninstall(["cpu"])
-        b = _block(lambda: f(x), BLOCK)
+        b = _block(lambda: f(x), BLOCK)[0]
         funcoll.install(["cpu"])
-        o = _block(lambda: f(x), BLOCK)
+        o = _block(lambda: f(x), BLOCK)[0]
         tu.append(b)
         to.append(o)
         ratios.append(o / b)
     funcoll.uninstall(["cpu"])
     r = _summary(tu, to, ratios)
-    r.pop("ratios")
+    for key in ("ratios", "deltas", "cpu_deltas"):
+        r.pop(key, None)
     return [{"case": "compiled step, 10 all_reduce 256 B", "bytes": 256, "world": n, **r}]
 
 
@@ -413,5 +505,6 @@ def rank_main(rank: int, n: int, blocks: int, parts=("eager", "compiled", "gaps"
     if "gaps" in parts and n == 2:
         out += gaps(rank, n, blocks)
     for r in out:
-        r.pop("ratios", None)
+        for key in ("ratios", "deltas", "cpu_deltas"):
+            r.pop(key, None)
     return out

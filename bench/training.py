@@ -211,7 +211,8 @@ def rank_main(rank: int, n: int, blocks: int, only=None) -> list:
         a, b = _Side(make(ours, rank)), _Side(make(raw, rank))
         # overhead.paired: a warm-up step each (lazy init, connections), then alternating blocks of STEPS steps
         r = paired(b.step, a.step, blocks, k=STEPS)
-        r.pop("ratios")
+        for key in ("ratios", "deltas", "cpu_deltas"):
+            r.pop(key, None)
         rows.append({"case": f"train step: {case}", "bytes": 0, "world": n, **r,
                      "losses_equal": a.losses == b.losses, "steps": len(a.losses)})
     dist.barrier()

@@ -141,9 +141,9 @@ def build_cost(world: int, blocks: int = 10) -> dict:
     tr, to, ratios = [], [], []
     for _ in range(blocks):
         funcoll.uninstall(["xla"])
-        b = _block(build, 50)
+        b = _block(build, 50)[0]
         funcoll.install(["xla"])
-        o = _block(build, 50)
+        o = _block(build, 50)[0]
         tr.append(b)
         to.append(o)
         ratios.append(o / b)

@@ -34,8 +34,13 @@ def test_bench_runs_and_reports_every_case(bench_run):
     for size in ("4 B", "64 B", "1 KiB", "16 KiB", "256 KiB", "1 MiB"):
         assert len(rows[f"all_reduce {size}"]) == 2, rows.keys()  # world 1 and world 2
     for case in ("all_gather_into_tensor 1 KiB", "reduce_scatter_tensor 1 KiB", "all_to_all_single 1 KiB",
-                 "broadcast 1 KiB", "async issue all_reduce 4 B", "pooled all_reduce 4 B-1 MiB"):
+                 "broadcast 1 KiB", "all_gather 1 KiB", "reduce_scatter 1 KiB", "barrier", "async issue all_reduce 4 B",
+                 "pooled all_reduce 4 B-1 MiB", "pooled all_gather 4 B-1 MiB"):
         assert len(rows[case]) == 2, case
+        # the median per-call difference funcoll - raw, with its quartiles, then the calling thread's CPU difference
+        assert all(re.search(r" [+-]\d+\.\dus \[[+-]\d+\.\.[+-]\d+\] cpu [+-]\d+\.\dus$", line)
+                   for line in rows[case]), rows[case]
+    assert len(rows["send/recv round trip 1 KiB"]) == 1  # world 2 only
     assert len(rows["compiled step, 10 all_reduce 256 B"]) == 1
     assert len(rows["all_reduce 4 B-1 MiB, forward only"]) == 1  # world 1: the floor of a Python process group
     for case in ("all_reduce 4 B, profiler on", "all_reduce 4 B, record()"):  # the optional machinery, both worlds

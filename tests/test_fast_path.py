@@ -10,6 +10,7 @@ transport's ``calls``. Results are compared with references computed here from e
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -26,10 +27,10 @@ R = dist.ReduceOp
 FULL_PATH = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast")
 
 
-def _spy():
+def _spy(names=FULL_PATH):
     """Counts the calls of the algorithms the full path runs (the process group calls them through the module)."""
-    counts = {name: 0 for name in FULL_PATH}
-    for name in FULL_PATH:
+    counts = {name: 0 for name in names}
+    for name in names:
         orig = getattr(algorithms, name)
 
         def spy(*a, _orig=orig, _name=name, **k):
@@ -116,6 +117,98 @@ def _rank_results(rank, n):
     return {"got": got, "counts": counts, "calls": sum(tp.calls.values()) - calls0,
             "entries": [(c.seq, c.op, c.state, c.strategies) for c in entries],
             "describe": entries[0].describe(), "dump": funcoll.flight_recorder.dump()["entries"][-1]["fingerprint"]}
+
+
+def _rank_more(rank, n):
+    """The list forms of all_gather and reduce_scatter, barrier, send and recv, blocking and async, twice each: results
+    against references and against a raw gloo group of the same ranks; which path ran; the flight recorder; and how
+    many background waiters the Works started (only for a future or a poll that needs one)."""
+    import funcoll
+    import funcoll.entry.work as work_mod
+    from funcoll.entry.work import NativeWork
+
+    g = dist.group.WORLD
+    gloo = dist.new_group(backend="gloo")
+    funcoll.debug.set_guard(g, False)
+    dist.all_reduce(torch.ones(1))
+    tp = g.transport("cpu")
+    first = len(funcoll.flight_recorder.entries())
+    counts = _spy(("all_gather", "reduce_scatter", "barrier", "send", "recv"))
+    jobs = []
+    orig_bg = work_mod.in_background
+    work_mod.in_background = lambda job: (jobs.append(job), orig_bg(job))[1]
+    calls0 = dict(tp.calls)
+    got, waiters = {}, {}
+    peer = (rank + 1) % n
+    for attempt in range(2):
+        ins = _inputs(rank, n, 4, salt=29 + attempt)
+        outs, raw = [torch.empty(4) for _ in range(n)], [torch.empty(4) for _ in range(n)]
+        dist.all_gather(outs, ins[rank])
+        dist.all_gather(raw, ins[rank], group=gloo)
+        got[f"all_gather {attempt}"] = all(torch.equal(o, x) and torch.equal(o, r) for o, x, r in zip(outs, ins, raw))
+
+        xs = [[torch.arange(3.0) * (r + 1) + 10 * j + attempt for j in range(n)] for r in range(n)]
+        out, raw_out = torch.empty(3), torch.empty(3)
+        dist.reduce_scatter(out, xs[rank], op=R.MAX if attempt else R.SUM)
+        dist.reduce_scatter(raw_out, xs[rank], op=R.MAX if attempt else R.SUM, group=gloo)
+        want = torch.stack([xs[r][rank] for r in range(n)])
+        want = want.max(0).values if attempt else want.sum(0)
+        got[f"reduce_scatter {attempt}"] = torch.equal(out, want) and torch.equal(out, raw_out)
+
+        dist.barrier()
+        w = dist.barrier(async_op=True)
+        got[f"async barrier {attempt}"] = (type(w) is NativeWork, w.wait(), w.is_completed(), w.is_success())
+
+        outs = [torch.empty(4) for _ in range(n)]
+        w = dist.all_gather(outs, ins[rank], async_op=True)
+        got[f"async all_gather {attempt}"] = (type(w) is NativeWork, w.wait(),
+                                              all(torch.equal(o, x) for o, x in zip(outs, ins)))
+        out = torch.empty(3)
+        w = dist.reduce_scatter(out, xs[rank], async_op=True)
+        before = len(jobs)
+        fut = w.get_future()  # gloo's reduce_scatter Work has no future: a background waiter supplies it
+        value = fut.wait()
+        got[f"async reduce_scatter future {attempt}"] = (type(w) is NativeWork, value[0] is out,
+                                                         torch.equal(out, sum(xs[r][rank] for r in range(n))),
+                                                         w.wait(), w.wait(), w.is_success())
+        waiters[f"reduce_scatter get_future {attempt}"] = len(jobs) - before
+
+        if n > 1:
+            src = (rank - 1) % n
+            t, into, raw_into = torch.arange(5.0) + 100 * rank + attempt, torch.empty(5), torch.empty(5)
+            for group, dest in ((g, into), (gloo, raw_into)):  # blocking: even ranks send first
+                if rank % 2 == 0:
+                    dist.send(t, peer, group=group)
+                    dist.recv(dest, src, group=group)
+                else:
+                    dist.recv(dest, src, group=group)
+                    dist.send(t, peer, group=group)
+            want = torch.arange(5.0) + 100 * src + attempt
+            got[f"send/recv {attempt}"] = torch.equal(into, want) and torch.equal(raw_into, want)
+            # async, waited on: no background waiter
+            before = len(jobs)
+            into = torch.empty(5)
+            ws = [dist.isend(t, peer), dist.irecv(into, src)]
+            got[f"isend/irecv waited {attempt}"] = (all(type(w) is NativeWork for w in ws),
+                                                    all(w.wait() and w.wait() for w in ws), torch.equal(into, want),
+                                                    ws[1]._source_rank())
+            waiters[f"isend/irecv waited {attempt}"] = len(jobs) - before
+            # async, by polling alone: gloo's send/recv Works never say completed until waited on; funcoll's do
+            before = len(jobs)
+            into = torch.empty(5)
+            ws = [dist.isend(t, peer), dist.irecv(into, src)]
+            deadline = time.monotonic() + 20
+            while not all(w.is_completed() for w in ws) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            got[f"isend/irecv polled {attempt}"] = (all(w.is_completed() and w.is_success() for w in ws),
+                                                    torch.equal(into, want), all(w.exception() is None for w in ws))
+            waiters[f"isend/irecv polled {attempt}"] = len(jobs) - before
+            dist.barrier()
+    work_mod.in_background = orig_bg
+    calls = {k: v - calls0.get(k, 0) for k, v in tp.calls.items() if v != calls0.get(k, 0)}
+    entries = funcoll.flight_recorder.entries()
+    return {"got": got, "counts": counts, "waiters": waiters, "calls": calls, "rank": rank, "first": first,
+            "entries": [(c.op, c.seq, c.p2p_seq, c.state, c.strategies) for c in entries[first:]]}
 
 
 def _rank_observers(rank, n):
@@ -229,6 +322,41 @@ def _rank_failure(rank, n):
     return {"type": None}
 
 
+def _rank_failure_p2p(rank, n):
+    """Rank 0 posts an irecv (a fast-path NativeWork) and asks for its future; rank 1 leaves without sending: the
+    future, wait() and exception() all carry the error naming the receive."""
+    import os
+
+    import funcoll
+
+    t = torch.ones(4)
+    if rank == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(1.0)
+        os._exit(0)
+    w = dist.irecv(t, 1)
+    fut = w.get_future()
+    out = {"type": type(w).__name__}
+    try:
+        fut.wait()
+        out["future"] = None
+    except Exception as e:  # noqa: BLE001
+        out["future"] = str(e)
+    try:
+        w.wait()
+        out["wait"] = None
+    except Exception as e:  # noqa: BLE001
+        out["wait"] = (type(e).__name__, str(e))
+    out["exception"] = type(w.exception()).__name__
+    out["done"] = (w.is_completed(), w.is_success())
+    out["state"] = funcoll.flight_recorder.entries()[-1].state
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------
 # tests
 # ---------------------------------------------------------------------------------------------------
@@ -249,6 +377,39 @@ def test_native_requests_take_the_fast_path_with_right_results_and_records(n):
                                                                          "reduce_scatter_tensor"]
         assert r["describe"] == "all_reduce(reduce_op=sum, float32[6])"
         assert r["dump"] == {"op": "broadcast", "root": 0, "tensors": [["float32", [8]]], "device": "cpu"}
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_list_forms_barrier_and_point_to_point_take_the_fast_path(n):
+    for r in run_world("tests.test_fast_path:_rank_more", n, None, timeout=180, coll_timeout=30):
+        got = r["got"]
+        for attempt in (0, 1):
+            if n > 1:  # the last: the source rank irecv's Work reports
+                assert got.pop(f"isend/irecv waited {attempt}") == (True, True, True, (r["rank"] - 1) % n), got
+        assert all(v is True or (isinstance(v, tuple) and all(x is True for x in v)) for v in got.values()), got
+        # none through the full path's algorithms; every one a native backend call, counted
+        assert r["counts"] == {name: 0 for name in ("all_gather", "reduce_scatter", "barrier", "send", "recv")}
+        f32 = torch.float32
+        want = {("all_gather", "", f32): 4, ("reduce_scatter", "sum", f32): 3, ("reduce_scatter", "max", f32): 1,
+                ("barrier", "", None): 4 + 2 * (n > 1)}
+        if n > 1:
+            want[("send_recv", "", f32)] = 2 * (2 + 2 + 2)  # blocking, async waited, async polled: one send, one recv
+        assert r["calls"] == want, r["calls"]
+        # a background waiter only where a Work's missing parts were asked for: a future, a poll of a running Work
+        w = r["waiters"]
+        assert w["reduce_scatter get_future 0"] == w["reduce_scatter get_future 1"] == 1, w
+        if n > 1:
+            assert w["isend/irecv waited 0"] == w["isend/irecv waited 1"] == 0, w
+            assert 0 < w["isend/irecv polled 0"] <= 2 and 0 < w["isend/irecv polled 1"] <= 2, w
+        # the flight recorder: collectives numbered in order, point-to-point ops on their own counter, all native
+        coll = [e for e in r["entries"] if e[2] is None]
+        p2p = [e for e in r["entries"] if e[2] is not None]
+        assert [e[1] for e in coll] == list(range(coll[0][1], coll[0][1] + len(coll))), coll
+        assert len(coll) == 2 * (6 + (n > 1))  # per attempt: 2 all_gather, 2 reduce_scatter, 2 barrier (+1 at n=2)
+        assert all(e[3] == "completed" and e[4] == ["native"] for e in r["entries"]), r["entries"]
+        assert {e[0] for e in coll} == {"all_gather", "reduce_scatter", "barrier"}
+        if n > 1:
+            assert [e[2] for e in p2p] == list(range(12)) and {e[0] for e in p2p} == {"send", "recv"}, p2p
 
 
 def test_observers_debug_coalescing_and_capability_changes_take_the_full_path():
@@ -285,6 +446,17 @@ def test_a_failed_native_call_names_the_collective():
     assert r["type"] == "CollectiveError", r
     assert r["msg"].startswith("funcoll: all_reduce #2 on group '0' (global ranks 0,1; this is rank 0 of 2) "), r
     assert r["state"] == "failed"
+
+
+def test_a_failed_fast_path_receive_fails_its_future_wait_and_exception():
+    results, _, hung = spawn_world("tests.test_fast_path:_rank_failure_p2p", 2, None, deadline=120, coll_timeout=10)
+    assert not hung and results[0] is not None and results[0][0] == "ok", results
+    r = results[0][1]
+    assert r["type"] == "NativeWork", r
+    label = "funcoll: recv p2p #1 on group '0' (global ranks 0,1; this is rank 0 of 2) "
+    assert r["wait"][0] == "CollectiveError" and r["wait"][1].startswith(label), r
+    assert r["future"] is not None and label in r["future"], r
+    assert r["exception"] == "CollectiveError" and r["done"] == (True, False) and r["state"] == "failed", r
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@ after ``get_future()``, also with a timeout), ``get_future()`` completing with t
 gloo backend has no future: send/recv, reduce_scatter), ``is_completed()`` turning True once the data is in place
 without any ``wait()``, ``is_success()``/``exception()``, ``result()``, ``_source_rank()`` of a recv;
 ``torch.futures.collect_all`` over mixed Works; DDP with a reduce-scatter-based comm hook and with
-``bf16_compress_hook`` trains to the numbers of DDP on raw gloo in the same world.
+``bf16_compress_hook`` trains to the numbers of DDP on raw gloo in the same world. Under the native profile the
+native requests (all_reduce, all_gather and reduce_scatter in both forms, all_to_all_single, broadcast, barrier,
+isend/irecv) take the eager fast path: its Works (NativeWork) are held to the same contract.
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ def _cases(rank, n):
     def _():
         xs = ref.all_inputs(n, torch.uint16, (4,), "ag")
         outs = [torch.empty(4, dtype=torch.uint16) for _ in range(n)]
+        w = dist.all_gather(outs, xs[rank], async_op=True)
+        return [w], lambda: next((ref.close(o, x) for o, x in zip(outs, xs) if ref.close(o, x)), None)
+
+    @add("all_gather native")  # float32: the eager fast path (one call of gloo's own list-form allgather)
+    def _():
+        xs = ref.all_inputs(n, torch.float32, (2, 2), "agn")
+        outs = [torch.empty(2, 2) for _ in range(n)]
         w = dist.all_gather(outs, xs[rank], async_op=True)
         return [w], lambda: next((ref.close(o, x) for o, x in zip(outs, xs) if ref.close(o, x)), None)
 
@@ -248,7 +257,7 @@ def test_every_work_serves_the_whole_contract(profile):
     for failures, count, cases in run_world("tests.test_work_contract:_contract", 2, profile, timeout=300,
                                             coll_timeout=60):
         assert failures == [], "\n".join(failures)
-        assert count == 3 * cases + 3 and cases == 23
+        assert count == 3 * cases + 3 and cases == 24
 
 
 # ---------------------------------------------------------------------------------------------------

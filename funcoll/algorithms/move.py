@@ -89,6 +89,58 @@ def native_broadcast_request(tp: Transport, t: torch.Tensor, src, root_tensor) -
     return tp.native_request(key, _broadcast_native, t, src, root_tensor)
 
 
+def _all_gather_list_native(tp: Transport, outs: tuple, inp: torch.Tensor) -> Optional[tuple]:
+    if len(outs) != tp.size:
+        raise ValueError(f"funcoll.all_gather: expected {tp.size} output tensors, got {len(outs)}")
+    if any(dtype != inp.dtype or shape != inp.shape for dtype, shape in outs):
+        raise ValueError("funcoll.all_gather: an output differs from the input")  # the full path names it
+    caps = tp.caps
+    if inp.numel() == 0 or not caps.has("all_gather") or not caps.moves(inp.dtype):
+        return None
+    return ("all_gather", "", inp.dtype, "allgather")
+
+
+def native_all_gather_list_request(tp: Transport, outs: Sequence[torch.Tensor],
+                                   inp: torch.Tensor) -> Optional[Native]:
+    """``ProcessGroup.allgather([outs], [inp], opts)`` (``dist.all_gather``) as one native call of the backend's
+    ``allgather`` (its list form)."""
+    sig = tuple((o.dtype, o.shape) for o in outs)
+    key = ("all_gather list", sig, None if outs[0].is_cpu else outs[0].device, inp.dtype, inp.shape,
+           None if inp.is_cpu else inp.device)
+    return tp.native_request(key, _all_gather_list_native, sig, inp)
+
+
+def _p2p_native(tp: Transport, opname: str, t: torch.Tensor, peer) -> Optional[tuple]:
+    semantics.check_root(opname, "dst" if opname == "send" else "src", peer, tp.size)
+    if peer == tp.rank:
+        raise ValueError(f"funcoll.{opname}: the peer is the calling rank")  # the full path names it
+    caps = tp.caps
+    if not caps.has("send_recv") or not caps.moves(t.dtype):
+        return None
+    return ("send_recv", "", t.dtype, opname)
+
+
+def native_send_request(tp: Transport, t: torch.Tensor, dst, tag) -> Optional[Native]:
+    """``ProcessGroup.send([t], dst, tag)`` as one native call of the backend's ``send``."""
+    key = ("send", dst, tag, t.dtype, t.shape, None if t.is_cpu else t.device)
+    return tp.native_request(key, _p2p_native, "send", t, dst)
+
+
+def native_recv_request(tp: Transport, t: torch.Tensor, src, tag) -> Optional[Native]:
+    """``ProcessGroup.recv([t], src, tag)`` as one native call of the backend's ``recv``."""
+    key = ("recv", src, tag, t.dtype, t.shape, None if t.is_cpu else t.device)
+    return tp.native_request(key, _p2p_native, "recv", t, src)
+
+
+def _barrier_native(tp: Transport) -> Optional[tuple]:
+    return ("barrier", "", None) if tp.caps.has("barrier") else None
+
+
+def native_barrier_request(tp: Transport) -> Optional[Native]:
+    """``ProcessGroup.barrier(opts)`` as one native call of the backend's ``barrier``."""
+    return tp.native_request(("barrier",), _barrier_native)
+
+
 # ---------------------------------------------------------------------------------------------------
 # all_gather
 # ---------------------------------------------------------------------------------------------------

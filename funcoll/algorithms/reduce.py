@@ -124,6 +124,27 @@ def native_reduce_scatter_request(tp: Transport, op, out: torch.Tensor, inp: tor
     return tp.native_request(key, _reduce_scatter_native, op, out, inp)
 
 
+def _reduce_scatter_list_native(tp: Transport, op, out: torch.Tensor, ins: tuple) -> Optional[tuple]:
+    red = semantics.parse_reduction(op, "reduce_scatter")
+    semantics.check_reduction("reduce_scatter", red, out.dtype)
+    if len(ins) != tp.size or any(d != out.dtype or s != out.shape for d, s in ins):
+        raise ValueError("funcoll.reduce_scatter: the inputs differ from the output")  # the full path names it
+    caps = tp.caps
+    if (out.numel() == 0 or red.op is R.PREMUL_SUM or not caps.moves(out.dtype)
+            or not planner.plan(caps, "reduce_scatter", red.op, out.dtype, tp.size).native):
+        return None
+    return ("reduce_scatter", str(red.op), out.dtype, "reduce_scatter")
+
+
+def native_reduce_scatter_list_request(tp: Transport, op, out: torch.Tensor,
+                                       ins: Sequence[torch.Tensor]) -> Optional[Native]:
+    """``ProcessGroup.reduce_scatter([out], [ins], opts)`` (``dist.reduce_scatter``) as one native call of the
+    backend's ``reduce_scatter`` (its list form)."""
+    sig = tuple((t.dtype, t.shape) for t in ins)
+    key = ("reduce_scatter list", _op_key(op), out.dtype, out.shape, None if out.is_cpu else out.device, sig)
+    return tp.native_request(key, _reduce_scatter_list_native, op, out, sig)
+
+
 # ---------------------------------------------------------------------------------------------------
 # all_reduce
 # ---------------------------------------------------------------------------------------------------

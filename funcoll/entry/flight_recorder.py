@@ -125,10 +125,10 @@ class NativeEntry:
     method, fingerprint (its signature's), times (``t_done`` None while running) and thread id. Read as a
     :class:`Call`."""
 
-    __slots__ = ("seq", "op", "method", "fingerprint", "t_issued", "t_done", "thread")
+    __slots__ = ("seq", "op", "method", "fingerprint", "t_issued", "t_done", "thread", "p2p_seq")
 
-    def __init__(self, seq: int, op: str, method: str, fingerprint: dict):
-        self.seq, self.op, self.method, self.fingerprint = seq, op, method, fingerprint
+    def __init__(self, seq: Optional[int], op: str, method: str, fingerprint: dict, p2p_seq: Optional[int] = None):
+        self.seq, self.op, self.method, self.fingerprint, self.p2p_seq = seq, op, method, fingerprint, p2p_seq
         self.t_issued = _time()
         self.t_done: Optional[float] = None
         self.thread = _ident()
@@ -189,19 +189,24 @@ class GroupTrace:
                 self.buffer.append(call)
         return call
 
-    def native_record(self, op: str, method: str, fingerprint: dict) -> "NativeEntry":
+    def native_record(self, op: str, method: str, fingerprint: dict, p2p: bool = False) -> "NativeEntry":
         """A numbered, recorded entry for a collective the eager fast path issues as one native backend call (its
         strategy "native", its fingerprint the one of its signature, computed once per signature): a
         :class:`NativeEntry`, cheaper to make than a :class:`Call`; read as one (:meth:`entries`); :meth:`promote`
-        turns it into one in place (a failure)."""
-        rec = NativeEntry(next(self._seq), op, method, fingerprint)
+        turns it into one in place (a failure). A point-to-point op (``p2p``) takes the next point-to-point number."""
+        if p2p:
+            with self.lock:
+                rec = NativeEntry(None, op, method, fingerprint, self.p2p_seq)
+                self.p2p_seq += 1
+        else:
+            rec = NativeEntry(next(self._seq), op, method, fingerprint)
         if self.enabled:
             self.buffer.append(rec)
         return rec
 
     def _call_of(self, rec: "NativeEntry", names: Optional[dict] = None) -> Call:
         call = Call(self.group, self.global_ranks, self.rank, self.size, rec.op, rec.method, rec.fingerprint,
-                    seq=rec.seq)
+                    seq=rec.seq, p2p_seq=rec.p2p_seq)
         call.strategies = ["native"]
         call.t_issued = rec.t_issued
         if rec.t_done is not None:

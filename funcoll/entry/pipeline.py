@@ -90,40 +90,48 @@ def collective(method: str) -> Callable:
     spec = METHODS[method]
     fast: Optional[Callable] = FAST.get(method)
     op, p2p = spec.op, spec.p2p
+    opts_kw = method == "barrier"  # c10d calls group.barrier(opts=opts)
+    outputs = _OUTPUTS.get(method)
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
             st = self._state
             # 1. the native fast path
-            if (fast is not None and not st.debug and not st.nan_check and self._coalesced is None and not kwargs
-                    and not _tls.depth and not _watched()):
+            fargs: Optional[tuple] = args
+            if kwargs:
+                fargs = args + (kwargs["opts"],) if opts_kw and not args and kwargs.keys() == {"opts"} else None
+            if (fast is not None and fargs is not None and not st.debug and not st.nan_check
+                    and self._coalesced is None and not _tls.depth and not _watched()):
                 try:
-                    nat = fast(self, args)
+                    nat = fast(self, fargs)
                 except Exception:  # noqa: BLE001 - a request the adapter cannot read: the full path names the problem
                     nat = None
-                blocking = nat is not None and not args[-1].asyncOp
+                # point-to-point calls are always asynchronous: c10d waits on the Work (dist.send, dist.recv)
+                blocking = nat is not None and not p2p and not fargs[-1].asyncOp
                 if nat is not None and not (blocking and nat.cpu and st.guard):
                     nat.tally.n += 1
                     rec = st.trace.native_record(op, method,
-                                                 _described.get(nat) or _description(nat, self, method, args))
+                                                 _described.get(nat) or _description(nat, self, method, fargs), p2p)
                     if not blocking:
                         try:
-                            work = nat.issue(*args)
+                            work = nat.issue(*fargs)
                         except Exception as e:  # noqa: BLE001 - the backend failed while issuing
                             call = st.trace.promote(rec)
                             call.failed(e)
                             raise CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}") from e
-                        return NativeWork(work, rec, st)
+                        return NativeWork(work, rec, st, fargs, outputs)
                     try:
-                        work = nat.issue(*args)
+                        work = nat.issue(*fargs)
                         wait_quietly(work)
                     except Exception as e:  # noqa: BLE001 - re-raised naming the collective
                         call = st.trace.promote(rec)
                         call.timeout = st.timeout_s
                         raise failure(call, st.trace, e) from e
                     rec.t_done = _now()
-                    return work
+                    # c10d waits on what it gets once more: a backend Work that writes its outputs in wait() (gloo's
+                    # reduce_scatter copies its slice) would copy them again; it gets a finished NativeWork instead
+                    return work if outputs is None else NativeWork(None, rec, st, fargs, outputs, True)
             if _tls.depth:  # a method delegating to another: the outer call is the one recorded
                 return fn(self, *args, **kwargs)
             # 2. fingerprint and record
@@ -285,7 +293,87 @@ def _fast_broadcast(pg, args):
     return nat if nat is not None and t.layout is _STRIDED and t.is_contiguous() else None
 
 
+def _same_device(ts, like) -> bool:
+    """Every tensor of ``ts`` dense, on ``like``'s device."""
+    if like.is_cpu:
+        return all(_dense(t) and t.is_cpu for t in ts)
+    dev = like.device
+    return all(_dense(t) and t.device == dev for t in ts)
+
+
+def _fast_allgather(pg, args):
+    if len(args) != 3 or type(args[2]) is not _C.AllgatherOptions:
+        return None
+    outs, ins = args[0], args[1]
+    if type(outs) is not list or type(ins) is not list or len(outs) != 1 or len(ins) != 1:
+        return None
+    outs, inp = outs[0], ins[0]
+    if type(outs) is not list or not outs or inp.__class__ not in _PLAIN or not _dense(inp):
+        return None
+    tp = _tp_of(pg, inp)
+    if tp is None or not all(o.__class__ in _PLAIN for o in outs):
+        return None
+    nat = algorithms.native_all_gather_list_request(tp, outs, inp)
+    return nat if nat is not None and _same_device(outs, inp) else None
+
+
+def _fast_reduce_scatter(pg, args):
+    if len(args) != 3 or type(args[2]) is not _C.ReduceScatterOptions:
+        return None
+    outs, ins, opts = args
+    if type(outs) is not list or type(ins) is not list or len(outs) != 1 or len(ins) != 1:
+        return None
+    out, ins = outs[0], ins[0]
+    if type(ins) is not list or not ins or out.__class__ not in _PLAIN or not _dense(out):
+        return None
+    tp = _tp_of(pg, out)
+    if tp is None or not all(t.__class__ in _PLAIN for t in ins):
+        return None
+    nat = algorithms.native_reduce_scatter_list_request(tp, opts.reduceOp, out, ins)
+    return nat if nat is not None and _same_device(ins, out) else None
+
+
+def _p2p(lookup):
+    def adapter(pg, args):
+        if len(args) != 3:
+            return None
+        tensors, peer, tag = args
+        if type(tensors) is not list or len(tensors) != 1 or type(peer) is not int or type(tag) is not int:
+            return None
+        t = tensors[0]
+        if t.__class__ not in _PLAIN or not _dense(t):
+            return None
+        tp = _tp_of(pg, t)
+        return lookup(tp, t, peer, tag) if tp is not None else None
+
+    return adapter
+
+
+def _fast_barrier(pg, args):
+    if len(args) != 1 or type(args[0]) is not _C.BarrierOptions:
+        return None
+    tp = pg._transports.get("cpu")  # the full path's barrier runs on the CPU transport
+    return algorithms.native_barrier_request(tp) if tp is not None else None
+
+
 FAST = {"allreduce": _fast_allreduce, "broadcast": _fast_broadcast,
         "_allgather_base": _fast_allgather_base, "all_gather_single": _fast_allgather_base,
         "_reduce_scatter_base": _fast_reduce_scatter_base, "reduce_scatter_single": _fast_reduce_scatter_base,
-        "alltoall_base": _fast_alltoall_base, "all_to_all_single": _fast_alltoall_base}
+        "alltoall_base": _fast_alltoall_base, "all_to_all_single": _fast_alltoall_base,
+        "allgather": _fast_allgather, "reduce_scatter": _fast_reduce_scatter,
+        "send": _p2p(algorithms.native_send_request), "recv": _p2p(algorithms.native_recv_request),
+        "barrier": _fast_barrier}
+
+
+def _first_list(args):
+    return args[0]
+
+
+def _first_tensor(args):
+    return [args[0]]
+
+
+# the outputs a Work's future completes with, for a method whose backend Work has no future and no result() (gloo's
+# send, recv and reduce_scatter): as c10d's Works complete theirs
+_OUTPUTS = {"send": _first_list, "recv": _first_list, "reduce_scatter": _first_list,
+            "_reduce_scatter_base": _first_tensor, "reduce_scatter_single": _first_tensor}

@@ -39,7 +39,7 @@ from funcoll.entry.errors import (
 )
 from funcoll.entry.flight_recorder import NativeEntry, recent
 from funcoll.transport import wait_quietly
-from funcoll.transport.gloo import track_callbacks, waited
+from funcoll.transport.gloo import has_future, in_background, track_callbacks
 
 _now = time.time
 
@@ -205,24 +205,40 @@ class FuncollWork(Work):
             return self._fut
 
 
+_NATIVE_LOCK = threading.Lock()  # NativeWork's short critical sections (who waits on the backend's Work)
+
+
 class NativeWork(FuncollWork):
     """The Work of a collective the eager fast path issued as one native call of the transport's backend: the
     backend's own Work, with :class:`FuncollWork`'s contract kept (errors and timeouts naming the collective, its group,
     ranks and sequence number; ``exception()``, ``is_success()``, futures; the flight-recorder state). Nothing runs
     after the backend's Work: there are no finishing steps. Blocking calls do not get one: the entry waits on the
-    backend's Work itself and returns it (:mod:`funcoll.entry.pipeline`)."""
+    backend's Work itself and returns it (:mod:`funcoll.entry.pipeline`).
+
+    Exactly one thread ever waits on the backend's Work (gloo's send/recv Works must not be waited on twice at once):
+    the caller of ``wait()``, directly, when nobody else does; anyone else waits for that wait to return. What the
+    backend's Work lacks is supplied only when asked for: a Work without a future and without a completion flag of its
+    own (gloo's send, recv and reduce_scatter) gets a background waiter (:func:`funcoll.transport.gloo.in_background`)
+    at the first ``get_future()``, or at the first ``is_completed()`` poll that finds it still running; a Work that
+    is only waited on pays no thread."""
 
     _done = False
     _exc: Optional[CollectiveError] = None
     _fut: Optional[torch.futures.Future] = None
     _c: Optional[flight_recorder.Call] = None
-    _future_lock = threading.Lock()
+    _role = False  # a thread waits on the backend's Work (the caller in wait(), or a background waiter)
+    _ev: Optional[threading.Event] = None  # set when that wait has returned: made by whoever waits for it
+    _nofut: Optional[bool] = None  # the backend's Work has no future (asked once, when it matters)
 
-    def __init__(self, handle, rec: NativeEntry, state):  # noqa: D107 - FuncollWork's __init__ is not run
-        Work.__init__(self)
-        self._h = waited(handle)  # a backend Work without a future (gloo's reduce_scatter) gets one
+    def __init__(self, handle, rec: NativeEntry, state, args=(), outputs=None, done: bool = False):  # noqa: D107
+        Work.__init__(self)  # (FuncollWork's __init__ is not run); ``done``: a blocking call the entry waited on
+        if done:
+            self._done = self._role = True
+        self._h = handle
         self._rec = rec  # the call's flight-recorder record (GroupTrace.native_record): a Call only when it fails
         self._st = state  # the group's funcoll.entry.group_state.GroupState
+        self._args = args  # the call's arguments, and how to read its outputs from them (a Work without result())
+        self._outputs = outputs
 
     @property
     def _call(self) -> flight_recorder.Call:  # type: ignore[override]
@@ -244,14 +260,17 @@ class NativeWork(FuncollWork):
 
     @property
     def _result(self):  # type: ignore[override]
+        self.wait()
+        if self._outputs is not None:
+            return self._outputs(self._args)
         h = self._h
         if not h.is_completed():  # c10d's result() needs a wait() first, also once the future has completed
-            wait_quietly(h)
+            wait_quietly(h)  # a Work with a future: waiting on it again is harmless
         return h.result()
 
     @property
-    def _pending(self):  # type: ignore[override]  # the handle, for code that waits on a FuncollWork's pending part
-        return algorithms.Pending([self._h])
+    def _pending(self):  # type: ignore[override]  # for code that waits on a FuncollWork's pending part
+        return algorithms.Pending([self])  # type: ignore[list-item]  # a Work is waited on as a Handle
 
     def _failure(self, e: BaseException) -> CollectiveError:
         call = self._call
@@ -259,58 +278,160 @@ class NativeWork(FuncollWork):
             call.timeout = self._st.timeout_s
         return super()._failure(e)
 
+    # -- who waits on the backend's Work --------------------------------------------------------------
+    def _claim(self) -> Optional[bool]:
+        """True: this thread is now the one to wait on the backend's Work; False: another thread does (``_ev`` is set
+        when its wait returns); None: the collective has already finished."""
+        with _NATIVE_LOCK:
+            if self._done or self._exc is not None:
+                return None
+            if not self._role:
+                self._role = True
+                return True
+            if self._ev is None:
+                self._ev = threading.Event()
+            return False
+
+    def _finish(self, e: Optional[BaseException]) -> None:
+        """The wait on the backend's Work returned (``e``: its error): records the outcome, wakes whoever waits for it
+        and completes the future, if one was asked for."""
+        if e is None:
+            self._done = True
+            self._completed()
+        else:
+            self._failure(e)
+        with _NATIVE_LOCK:
+            ev, fut = self._ev, self._fut
+        if ev is not None:
+            ev.set()
+        if fut is not None:
+            self._settle(fut)
+
+    def _settle(self, fut: torch.futures.Future) -> None:
+        if fut.done():
+            return
+        if self._exc is not None:
+            value = None
+        else:
+            try:
+                value = self._result
+            except RuntimeError:  # a backend Work without result() (and no outputs known): nothing to hand over
+                value = []
+        try:
+            if self._exc is not None:
+                fut.set_exception(self._exc)
+            else:
+                fut.set_result(value)
+        except RuntimeError:  # completed meanwhile, by the backend future's callback
+            pass
+
+    def _release(self) -> None:
+        """A ``wait(timeout)`` ran out: the collective stays pending. If someone waits for it (a future, another
+        thread's wait), a background waiter takes over the wait."""
+        with _NATIVE_LOCK:
+            hand_over = self._ev is not None or self._fut is not None
+            if not hand_over:
+                self._role = False
+        if hand_over:
+            in_background(self._wait_backend)
+
+    def _wait_backend(self) -> None:  # a background waiter's job (autograd is off on its thread)
+        try:
+            self._h.wait()
+        except BaseException as e:  # noqa: BLE001 - recorded; wait(), exception() and the future report it
+            self._finish(e)
+            return
+        self._finish(None)
+
+    def _no_future(self) -> bool:
+        nf = self._nofut
+        if nf is None:
+            nf = self._nofut = not has_future(self._h)
+        return nf
+
+    # -- the Work API ---------------------------------------------------------------------------------
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         if self._exc is not None:
             raise self._exc
         if self._done:
             return True
         limit = timeout if timeout and timeout > timedelta(0) else None
-        try:
-            wait_quietly(self._h, limit)
-        except Exception as e:  # noqa: BLE001 - re-raised with the collective named
-            raise _named(self, e, limit) from e
-        self._done = True
-        self._completed()
+        mine = self._claim()
+        if mine:
+            try:
+                wait_quietly(self._h, limit)
+            except Exception as e:  # noqa: BLE001 - re-raised with the collective named
+                if limit is not None and is_wait_timeout(e):
+                    self._release()
+                    raise self._wait_timeout(e, limit) from e
+                self._finish(e)
+                raise self._failure(e) from e
+            self._finish(None)
+            return True
+        if mine is False:  # another thread waits on the backend's Work: wait for its wait
+            ev = self._ev
+            assert ev is not None
+            if not ev.wait(None if limit is None else limit.total_seconds()):
+                err = TimeoutError("Operation timed out!")
+                raise self._wait_timeout(err, limit or timedelta(0)) from err
+        if self._exc is not None:
+            raise self._exc
         return True
 
     def is_completed(self) -> bool:
         if self._done or self._exc is not None:
             return True
-        if not self._h.is_completed():
-            return False
-        try:
-            self.wait()  # completed: returns at once, or records the error
-        except Exception:  # noqa: BLE001 - recorded in self._exc
-            pass
-        return True
+        if self._h.is_completed():  # the data is in place: finish (the wait returns at once)
+            if self._claim():
+                try:
+                    wait_quietly(self._h)
+                except Exception as e:  # noqa: BLE001 - recorded in self._exc
+                    self._finish(e)
+                    return True
+                self._finish(None)
+            return self._done or self._exc is not None
+        if self._no_future() and self._claim():  # a Work that never says completed until waited on
+            in_background(self._wait_backend)
+        return False
 
     def get_future(self) -> torch.futures.Future:
-        with self._future_lock:
+        with _NATIVE_LOCK:
             if self._fut is not None:
                 return self._fut
             out: torch.futures.Future = torch.futures.Future()
             self._fut = out
-        if self._done or self._exc is not None:
-            if self._exc is not None:
-                out.set_exception(self._exc)
-            else:
-                out.set_result(self._result)
+            finished = self._done or self._exc is not None
+        if finished:
+            self._settle(out)
+            return out
+        if self._no_future():  # whoever waits on the backend's Work completes the future (_finish)
+            if self._claim():
+                in_background(self._wait_backend)
             return out
 
         def finish(f):  # on the backend's thread; the error keeps its type
             try:
                 value = f.value()  # re-raises the backend's error
             except Exception as e:  # noqa: BLE001
-                out.set_exception(self._failure(e))
+                err = self._failure(e)
+                if not out.done():
+                    out.set_exception(err)
                 return
             self._done = True
             self._completed()
-            out.set_result(value)
+            try:
+                out.set_result(value)
+            except RuntimeError:  # completed meanwhile by a wait() on another thread (_finish)
+                pass
 
         backend_fut = self._h.get_future()
         backend_fut.add_done_callback(finish)
         track_callbacks(backend_fut)
         return out
+
+    def _source_rank(self) -> int:
+        self.wait()
+        return self._h._source_rank()
 
 
 def failure(call: Optional[flight_recorder.Call], trace: Optional[flight_recorder.GroupTrace],

@@ -414,9 +414,10 @@ class Transport:
     def native_request(self, key: tuple, plan: Callable[..., Optional[tuple]], *args) -> Optional[Native]:
         """The backend's own callable for a request signature ``key`` (a :class:`Native`), or None: the full path.
         ``plan(self, *args)`` is the algorithms' answer to "is this request's plan one native call?": the native
-        ``(primitive, reduce op or "", dtype)``, or None; it raises ValueError/TypeError for an invalid request, which
-        is never cached (the full path raises the error, every time). Each signature is planned once per transport;
-        an answer made under other capabilities or another class (funcoll.probe demoted a request) is dropped."""
+        ``(primitive, reduce op or "", dtype[, backend method])``, or None; it raises ValueError/TypeError for an
+        invalid request, which is never cached (the full path raises the error, every time). Each signature is planned
+        once per transport; an answer made under other capabilities or another class (funcoll.probe demoted a request)
+        is dropped."""
         cache = self._native_requests
         got = cache.get(key, _MISSING)
         if got is None or (type(got) is Native and got.caps is self.caps and got.cls is type(self)):
@@ -433,9 +434,11 @@ class Transport:
         cache[key] = got
         return got
 
-    def native_method(self, primitive: str, op: str, dtype: torch.dtype) -> Optional[Native]:
+    def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype],
+                      method: Optional[str] = None) -> Optional[Native]:
         """A :class:`Native` calling the backend's own method for a native ``primitive`` request, counted under
-        ``(primitive, op, dtype)``; None where the transport has no backend method to hand it to (the default)."""
+        ``(primitive, op, dtype)`` (``method``: the backend's method when it is not the primitive's own, e.g. a list
+        form); None where the transport has no backend method to hand it to (the default)."""
         return None
 
     # -- checks, shared by every transport -------------------------------------------------------

@@ -115,6 +115,12 @@ def _at_threading_exit(fn) -> None:
 
 _WAITERS = _Waiters()
 
+
+def in_background(job) -> None:
+    """Runs ``job()`` on one of the waiter threads (autograd off there): a wait on a backend Work that must not block
+    the caller (funcoll.entry.work.NativeWork, for a Work without a future of its own)."""
+    _WAITERS.submit(job)
+
 # Futures with Python callbacks that a backend's own C++ threads will run (FuncollWork.get_future chains the finishing
 # steps on the backend's futures): a callback run while the interpreter finalizes takes the GIL on a C++ thread and
 # ends as above. At exit the ones still pending get a bounded grace period to complete first.
@@ -276,15 +282,20 @@ class C10dTransport(Transport):
         return out, self.backend.allreduce([out], opts)
 
     # the backend's own method of each primitive the eager fast path hands requests to (ProcessGroup method names)
+    # (a list form names its own method: native_method's ``method``); send_recv is two methods, send and recv
     _METHODS = {"all_reduce": "allreduce", "all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
-                "all_to_all": "alltoall_base", "broadcast": "broadcast"}
+                "all_to_all": "alltoall_base", "broadcast": "broadcast", "barrier": "barrier", "reduce": "reduce",
+                "gather": "gather", "scatter": "scatter"}
 
-    def native_method(self, primitive: str, op: str, dtype: torch.dtype) -> Optional[Native]:
-        """The backend's own method for ``primitive``, when this transport's primitive is the stock one (a subclass
-        that changes it is called through the transport: the full path)."""
-        if getattr(type(self), "_" + primitive) is not getattr(C10dTransport, "_" + primitive):
+    def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype],
+                      method: Optional[str] = None) -> Optional[Native]:
+        """The backend's own method for ``primitive`` (or ``method``, its list form or send/recv), when this
+        transport's primitive is the stock one (a subclass that changes it is called through the transport: the full
+        path)."""
+        stock = ("_send", "_recv") if primitive == "send_recv" else ("_" + primitive,)
+        if any(getattr(type(self), name) is not getattr(C10dTransport, name) for name in stock):
             return None
-        issue = getattr(self.backend, self._METHODS[primitive], None)
+        issue = getattr(self.backend, method or self._METHODS[primitive], None)
         return Native(self, issue, (primitive, op, dtype)) if issue is not None else None
 
     def _all_gather(self, out, inp):
