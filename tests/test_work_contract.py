@@ -329,7 +329,7 @@ def test_ddp_comm_hooks_train_to_gloos_numbers(profile):
 # eager autograd collectives: a Work that writes its outputs when waited on (gloo's reduce_scatter copies its slice
 # in wait(), on whichever thread waits) must not leave that write in the output's autograd history
 # ---------------------------------------------------------------------------------------------------
-def _grad_steps(rank, n, steps=60):
+def _grad_steps(rank, n, steps=30):
     import torch.distributed._functional_collectives as fc
 
     world = dist.group.WORLD
