@@ -301,35 +301,38 @@ def _same_device(ts, like) -> bool:
     return all(_dense(t) and t.device == dev for t in ts)
 
 
+def _one_and_list(args, opts_type, list_first: bool):
+    """``(tensor, tensors)`` of a list-form request c10d passes as ``([[...]], [x], opts)`` (``list_first``: the
+    list all_gather) or ``([x], [[...]], opts)`` (the list reduce_scatter), one dense tensor and a list of plain
+    ones; else None."""
+    if len(args) != 3 or type(args[2]) is not opts_type:
+        return None
+    a, b = args[0], args[1]
+    if type(a) is not list or type(b) is not list or len(a) != 1 or len(b) != 1:
+        return None
+    many, one = (a[0], b[0]) if list_first else (b[0], a[0])
+    if type(many) is not list or not many or one.__class__ not in _PLAIN or not _dense(one):
+        return None
+    return (one, many) if all(t.__class__ in _PLAIN for t in many) else None
+
+
 def _fast_allgather(pg, args):
-    if len(args) != 3 or type(args[2]) is not _C.AllgatherOptions:
+    req = _one_and_list(args, _C.AllgatherOptions, list_first=True)
+    tp = _tp_of(pg, req[0]) if req is not None else None
+    if tp is None:
         return None
-    outs, ins = args[0], args[1]
-    if type(outs) is not list or type(ins) is not list or len(outs) != 1 or len(ins) != 1:
-        return None
-    outs, inp = outs[0], ins[0]
-    if type(outs) is not list or not outs or inp.__class__ not in _PLAIN or not _dense(inp):
-        return None
-    tp = _tp_of(pg, inp)
-    if tp is None or not all(o.__class__ in _PLAIN for o in outs):
-        return None
+    inp, outs = req
     nat = algorithms.native_all_gather_list_request(tp, outs, inp)
     return nat if nat is not None and _same_device(outs, inp) else None
 
 
 def _fast_reduce_scatter(pg, args):
-    if len(args) != 3 or type(args[2]) is not _C.ReduceScatterOptions:
+    req = _one_and_list(args, _C.ReduceScatterOptions, list_first=False)
+    tp = _tp_of(pg, req[0]) if req is not None else None
+    if tp is None:
         return None
-    outs, ins, opts = args
-    if type(outs) is not list or type(ins) is not list or len(outs) != 1 or len(ins) != 1:
-        return None
-    out, ins = outs[0], ins[0]
-    if type(ins) is not list or not ins or out.__class__ not in _PLAIN or not _dense(out):
-        return None
-    tp = _tp_of(pg, out)
-    if tp is None or not all(t.__class__ in _PLAIN for t in ins):
-        return None
-    nat = algorithms.native_reduce_scatter_list_request(tp, opts.reduceOp, out, ins)
+    out, ins = req
+    nat = algorithms.native_reduce_scatter_list_request(tp, args[2].reduceOp, out, ins)
     return nat if nat is not None and _same_device(ins, out) else None
 
 
