@@ -284,8 +284,7 @@ class C10dTransport(Transport):
     # the backend's own method of each primitive the eager fast path hands requests to (ProcessGroup method names)
     # (a list form names its own method: native_method's ``method``); send_recv is two methods, send and recv
     _METHODS = {"all_reduce": "allreduce", "all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
-                "all_to_all": "alltoall_base", "broadcast": "broadcast", "barrier": "barrier", "reduce": "reduce",
-                "gather": "gather", "scatter": "scatter"}
+                "all_to_all": "alltoall_base", "broadcast": "broadcast", "barrier": "barrier"}
 
     def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype],
                       method: Optional[str] = None) -> Optional[Native]:
