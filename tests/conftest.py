@@ -37,12 +37,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # needs it ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def bench_run():
-    """``python -m bench 2 --no-docs`` (what ``./dev bench 2 --no-docs`` runs), run once for tests/test_bench.py:
-    ``(completed process, docs/performance.md before it)``."""
+    """``python -m bench 2 --no-docs`` (what ``./dev bench 2 --no-docs`` runs), run once for
+    tests/tooling/test_bench.py: ``(completed process, docs/performance.md before it)``."""
     import subprocess
     import sys
 
-    from tests.test_cli import ROOT, _env
+    from tests.tooling.test_cli import ROOT, _env
 
     page = os.path.join(ROOT, "docs", "performance.md")
     before = open(page).read() if os.path.exists(page) else None
@@ -53,7 +53,7 @@ def bench_run():
 @pytest.fixture(scope="session")
 def demo_run():
     """``python -m funcoll demo`` (``funcoll.demo.main``, as ``python -m funcoll.demo`` calls it), run once for
-    tests/test_demo.py and tests/test_cli.py."""
-    from tests.test_cli import _run
+    tests/tooling/test_demo.py and tests/tooling/test_cli.py."""
+    from tests.tooling.test_cli import _run
 
     return _run("demo", timeout=400)

@@ -1,0 +1,260 @@
+"""funcoll.algorithms.observe: torch.profiler ranges read back from a real trace of a 2-rank world, the cost of the
+hook when no profiler runs, and the ``TORCH_LOGS="+funcoll"`` output of a 2-rank world, snapshotted."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import torch
+
+from funcoll.launch import run_world
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+R = torch.distributed.ReduceOp
+
+
+# ---------------------------------------------------------------------------------------------------
+# rank side
+# ---------------------------------------------------------------------------------------------------
+def trace_case(rank, n, path):
+    """Four collectives under torch.profiler; returns the trace's complete events and the results."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    import funcoll
+
+    xccl = dist.new_group(backend="funcoll", pg_options=funcoll.Options(profile="xccl"))
+    for g in (None, xccl):  # connections made before tracing
+        dist.all_reduce(torch.ones(1), group=g)
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0]) * (rank + 1)
+    b = a.clone()
+    m = torch.tensor([-7, 3, 5], dtype=torch.int32) * (1 if rank == 0 else -1)
+    ins = [1, 2] if rank == 0 else [3, 1]
+    outs = [1, 3] if rank == 0 else [2, 1]
+    inp = torch.arange(float(sum(ins))) + 10 * rank
+    out = torch.empty(sum(outs))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p, funcoll.record() as calls:
+        dist.all_reduce(a, op=R.AVG)  # native on gloo
+        dist.all_reduce(b, op=R.AVG, group=xccl)  # avg=sum+scale
+        dist.all_reduce(m, op=R.MAX, group=xccl)  # XCCL's table: integer MAX filled
+        dist.all_to_all_single(out, inp, outs, ins, group=xccl)  # pairwise send/recv
+    file = f"{path}/trace{rank}.json"
+    p.export_chrome_trace(file)
+    with open(file) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    keep = ("group", "rank", "group_size", "transport", "shapes", "dtypes", "args", "op", "global_ranks")
+    events = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e.get("dur", 0)), "tid": e.get("tid"),
+               "args": {k: v for k, v in e.get("args", {}).items() if k in keep}} for e in events]
+    return {"events": events, "world": dist.group.WORLD.group_name, "xccl": xccl.group_name, "calls": calls,
+            "a": a, "b": b, "m": m, "out": out}
+
+
+def log_case(rank, n):
+    """What the funcoll log shows for a small program (the world group was created by the harness)."""
+    import torch.distributed as dist
+
+    import funcoll
+
+    print(f"GROUPS world={dist.group.WORLD.group_name}", flush=True)
+    xccl = dist.new_group(backend="funcoll", pg_options=funcoll.Options(profile="xccl"))
+    print(f"GROUPS xccl={xccl.group_name}", flush=True)
+    with funcoll.record() as calls:
+        for _ in range(2):  # a decision is logged once per signature
+            dist.all_reduce(torch.ones(3), op=R.AVG)
+            dist.all_reduce(torch.ones(3), op=R.AVG, group=xccl)
+        dist.all_reduce(torch.ones(3, dtype=torch.int32), op=R.MAX, group=xccl)
+        dist.all_reduce(torch.ones(2, dtype=torch.bfloat16), op=R.AVG, group=xccl)
+        dist.barrier()
+    if rank == 0:
+        print("STRATEGIES " + json.dumps(["; ".join(notes) for _, notes in calls]), flush=True)
+    funcoll.install(["cpu"])
+    funcoll.uninstall(["cpu"])
+    dist.barrier()
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------
+# profiler ranges
+# ---------------------------------------------------------------------------------------------------
+def _inside(child, parent):
+    return (child["tid"] == parent["tid"] and parent["ts"] - 1e-3 <= child["ts"]
+            and child["ts"] + child["dur"] <= parent["ts"] + parent["dur"] + 1e-3)
+
+
+def _children(events, parent, name):
+    return [e for e in events if e is not parent and e["name"] == name and _inside(e, parent)]
+
+
+def test_profiler_trace_has_a_range_per_collective_with_its_strategy_and_the_native_call_inside(tmp_path):
+    res = run_world("tests.observability.test_observe:trace_case", 2, None, args=(str(tmp_path),), timeout=180)
+    for rank, r in enumerate(res):
+        ev, world, xccl = r["events"], r["world"], r["xccl"]
+        # the results are right (the ranges change nothing)
+        assert r["a"].tolist() == [1.5, 3.0, 4.5, 6.0] and r["b"].tolist() == [1.5, 3.0, 4.5, 6.0]
+        assert r["m"].tolist() == [7, 3, 5]
+        want_out = {0: [0.0, 10.0, 11.0, 12.0], 1: [1.0, 2.0, 13.0]}[rank]
+        assert r["out"].tolist() == want_out
+        ars = [e for e in ev if e["name"] == "funcoll::all_reduce"]
+        assert len(ars) == 3, [e["name"] for e in ev if e["name"].startswith("funcoll")]
+        native_avg, xccl_avg, xccl_max = sorted(ars, key=lambda e: e["ts"])
+        assert native_avg["args"] == {"group": world, "rank": rank, "group_size": 2, "transport": "gloo",
+                                      "shapes": "[[4]]", "dtypes": "float32", "args": "op=avg", "global_ranks": "0,1"}
+        assert xccl_avg["args"] == {"group": xccl, "rank": rank, "group_size": 2, "transport": "gloo[xccl]",
+                                    "shapes": "[[4]]", "dtypes": "float32", "args": "op=avg", "global_ranks": "0,1"}
+        assert xccl_max["args"]["args"] == "op=max" and xccl_max["args"]["dtypes"] == "int32"
+        # record() says which strategies ran: the trace has a range for each, inside the collective's range
+        calls = r["calls"]
+        assert [op for op, _ in calls] == ["all_reduce"] * 3 + ["all_to_all_single"], calls
+        (_, s_native), (_, s_avg), (_, s_max), (_, s_a2a) = calls
+        assert s_native == ["native"] and s_avg == ["avg=sum+scale"] and s_max != ["native"]
+        # native: the native call inside, no strategy range
+        (nat,) = _children(ev, native_avg, "funcoll::native all_reduce")
+        assert nat["args"]["op"] == "avg" and nat["args"]["transport"] == "gloo"
+        assert not [e for e in ev if e["name"].startswith("funcoll::all_reduce ") and _inside(e, native_avg)]
+        # a strategy: its range inside the collective's, the native SUM inside the strategy's
+        (strat,) = _children(ev, xccl_avg, "funcoll::all_reduce avg=sum+scale")
+        (nat,) = _children(ev, strat, "funcoll::native all_reduce")
+        assert nat["args"]["op"] == "sum" and nat["args"]["transport"] == "gloo[xccl]"
+        # each strategy of the integer MAX has its range; the native calls run inside the first one
+        ranges = [e for e in ev if e["name"].startswith("funcoll::all_reduce ") and _inside(e, xccl_max)]
+        assert sorted(e["name"] for e in ranges) == sorted(f"funcoll::all_reduce {x}" for x in s_max)
+        first = min(ranges, key=lambda e: e["ts"])
+        natives = [e for e in ev if e["name"].startswith("funcoll::native ") and _inside(e, xccl_max)]
+        assert natives and all(_inside(e, first) for e in natives)
+        assert not any(e["name"] == "funcoll::native all_reduce" and e["args"].get("op") == "max" for e in natives)
+        # uneven all_to_all under XCCL's table: pairwise send/recv, the native calls inside the strategy's range
+        (a2a,) = [e for e in ev if e["name"] == "funcoll::all_to_all_single"]
+        assert a2a["args"]["args"] == f"output_split_sizes={[1, 3] if rank == 0 else [2, 1]} " \
+                                      f"input_split_sizes={[1, 2] if rank == 0 else [3, 1]}"
+        assert s_a2a == ["uneven all_to_all=pairwise send/recv"], s_a2a
+        (strat,) = _children(ev, a2a, "funcoll::all_to_all_single uneven all_to_all=pairwise send/recv")
+        assert not _children(ev, a2a, "funcoll::native all_gather")  # no agreement on the splits
+        p2p = [e["name"] for e in ev if e["name"].startswith("funcoll::native") and _inside(e, strat)]
+        assert sorted(p2p) == ["funcoll::native recv", "funcoll::native send"], p2p
+        # the backend's own events of the native calls are in the trace too (gloo runs them on its threads)
+        assert any(e["name"] == "gloo:all_reduce" for e in ev) and any(e["name"] == "gloo:all_gather" for e in ev)
+
+
+def test_the_hook_does_nothing_without_a_profiler_a_log_or_a_recorder(monkeypatch, caplog):
+    """The entry builds an observe.Scope only while a profiler records or the funcoll log is at DEBUG (record()
+    alone keeps its plain list); only a profiler makes it open ranges and wrap the transport."""
+    import logging
+
+    from funcoll import algorithms
+    from funcoll.algorithms import observe, pending
+    from funcoll.report import DryRunTransport
+    from funcoll.transport import profile
+
+    made = []
+
+    class Counting(observe.Scope):
+        __slots__ = ()
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append((self._ranges is not None, isinstance(self.args[0], observe._Traced)))
+
+    monkeypatch.setattr(pending, "Scope", Counting)
+    tp = DryRunTransport(profile("gloo").restrict(profile("xccl")), size=2)
+    t = torch.ones(2)
+    assert not torch.autograd.profiler._is_profiler_enabled and not observe.LOG.isEnabledFor(logging.DEBUG)
+    algorithms.all_reduce(tp, t, "avg")
+    assert made == []
+    with algorithms.record() as calls:
+        algorithms.all_reduce(tp, t, "avg")
+    assert made == [] and calls == [("all_reduce", ["avg=sum+scale"])]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+        with algorithms.record() as calls:
+            algorithms.all_reduce(tp, t, "avg")
+    assert made == [(True, True)] and calls == [("all_reduce", ["avg=sum+scale"])]
+    names = [e.name for e in p.events()]
+    assert names.count("funcoll::all_reduce") == 1 and names.count("funcoll::all_reduce avg=sum+scale") == 1
+    assert names.count("funcoll::native all_reduce") == 1
+    algorithms.all_reduce(tp, t, "avg")
+    assert len(made) == 1
+    with caplog.at_level(logging.DEBUG, logger="funcoll"):
+        observe._decided.clear()
+        for _ in range(3):
+            algorithms.all_reduce(tp, t, "avg")
+    assert made[1:] == [(False, False)] * 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "all_reduce(avg, float32) on group ? [gloo[xccl]]: avg=sum+scale"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# TORCH_LOGS
+# ---------------------------------------------------------------------------------------------------
+_GLOG = re.compile(r"^(?:\[rank(\d+)\]:)?([VIWEC])\d{4} [\d:.]+ \d+ (\S+):\d+\] (.*)$")
+
+
+def _run_log_world(torch_logs):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("FUNCOLL_PROFILE", None)
+    env.pop("FUNCOLL_PROBE", None)
+    env.pop("TORCH_LOGS", None)
+    if torch_logs is not None:
+        env["TORCH_LOGS"] = torch_logs
+    code = ("from funcoll.launch import run_world; "
+            "run_world('tests.observability.test_observe:log_case', 2, timeout=150)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    names = dict(kv.split("=") for line in p.stdout.splitlines() if line.startswith("GROUPS ")
+                 for kv in line.split()[1:])
+    (strategies,) = [json.loads(line.split(" ", 1)[1]) for line in p.stdout.splitlines()
+                     if line.startswith("STRATEGIES ")]
+    return p.stderr, names, strategies
+
+
+def _per_rank(stderr, names):
+    """funcoll's log lines per rank, normalised: level letter and message; group names as <world>/<xccl>."""
+    out = {0: [], 1: []}
+    for line in stderr.splitlines():
+        m = _GLOG.match(line)
+        if not m or not m.group(3).startswith("funcoll/"):
+            continue
+        rank, level, msg = m.group(1), m.group(2), m.group(4)
+        if rank is None:  # before init_process_group returned: the message names the rank
+            rank = re.search(r"rank (\d+)(?: of |/)2", msg).group(1)
+        for key, val in names.items():
+            msg = re.sub(rf"\bgroup {re.escape(val)}\b", f"group <{key}>", msg)
+        msg = re.sub(r"store \w+", "store <store>", msg)
+        out[int(rank)].append(f"{level} {msg}")
+    return out
+
+
+def test_torch_logs_funcoll_snapshot():
+    stderr, names, strategies = _run_log_world("+funcoll")
+    assert set(names) == {"world", "xccl"}
+    # the strategies the planner must choose (funcoll.record() of the same run agrees), and the log says each once
+    # per signature: xccl has no int32 MAX and no bfloat16 AVG
+    max_i32, avg_bf16, barrier = ("all_to_all+local max+all_gather", "avg=float32 reduce_scatter+scale+all_gather",
+                                  "native")
+    assert strategies == ["native", "avg=sum+scale", "native", "avg=sum+scale", max_i32, avg_bf16, barrier]
+    got = _per_rank(stderr, names)
+    for rank in (0, 1):
+        assert got[rank] == [
+            f"I group <world> created: rank {rank} of 2, global ranks 0,1, world size 2, store <store>, "
+            "CPU transport now",
+            f"I group <world> rank {rank}/2: cpu transport C10dTransport, capabilities gloo (the running stack)",
+            f"I group <xccl> created: rank {rank} of 2, global ranks 0,1, world size 2, store <store>, "
+            "CPU transport now",
+            f"I group <xccl> rank {rank}/2: cpu transport C10dTransport, capabilities gloo[xccl] "
+            "(profile 'xccl' from funcoll.Options)",
+            "V all_reduce(avg, float32) on group <world> [gloo]: native",
+            "V all_reduce(avg, float32) on group <xccl> [gloo[xccl]]: avg=sum+scale",
+            f"V all_reduce(max, int32) on group <xccl> [gloo[xccl]]: {max_i32}",
+            f"V all_reduce(avg, bfloat16) on group <xccl> [gloo[xccl]]: {avg_bf16}",
+            f"V barrier() on group <world> [gloo]: {barrier}",
+            "I install: 12 funcoll kernels for _c10d_functional on dispatch key CPU (cpu)",
+            "I uninstall: funcoll kernels removed from cpu; the previous kernels serve again",
+        ], (rank, got[rank], stderr[-3000:])
+
+
+def test_funcoll_log_is_silent_by_default():
+    stderr, names, _ = _run_log_world(None)
+    assert _per_rank(stderr, names) == {0: [], 1: []}
+    for text in ("created: rank", "transport C10dTransport", "avg=sum+scale", "install:", "uninstall:"):
+        assert text not in stderr, stderr[-3000:]

@@ -1,0 +1,64 @@
+"""The benchmark (``python -m bench``, what ``./dev bench`` runs) runs and reports every case in the table's format (a
+smoke test with 2 blocks; its numbers are read by people, not asserted), without rewriting docs/performance.md when
+asked not to."""
+
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_bench_runs_and_reports_every_case(bench_run):
+    p, before = bench_run  # tests/conftest.py
+    page = os.path.join(ROOT, "docs", "performance.md")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "[bench] CPU world of 2 rank(s)" in p.stderr  # progress on stderr
+    # the table closes the output (the ranks' backends print their own lines before it): a title, a header, then every
+    # row: case, world, raw and funcoll µs per call, the median ratio, its quartiles, the extra column
+    lines = p.stdout.splitlines()
+    title = [i for i, line in enumerate(lines) if line.startswith("funcoll bench: torch ")]
+    assert len(title) == 1 and lines[title[0] + 1].split() == ["case", "world", "raw", "funcoll", "ratio", "spread",
+                                                               "extra"], p.stdout[-3000:]
+    row = re.compile(r"^(?P<case>.+?)  +(?P<world>\d+) +(?P<raw>\d+\.\d)us +(?P<ours>\d+\.\d)us +"
+                     r"(?P<ratio>\d+\.\d\d) +(?P<q1>-?\d+\.\d\d)-(?P<q3>\d+\.\d\d) *(?P<extra>.*)$")
+    rows = {}
+    for line in lines[title[0] + 2:]:
+        m = row.match(line)
+        assert m, line
+        assert float(m["q1"]) <= float(m["ratio"]) <= float(m["q3"]), line  # the median within its quartiles
+    for line in p.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[-1] != "extra" and any(w.endswith("us") for w in parts):
+            name = line[:line.index("  ")].strip().replace(" (1 CPU)", "")  # world 1 runs pinned to one CPU
+            rows.setdefault(name, []).append(line)
+    for size in ("4 B", "64 B", "1 KiB", "16 KiB", "256 KiB", "1 MiB"):
+        assert len(rows[f"all_reduce {size}"]) == 2, rows.keys()  # world 1 and world 2
+    for case in ("all_gather_into_tensor 1 KiB", "reduce_scatter_tensor 1 KiB", "all_to_all_single 1 KiB",
+                 "broadcast 1 KiB", "all_gather 1 KiB", "reduce_scatter 1 KiB", "barrier", "async issue all_reduce 4 B",
+                 "pooled all_reduce 4 B-1 MiB", "pooled all_gather 4 B-1 MiB"):
+        assert len(rows[case]) == 2, case
+        # the median per-call difference funcoll - raw, with its quartiles, then the calling thread's CPU difference
+        assert all(re.search(r" [+-]\d+\.\dus \[[+-]\d+\.\.[+-]\d+\] cpu [+-]\d+\.\dus$", line)
+                   for line in rows[case]), rows[case]
+    assert len(rows["send/recv round trip 1 KiB"]) == 1  # world 2 only
+    assert len(rows["compiled step, 10 all_reduce 256 B"]) == 1
+    assert len(rows["all_reduce 4 B-1 MiB, forward only"]) == 1  # world 1: the floor of a Python process group
+    for case in ("all_reduce 4 B, profiler on", "all_reduce 4 B, record()"):  # the optional machinery, both worlds
+        assert len(rows[case]) == 2, case
+    for case in ("all_reduce 4 B, size guard", "all_reduce 4 B, debug check", "all_reduce 4 B, flight recorder off"):
+        assert len(rows[case]) == 1, case  # world 2: checks across ranks
+    for case in ("BXOR 16 MiB i32", "MAX 16 MiB i32", "any (MAX) 16 MiB bool", "AVG 16 MiB bf16"):
+        assert "peak +" in rows[case][0], rows[case]
+    assert "sent " in rows["uneven all_to_all 16 MiB, 10:1"][0]
+    for case in ("DDP", "DDP + bf16_compress_hook", "FSDP2 fp32", "FSDP2 bf16 mixed precision",
+                 "tensor parallel + sequence parallel", "ZeRO-like dist.* loop"):  # funcoll trains to gloo's losses
+        (line,) = rows[f"train step: {case}"]
+        assert line.rstrip().endswith("losses equal"), line
+    try:
+        import torch_xla  # noqa: F401
+    except ImportError:
+        assert not any(k.startswith("XLA build") for k in rows)
+    else:
+        assert {f"XLA build all_reduce, world {w}" for w in (4, 64, 256)} <= set(rows)
+    assert (open(page).read() if os.path.exists(page) else None) == before  # --no-docs: the page is untouched
+    assert "[bench] world 2: uneven all_to_all 16 MiB, 10:1" in p.stderr  # progress on stderr

@@ -1,0 +1,517 @@
+"""The eager native fast path: a request the transport's backend serves natively goes to the backend's own
+method after one cached lookup, and everything around it keeps working: results, sequence numbers and the flight
+recorder, ``record()``, validation of every new signature, debug mode, coalescing, capability changes, the Work's
+contract and failures naming the collective.
+
+Whether the fast path ran is read from the code, not from timings: the full path goes through
+``funcoll.algorithms.<op>`` (counted by a spy), the fast path does not, and both count the backend call in the
+transport's ``calls``. Results are compared with references computed here from every rank's input.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch._C._distributed_c10d as C
+import torch.distributed as dist
+
+from funcoll import algorithms
+from funcoll.launch import run_world, spawn_world
+from funcoll.transport import profile
+from funcoll.transport.gloo import C10dTransport, capabilities
+
+R = dist.ReduceOp
+FULL_PATH = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast")
+
+
+def _spy(names=FULL_PATH):
+    """Counts the calls of the algorithms the full path runs (the process group calls them through the module)."""
+    counts = {name: 0 for name in names}
+    for name in names:
+        orig = getattr(algorithms, name)
+
+        def spy(*a, _orig=orig, _name=name, **k):
+            counts[_name] += 1
+            return _orig(*a, **k)
+
+        setattr(algorithms, name, spy)
+    return counts
+
+
+def _inputs(rank: int, n: int, numel: int, dtype=torch.float32, salt: int = 0):
+    """Every rank's input, the same on every rank (a reference needs all of them)."""
+    return [(torch.arange(numel, dtype=torch.float64) * (r + 2) + salt - 3 * r).to(dtype) for r in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# rank side
+# ---------------------------------------------------------------------------------------------------
+def _rank_results(rank, n):
+    """Each native collective twice (the first call of a group and of a signature validate on the full path or in the
+    lookup), blocking and async; results against references; which path ran; the flight recorder."""
+    import funcoll
+    from funcoll.entry.work import NativeWork
+
+    g = dist.group.WORLD
+    funcoll.debug.set_guard(g, False)  # at world 2 the size guard sends blocking CPU calls through the full path
+    dist.all_reduce(torch.ones(1))  # the group's first collective: the full path creates its state
+    tp = g.transport("cpu")
+    counts = _spy()
+    calls0 = sum(tp.calls.values())
+    got = {}
+    for attempt in range(2):
+        for op, ref in ((R.SUM, lambda xs: sum(xs)), (R.MAX, lambda xs: torch.stack(xs).max(0).values),
+                        (R.AVG, lambda xs: sum(xs) / n)):
+            ins = _inputs(rank, n, 6, salt=attempt)
+            t = ins[rank].clone()
+            dist.all_reduce(t, op=op)
+            got[f"all_reduce {op} {attempt}"] = torch.allclose(t, ref(ins))
+        ins = _inputs(rank, n, 5, torch.int64, salt=7)
+        t = ins[rank].clone()
+        dist.all_reduce(t, op=R.MIN)
+        got[f"all_reduce int64 min {attempt}"] = torch.equal(t, torch.stack(ins).min(0).values)
+
+        ins = _inputs(rank, n, 4, salt=11)
+        out = torch.empty(4 * n)
+        dist.all_gather_into_tensor(out, ins[rank])
+        got[f"all_gather {attempt}"] = torch.equal(out, torch.cat(ins))
+
+        ins = _inputs(rank, n, 3 * n, salt=13)
+        out = torch.empty(3)
+        dist.reduce_scatter_tensor(out, ins[rank])
+        got[f"reduce_scatter {attempt}"] = torch.allclose(out, sum(ins)[3 * rank:3 * rank + 3])
+
+        ins = _inputs(rank, n, 2 * n, salt=17)
+        out = torch.empty(2 * n)
+        dist.all_to_all_single(out, ins[rank])
+        got[f"all_to_all even {attempt}"] = torch.equal(out, torch.cat([x[2 * rank:2 * rank + 2] for x in ins]))
+
+        send = [[1 + (i + j) % 3 for j in range(n)] for i in range(n)]  # send[i][j]: rows rank i sends to rank j
+        inp = torch.arange(float(sum(send[rank]))) + 100 * rank
+        out = torch.empty(sum(send[i][rank] for i in range(n)))
+        dist.all_to_all_single(out, inp, [send[i][rank] for i in range(n)], send[rank])
+        want = [torch.arange(float(sum(send[i])))[sum(send[i][:rank]):sum(send[i][:rank + 1])] + 100 * i
+                for i in range(n)]
+        got[f"all_to_all uneven {attempt}"] = torch.equal(out, torch.cat(want))
+
+        src = n - 1
+        ins = _inputs(rank, n, 5, salt=19)
+        t = ins[rank].clone()
+        dist.broadcast(t, src=src)
+        got[f"broadcast {attempt}"] = torch.equal(t, ins[src])
+
+        ins = _inputs(rank, n, 8, salt=23)
+        t = ins[rank].clone()
+        w = dist.all_reduce(t, async_op=True)
+        before = funcoll.flight_recorder.entries()[-1].state
+        w.wait()
+        got[f"async all_reduce {attempt}"] = torch.allclose(t, sum(ins))
+        got[f"async work {attempt}"] = (type(w) is NativeWork, before, funcoll.flight_recorder.entries()[-1].state,
+                                        w.is_success(), w.exception() is None)
+        fut = dist.broadcast(t, src=0, async_op=True).get_future()
+        got[f"async future {attempt}"] = torch.equal(fut.wait()[0], t)
+    entries = funcoll.flight_recorder.entries()[-22:]
+    return {"got": got, "counts": counts, "calls": sum(tp.calls.values()) - calls0,
+            "entries": [(c.seq, c.op, c.state, c.strategies) for c in entries],
+            "describe": entries[0].describe(), "dump": funcoll.flight_recorder.dump()["entries"][-1]["fingerprint"]}
+
+
+def _rank_more(rank, n):
+    """The list forms of all_gather and reduce_scatter, barrier, send and recv, blocking and async, twice each: results
+    against references and against a raw gloo group of the same ranks; which path ran; the flight recorder; and how
+    many background waiters the Works started (only for a future or a poll that needs one)."""
+    import funcoll
+    import funcoll.entry.work as work_mod
+    from funcoll.entry.work import NativeWork
+
+    g = dist.group.WORLD
+    gloo = dist.new_group(backend="gloo")
+    funcoll.debug.set_guard(g, False)
+    dist.all_reduce(torch.ones(1))
+    tp = g.transport("cpu")
+    first = len(funcoll.flight_recorder.entries())
+    counts = _spy(("all_gather", "reduce_scatter", "barrier", "send", "recv"))
+    jobs = []
+    orig_bg = work_mod.in_background
+    work_mod.in_background = lambda job: (jobs.append(job), orig_bg(job))[1]
+    calls0 = dict(tp.calls)
+    got, waiters = {}, {}
+    peer = (rank + 1) % n
+    for attempt in range(2):
+        ins = _inputs(rank, n, 4, salt=29 + attempt)
+        outs, raw = [torch.empty(4) for _ in range(n)], [torch.empty(4) for _ in range(n)]
+        dist.all_gather(outs, ins[rank])
+        dist.all_gather(raw, ins[rank], group=gloo)
+        got[f"all_gather {attempt}"] = all(torch.equal(o, x) and torch.equal(o, r) for o, x, r in zip(outs, ins, raw))
+
+        xs = [[torch.arange(3.0) * (r + 1) + 10 * j + attempt for j in range(n)] for r in range(n)]
+        out, raw_out = torch.empty(3), torch.empty(3)
+        dist.reduce_scatter(out, xs[rank], op=R.MAX if attempt else R.SUM)
+        dist.reduce_scatter(raw_out, xs[rank], op=R.MAX if attempt else R.SUM, group=gloo)
+        want = torch.stack([xs[r][rank] for r in range(n)])
+        want = want.max(0).values if attempt else want.sum(0)
+        got[f"reduce_scatter {attempt}"] = torch.equal(out, want) and torch.equal(out, raw_out)
+
+        dist.barrier()
+        w = dist.barrier(async_op=True)
+        got[f"async barrier {attempt}"] = (type(w) is NativeWork, w.wait(), w.is_completed(), w.is_success())
+
+        outs = [torch.empty(4) for _ in range(n)]
+        w = dist.all_gather(outs, ins[rank], async_op=True)
+        got[f"async all_gather {attempt}"] = (type(w) is NativeWork, w.wait(),
+                                              all(torch.equal(o, x) for o, x in zip(outs, ins)))
+        out = torch.empty(3)
+        w = dist.reduce_scatter(out, xs[rank], async_op=True)
+        before = len(jobs)
+        fut = w.get_future()  # gloo's reduce_scatter Work has no future: a background waiter supplies it
+        value = fut.wait()
+        got[f"async reduce_scatter future {attempt}"] = (type(w) is NativeWork, value[0] is out,
+                                                         torch.equal(out, sum(xs[r][rank] for r in range(n))),
+                                                         w.wait(), w.wait(), w.is_success())
+        waiters[f"reduce_scatter get_future {attempt}"] = len(jobs) - before
+
+        if n > 1:
+            src = (rank - 1) % n
+            t, into, raw_into = torch.arange(5.0) + 100 * rank + attempt, torch.empty(5), torch.empty(5)
+            for group, dest in ((g, into), (gloo, raw_into)):  # blocking: even ranks send first
+                if rank % 2 == 0:
+                    dist.send(t, peer, group=group)
+                    dist.recv(dest, src, group=group)
+                else:
+                    dist.recv(dest, src, group=group)
+                    dist.send(t, peer, group=group)
+            want = torch.arange(5.0) + 100 * src + attempt
+            got[f"send/recv {attempt}"] = torch.equal(into, want) and torch.equal(raw_into, want)
+            # async, waited on: no background waiter
+            before = len(jobs)
+            into = torch.empty(5)
+            ws = [dist.isend(t, peer), dist.irecv(into, src)]
+            got[f"isend/irecv waited {attempt}"] = (all(type(w) is NativeWork for w in ws),
+                                                    all(w.wait() and w.wait() for w in ws), torch.equal(into, want),
+                                                    ws[1]._source_rank())
+            waiters[f"isend/irecv waited {attempt}"] = len(jobs) - before
+            # async, by polling alone: gloo's send/recv Works never say completed until waited on; funcoll's do
+            before = len(jobs)
+            into = torch.empty(5)
+            ws = [dist.isend(t, peer), dist.irecv(into, src)]
+            deadline = time.monotonic() + 20
+            while not all(w.is_completed() for w in ws) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            got[f"isend/irecv polled {attempt}"] = (all(w.is_completed() and w.is_success() for w in ws),
+                                                    torch.equal(into, want), all(w.exception() is None for w in ws))
+            waiters[f"isend/irecv polled {attempt}"] = len(jobs) - before
+            dist.barrier()
+    work_mod.in_background = orig_bg
+    calls = {k: v - calls0.get(k, 0) for k, v in tp.calls.items() if v != calls0.get(k, 0)}
+    entries = funcoll.flight_recorder.entries()
+    return {"got": got, "counts": counts, "waiters": waiters, "calls": calls, "rank": rank, "first": first,
+            "entries": [(c.op, c.seq, c.p2p_seq, c.state, c.strategies) for c in entries[first:]]}
+
+
+def _rank_observers(rank, n):
+    """record(), debug mode, coalescing and a changed capability table each take the full path; the fast path is back
+    once they are gone."""
+    import funcoll
+
+    g = dist.group.WORLD
+    funcoll.debug.set_guard(g, False)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    counts = _spy()
+    out = {}
+    dist.all_reduce(t)
+    out["plain"] = counts["all_reduce"]
+    with funcoll.record() as log:
+        dist.all_reduce(t, op=R.AVG)
+    out["record"] = (counts["all_reduce"], log)
+    funcoll.debug.set_debug(g, True)
+    dist.all_reduce(t)
+    funcoll.debug.set_debug(g, False)
+    out["debug"] = counts["all_reduce"]
+    g._start_coalescing(torch.device("cpu"))  # what c10d's coalescing manager does around the calls it issues
+    g.allreduce([t], C.AllreduceOptions())
+    g._end_coalescing(torch.device("cpu")).wait()
+    out["coalescing"] = counts["all_reduce"]
+    dist.all_reduce(t)
+    out["after"] = counts["all_reduce"]
+    # a capability table without AVG (as funcoll.probe installs after a demotion): the cached answer is dropped
+    tp = g.transport("cpu")
+    caps = tp.caps
+    tp.caps = caps.restrict(profile("xccl"))
+    x = torch.arange(4.0) * (rank + 1)
+    with funcoll.record() as log:
+        dist.all_reduce(x, op=R.AVG)
+    y = torch.arange(4.0) * (rank + 1)
+    dist.all_reduce(y, op=R.AVG)  # not native any more: the full path (its strategy), right result
+    out["demoted"] = (counts["all_reduce"], log, torch.allclose(y, torch.arange(4.0) * (n + 1) / 2))
+    tp.caps = caps
+    # the size guard on (the default at world 2): a blocking CPU call takes the full path, where the guard checks it
+    # before sending; an async one (not guarded) keeps the fast path
+    funcoll.debug.set_guard(g, True)
+    before, seq = counts["all_reduce"], funcoll.flight_recorder.trace_of(g).seq
+    z = torch.full((4,), float(rank + 1))
+    dist.all_reduce(z)
+    blocking = counts["all_reduce"] - before
+    dist.all_reduce(z, async_op=True).wait()
+    out["guard on"] = (blocking, counts["all_reduce"] - before, funcoll.flight_recorder.trace_of(g).seq - seq,
+                       z.tolist())
+    return out
+
+
+def _rank_validation(rank, n):
+    """Bad requests raise the full path's errors, also for a signature the cache knows, and use no sequence number."""
+    import funcoll
+
+    g = dist.group.WORLD
+    dist.all_reduce(torch.ones(3))
+    t = torch.ones(3)
+    dist.all_reduce(t)  # cached: float32[3] sum
+    errs = {}
+
+    def err(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            return type(e).__name__, str(e)
+        return None
+
+    seq0 = funcoll.flight_recorder.trace_of(g).seq
+    errs["bxor float"] = err(lambda: dist.all_reduce(torch.ones(3), op=R.BXOR))
+    errs["bxor float again"] = err(lambda: dist.all_reduce(torch.ones(3), op=R.BXOR))
+    errs["sparse"] = err(lambda: dist.all_reduce(torch.ones(3).to_sparse()))
+    errs["gather dtype"] = err(lambda: g._allgather_base(torch.empty(3 * n, dtype=torch.int64), torch.ones(3),
+                                                         C.AllgatherOptions()))
+    errs["gather shape"] = err(lambda: dist.all_gather_into_tensor(torch.empty(3 * n + 1), torch.ones(3)))
+    errs["rs shape"] = err(lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(3 * n)))
+    bo = C.BroadcastOptions()
+    bo.rootRank = n + 3
+    errs["bcast src"] = err(lambda: g.broadcast([torch.ones(3)], bo))
+    seq1 = funcoll.flight_recorder.trace_of(g).seq
+    states = [c.state for c in funcoll.flight_recorder.entries()[-7:]]
+    # non-contiguous: the full path (a contiguous copy), right result
+    base = torch.arange(12.0).view(3, 4) * (rank + 1)
+    nc = base.t()
+    dist.all_reduce(nc)
+    ok = torch.equal(base, torch.arange(12.0).view(3, 4) * sum(range(1, n + 1)))
+    return {"errs": errs, "seq": (seq0, seq1), "states": states, "noncontig": ok}
+
+
+def _rank_failure(rank, n):
+    """Rank 1 leaves after two collectives; rank 0's next blocking all_reduce (a cached native signature) fails,
+    naming the collective and its sequence number."""
+    import os
+    import time
+
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(0.5)
+        os._exit(0)
+    time.sleep(1.5)
+    try:
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001
+        import funcoll
+
+        return {"type": type(e).__name__, "msg": str(e), "state": funcoll.flight_recorder.entries()[-1].state}
+    return {"type": None}
+
+
+def _rank_failure_p2p(rank, n):
+    """Rank 0 posts an irecv (a fast-path NativeWork) and asks for its future; rank 1 leaves without sending: the
+    future, wait() and exception() all carry the error naming the receive."""
+    import os
+
+    import funcoll
+
+    t = torch.ones(4)
+    if rank == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(1.0)
+        os._exit(0)
+    w = dist.irecv(t, 1)
+    fut = w.get_future()
+    out = {"type": type(w).__name__}
+    try:
+        fut.wait()
+        out["future"] = None
+    except Exception as e:  # noqa: BLE001
+        out["future"] = str(e)
+    try:
+        w.wait()
+        out["wait"] = None
+    except Exception as e:  # noqa: BLE001
+        out["wait"] = (type(e).__name__, str(e))
+    out["exception"] = type(w.exception()).__name__
+    out["done"] = (w.is_completed(), w.is_success())
+    out["state"] = funcoll.flight_recorder.entries()[-1].state
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2])
+def test_native_requests_take_the_fast_path_with_right_results_and_records(n):
+    for r in run_world("tests.work.test_fast_path:_rank_results", n, None, timeout=180, coll_timeout=30):
+        assert all(v is True or (isinstance(v, tuple) and v[0] is True) for v in r["got"].values()), r["got"]
+        for attempt in (0, 1):
+            assert r["got"][f"async work {attempt}"] == (True, "issued", "completed", True, True), r["got"]
+        # 2 x (3 float all_reduce + int all_reduce + all_gather + reduce_scatter + 2 all_to_all + broadcast + async
+        # all_reduce + async broadcast): every one a native backend call, none through the full path's algorithms
+        assert r["counts"] == {name: 0 for name in FULL_PATH}, r["counts"]
+        assert r["calls"] == 22
+        seqs = [e[0] for e in r["entries"]]
+        assert seqs == list(range(seqs[0], seqs[0] + 22)) and seqs[0] == 1  # #0 was the group's first collective
+        assert all(e[2] == "completed" and e[3] == ["native"] for e in r["entries"]), r["entries"]
+        assert [e[1] for e in r["entries"][:6]] == ["all_reduce"] * 4 + ["all_gather_into_tensor",
+                                                                         "reduce_scatter_tensor"]
+        assert r["describe"] == "all_reduce(reduce_op=sum, float32[6])"
+        assert r["dump"] == {"op": "broadcast", "root": 0, "tensors": [["float32", [8]]], "device": "cpu"}
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_list_forms_barrier_and_point_to_point_take_the_fast_path(n):
+    for r in run_world("tests.work.test_fast_path:_rank_more", n, None, timeout=180, coll_timeout=30):
+        got = r["got"]
+        for attempt in (0, 1):
+            if n > 1:  # the last: the source rank irecv's Work reports
+                assert got.pop(f"isend/irecv waited {attempt}") == (True, True, True, (r["rank"] - 1) % n), got
+        assert all(v is True or (isinstance(v, tuple) and all(x is True for x in v)) for v in got.values()), got
+        # none through the full path's algorithms; every one a native backend call, counted
+        assert r["counts"] == {name: 0 for name in ("all_gather", "reduce_scatter", "barrier", "send", "recv")}
+        f32 = torch.float32
+        want = {("all_gather", "", f32): 4, ("reduce_scatter", "sum", f32): 3, ("reduce_scatter", "max", f32): 1,
+                ("barrier", "", None): 4 + 2 * (n > 1)}
+        if n > 1:
+            want[("send_recv", "", f32)] = 2 * (2 + 2 + 2)  # blocking, async waited, async polled: one send, one recv
+        assert r["calls"] == want, r["calls"]
+        # a background waiter only where a Work's missing parts were asked for: a future, a poll of a running Work
+        w = r["waiters"]
+        assert w["reduce_scatter get_future 0"] == w["reduce_scatter get_future 1"] == 1, w
+        if n > 1:
+            assert w["isend/irecv waited 0"] == w["isend/irecv waited 1"] == 0, w
+            assert 0 < w["isend/irecv polled 0"] <= 2 and 0 < w["isend/irecv polled 1"] <= 2, w
+        # the flight recorder: collectives numbered in order, point-to-point ops on their own counter, all native
+        coll = [e for e in r["entries"] if e[2] is None]
+        p2p = [e for e in r["entries"] if e[2] is not None]
+        assert [e[1] for e in coll] == list(range(coll[0][1], coll[0][1] + len(coll))), coll
+        assert len(coll) == 2 * (6 + (n > 1))  # per attempt: 2 all_gather, 2 reduce_scatter, 2 barrier (+1 at n=2)
+        assert all(e[3] == "completed" and e[4] == ["native"] for e in r["entries"]), r["entries"]
+        assert {e[0] for e in coll} == {"all_gather", "reduce_scatter", "barrier"}
+        if n > 1:
+            assert [e[2] for e in p2p] == list(range(12)) and {e[0] for e in p2p} == {"send", "recv"}, p2p
+
+
+def test_observers_debug_coalescing_and_capability_changes_take_the_full_path():
+    for r in run_world("tests.work.test_fast_path:_rank_observers", 2, None, timeout=180, coll_timeout=30):
+        assert r["plain"] == 0  # native: not through algorithms.all_reduce
+        assert r["record"] == (1, [("all_reduce", ["native"])])
+        assert r["debug"] == 2
+        assert r["coalescing"] == 3
+        assert r["after"] == 3  # the fast path again
+        count, log, ok = r["demoted"]
+        assert count == 5 and log == [("all_reduce", ["avg=sum+scale"])] and ok
+        assert r["guard on"] == (1, 1, 2, [6.0] * 4)  # (1 + 2) summed, then summed again: 2 x 3
+
+
+def test_every_new_signature_is_validated_and_bad_requests_raise_the_full_paths_errors():
+    (r,) = run_world("tests.work.test_fast_path:_rank_validation", 1, None, timeout=120)
+    e = r["errs"]
+    assert e["bxor float"] == e["bxor float again"]
+    assert e["bxor float"][0] == "TypeError" and "needs an integer or bool tensor" in e["bxor float"][1]
+    assert e["sparse"][0] == "TypeError" and "tensors are not supported, only dense ones" in e["sparse"][1]
+    assert e["gather dtype"][0] == "TypeError" and "expected torch.float32" in e["gather dtype"][1]
+    assert e["gather shape"][0] == "ValueError" and "output has shape" in e["gather shape"][1]
+    assert e["rs shape"][0] == "ValueError" and "output has shape (2,), expected (3,)" in e["rs shape"][1]
+    assert e["bcast src"][0] == "ValueError" and "src=4 is outside the group" in e["bcast src"][1]
+    assert r["seq"][0] == r["seq"][1]  # nothing was sent: no sequence number used
+    assert r["states"] == ["invalid"] * 7
+    assert r["noncontig"]
+
+
+def test_a_failed_native_call_names_the_collective():
+    results, _, hung = spawn_world("tests.work.test_fast_path:_rank_failure", 2, None, deadline=120, coll_timeout=10)
+    assert not hung and results[0] is not None and results[0][0] == "ok", results
+    r = results[0][1]
+    assert r["type"] == "CollectiveError", r
+    assert r["msg"].startswith("funcoll: all_reduce #2 on group '0' (global ranks 0,1; this is rank 0 of 2) "), r
+    assert r["state"] == "failed"
+
+
+def test_a_failed_fast_path_receive_fails_its_future_wait_and_exception():
+    results, _, hung = spawn_world("tests.work.test_fast_path:_rank_failure_p2p", 2, None, deadline=120,
+                                   coll_timeout=10)
+    assert not hung and results[0] is not None and results[0][0] == "ok", results
+    r = results[0][1]
+    assert r["type"] == "NativeWork", r
+    label = "funcoll: recv p2p #1 on group '0' (global ranks 0,1; this is rank 0 of 2) "
+    assert r["wait"][0] == "CollectiveError" and r["wait"][1].startswith(label), r
+    assert r["future"] is not None and label in r["future"], r
+    assert r["exception"] == "CollectiveError" and r["done"] == (True, False) and r["state"] == "failed", r
+
+
+# ---------------------------------------------------------------------------------------------------
+# the lookups, in process (a world of one gloo backend on a HashStore)
+# ---------------------------------------------------------------------------------------------------
+@pytest.fixture
+def tp():
+    backend = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
+    return C10dTransport(backend, capabilities(None), "cpu")
+
+
+def test_a_signature_is_validated_once_and_the_answer_is_the_planners(tp, monkeypatch):
+    from funcoll import semantics
+
+    parsed = []
+    orig = semantics.parse_reduction
+    monkeypatch.setattr(semantics, "parse_reduction", lambda op, name: (parsed.append(op), orig(op, name))[1])
+    t = torch.ones(4)
+    first = algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), t)
+    again = algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.zeros(4))
+    assert first is again and first is not None and len(parsed) == 1
+    assert first.tally.key == ("all_reduce", "sum", torch.float32) and first.issue == tp.backend.allreduce
+    # a new signature (shape, dtype, op) is validated again
+    algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.ones(5))
+    assert len(parsed) == 2
+    # not native: bool SUM is an OR in funcoll's semantics; PREMUL_SUM; empty tensors
+    assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.ones(4, dtype=torch.bool)) is None
+    assert algorithms.native_all_reduce_request(tp, dist._make_nccl_premul_sum(2.0), t) is None
+    assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.ones(0)) is None
+    # invalid: never cached, validated every time
+    n = len(parsed)
+    for _ in range(2):
+        assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.BXOR), t) is None
+    assert len(parsed) == n + 2
+    # a changed capability table drops the cached answers
+    tp.caps = tp.caps.restrict(profile("xccl"))
+    assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.AVG), t) is None
+    assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), t) is not first
+
+
+def test_other_lookups(tp):
+    x = torch.ones(4)
+    assert algorithms.native_all_gather_request(tp, torch.empty(4), x).issue == tp.backend._allgather_base
+    assert algorithms.native_all_gather_request(tp, torch.empty(1, 4), x) is None  # stacked form: the full path
+    assert algorithms.native_reduce_scatter_request(tp, dist.ReduceOp(R.MAX), torch.empty(4), x) is not None
+    assert algorithms.native_all_to_all_request(tp, torch.empty(4), x, [], []) is not None
+    assert algorithms.native_all_to_all_request(tp, torch.empty(4), x, [4], [4]) is not None
+    assert algorithms.native_broadcast_request(tp, x, 0, 0).issue == tp.backend.broadcast
+    assert algorithms.native_broadcast_request(tp, x, 1, 0) is None  # invalid root
+    assert algorithms.native_broadcast_request(tp, torch.ones(4, dtype=torch.int16), 0, 0) is None  # gloo: no int16
+
+    class Spy(C10dTransport):  # a transport whose primitive differs is called through the transport
+        def _all_reduce(self, t, red):
+            return super()._all_reduce(t, red)
+
+    spy = Spy(tp.backend, tp.caps, "cpu")
+    assert algorithms.native_all_reduce_request(spy, dist.ReduceOp(R.SUM), x) is None

@@ -1,0 +1,129 @@
+"""funcoll's XLA lowering executed at world 2, 4 and 8 on the XLA CPU runtime (funcoll.replicas, jaxlib), every
+number checked against tests/reference.py (bit for bit for integers, bool and data movement).
+
+Each world runs in a subprocess (``python -m tests.xla.xla_replica_cases funcoll N``): every rank of a virtual world of
+N ranks builds its program, then the programs run on N CPU replicas. One module holds every case whose program is the
+same on every rank: all_reduce with every reduce op funcoll serves on XLA (AVG, PREMUL_SUM, bitwise via all_to_all
++ local reduce + all_gather, bool xor as a count, int16 and unsigned) for every dtype at world 2 and seven at 4 and
+8, on 15 elements (divisible by no world size) and 8, all_gather_into_tensor, reduce_scatter_tensor, even
+all_to_all_single, broadcast, coalesced and in-place forms, a mesh's registered partitions and aligned
+``new_subgroups``, and (worlds 2 and 4) three steps of a compiled training step. A second program depends on the
+rank (uneven all_to_all_single padded to the agreed bound and to a static bound, ``reduce`` keeping its result on dst
+only, groups that only their members call, padded with singletons): each rank's own module runs in its own process.
+Then torch_xla's own kernels are run the same way, side by side.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
+if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
+    pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas; the xla environment's "
+                "xla-replicas extra)", allow_module_level=True)
+
+pytestmark = pytest.mark.xla
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORLDS = (2, 4, 8)
+_cache: dict = {}
+
+
+def _launch(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
+    env.pop("FUNCOLL_PROFILE", None)
+    return subprocess.Popen([sys.executable, "-m", "tests.xla.xla_replica_cases", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def doc_example() -> str:
+    """The first Python block of docs/xla-replicas.md."""
+    page = open(os.path.join(ROOT, "docs", "xla-replicas.md")).read()
+    return page.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def results() -> dict:
+    """Every subprocess's JSON, all started at once (one run for every test of this file)."""
+    if not _cache:
+        procs = {f"world {n}": _launch("funcoll", n) for n in WORLDS}
+        procs["side by side"] = _launch("side_by_side", 4)
+        procs["unsupported"] = _launch("unsupported")
+        env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
+        procs["doc example"] = subprocess.Popen([sys.executable, "-c", doc_example() + "\nprint('JSON:0')"], cwd=ROOT,
+                                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for key, p in procs.items():
+                stdout, stderr = p.communicate(timeout=900)
+                assert p.returncode == 0, f"xla_replica_cases {key} failed:\n{stderr[-4000:]}"
+                _cache[key] = json.loads(stdout.split("JSON:", 1)[1])
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return _cache
+
+
+# the number of checks per world (each rank's outputs, each against its reference): a case that silently stopped
+# running would lower it
+COUNTS = {2: 460, 4: 530, 8: 1022}
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_every_strategy_executed_matches_the_reference(n):
+    got = results()[f"world {n}"]
+    assert got["failures"] == [], "\n".join(got["failures"][:30])
+    assert got["count"] == COUNTS[n]
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_one_module_for_every_rank_except_where_the_program_depends_on_the_rank(n):
+    got = results()[f"world {n}"]
+    # the cases of the first program compile to the same module on every rank (rank-dependent values are parameters)
+    assert got["same"][0] is True, got["why"][0]
+    # an uneven all_to_all pads and slices by the rank's own splits: rank 1 sends and receives other sizes than rank 0
+    assert got["same"][1] is False
+    assert got["why"][1].startswith("rank 1's module differs from rank 0's at ")
+
+
+def test_torch_xla_kernels_side_by_side():
+    rows = results()["side by side"]
+    # funcoll: right on the world and on every block of the mesh dim
+    for name, row in rows.items():
+        assert row.get("right funcoll") is True, (name, row)
+    # torch_xla 2.9's kernels: right on the world; on a group they sum the whole world or build HLO that XLA rejects,
+    # and avg raises
+    assert rows["all_reduce sum, world"]["right torch_xla"] is True
+    assert rows["all_reduce sum, tp group"]["right torch_xla"] is False
+    assert rows["all_reduce sum, tp group"]["torch_xla"] == [rows["all_reduce sum, world"]["want"][0]] * 4
+    assert rows["all_gather_into_tensor, tp group"]["torch_xla"].startswith(
+        "raises ReplicaRuntimeError: funcoll.replicas: the XLA CPU runtime cannot compile instruction %all-gather")
+    assert rows["reduce_scatter_tensor sum, tp group"]["torch_xla"].startswith(
+        "raises ReplicaRuntimeError: funcoll.replicas: the XLA CPU runtime cannot compile instruction %reduce-scatter")
+    assert rows["all_reduce avg, world"]["torch_xla"] == "raises RuntimeError: Unknown AllReduce type: avg"
+    assert rows["all_to_all_single, tp group"]["torch_xla"] == (
+        "raises RuntimeError: torch_xla does not support arbitrary split sizes for all_to_all")
+
+
+def test_an_instruction_the_cpu_runtime_cannot_run_is_named():
+    assert results()["unsupported"]["tpu custom call"] == (
+        'funcoll.replicas: the XLA CPU runtime cannot compile instruction %custom-call.13 = f32[4]{0} '
+        'custom-call(f32[4]{0} %get-tuple-element.11), custom_call_target="tpu_custom_call", '
+        'operand_layout_constraints={f32[4]{0}}, backend_config={} (module 0): JaxRuntimeError: NOT_FOUND: No '
+        'registered implementation for untyped custom call to tpu_custom_call for Host')
+
+
+def test_the_doc_example_runs():
+    # its asserts (every rank's average) ran in the subprocess
+    assert results()["doc example"] == 0
+
+
+def test_a_graph_that_already_ran_is_refused():
+    # torch.compile(backend="openxla") compiles and runs its graph at once, on the process's one replica
+    assert results()["unsupported"]["openxla"] == (
+        "funcoll.replicas: rank 0's results hold no computation to run: their graph already ran on this process's "
+        "single replica (torch_xla.sync(), .cpu(), or torch.compile(backend='openxla'), which compiles and runs its "
+        "graph at once); build them lazily (compile with backend='aot_eager')")
