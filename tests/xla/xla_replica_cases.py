@@ -50,6 +50,52 @@ def a2a_splits(world, rank):
     return [sends[j][rank] for j in range(world)], sends[rank]
 
 
+def group_calls(name: str, g, members: list, r: int) -> dict:
+    """The same six calls on a sub-group ``g`` of ``members`` (global ranks), run by its members: all_reduce AVG and
+    BXOR, all_gather, reduce_scatter, all_to_all (not on a group of one: an all-to-all of one replica never finishes
+    on jaxlib's gloo collectives) and broadcast from the last member."""
+    k, res = len(members), {}
+    t = ref.make(torch.float32, (5,), r, f"{name} ar", "grid").to(dev())
+    dist.all_reduce(t, op=R.AVG, group=g)
+    res[f"{name} all_reduce avg"] = t
+    t = ref.make(torch.int32, (6,), r, f"{name} bxor").to(dev())
+    dist.all_reduce(t, op=R.BXOR, group=g)
+    res[f"{name} all_reduce bxor"] = t
+    o = torch.empty((k * 2,), device=dev())
+    dist.all_gather_into_tensor(o, ref.make(torch.float32, (2,), r, f"{name} ag").to(dev()), group=g)
+    res[f"{name} all_gather"] = o
+    o = torch.empty((2,), device=dev())
+    dist.reduce_scatter_tensor(o, ref.make(torch.float32, (k * 2,), r, f"{name} rs", "grid").to(dev()), group=g)
+    res[f"{name} reduce_scatter"] = o
+    if k > 1:
+        o = torch.empty((k * 2,), device=dev())
+        dist.all_to_all_single(o, ref.make(torch.float32, (k * 2,), r, f"{name} a2a").to(dev()), group=g)
+        res[f"{name} all_to_all"] = o
+    t = ref.make(torch.float32, (3,), r, f"{name} bc").to(dev())
+    dist.broadcast(t, src=members[-1], group=g)
+    res[f"{name} broadcast src=last"] = t
+    return res
+
+
+def group_expected(name: str, members: list, rank: int) -> dict:
+    """What :func:`group_calls` gives ``rank``, from every member's inputs."""
+    k, me, want = len(members), members.index(rank), {}
+    want[f"{name} all_reduce avg"] = (
+        ref.reduce("avg", [ref.make(torch.float32, (5,), q, f"{name} ar", "grid") for q in members]), "avg", "grid")
+    want[f"{name} all_reduce bxor"] = (
+        ref.reduce("bxor", [ref.make(torch.int32, (6,), q, f"{name} bxor") for q in members]), "bxor", "random")
+    want[f"{name} all_gather"] = (torch.cat([ref.make(torch.float32, (2,), q, f"{name} ag") for q in members]),
+                                  "movement", "random")
+    full = ref.reduce("sum", [ref.make(torch.float32, (k * 2,), q, f"{name} rs", "grid") for q in members])
+    want[f"{name} reduce_scatter"] = (full[me * 2:me * 2 + 2], "sum", "grid")
+    if k > 1:
+        a = [ref.make(torch.float32, (k * 2,), q, f"{name} a2a") for q in members]
+        want[f"{name} all_to_all"] = (torch.cat([i[me * 2:me * 2 + 2] for i in a]), "movement", "random")
+    want[f"{name} broadcast src=last"] = (ref.make(torch.float32, (3,), members[-1], f"{name} bc"), "movement",
+                                          "random")
+    return want
+
+
 # ---------------------------------------------------------------------------------------------------
 # the programs: each returns {case: XLA tensor}; expected() rebuilds {case: CPU tensor} from every rank's inputs
 # ---------------------------------------------------------------------------------------------------
@@ -135,26 +181,7 @@ def uniform_program(n: int):
             funcoll.groups.register_mesh(mesh)
             for d in ("dp", "tp"):
                 g = mesh.get_group(d)
-                k = g.size()
-                t = ref.make(torch.float32, (5,), r, f"mesh {d} ar", "grid").to(dev())
-                dist.all_reduce(t, op=R.AVG, group=g)
-                res[f"mesh {d} all_reduce avg"] = t
-                t = ref.make(torch.int32, (6,), r, f"mesh {d} bxor").to(dev())
-                dist.all_reduce(t, op=R.BXOR, group=g)
-                res[f"mesh {d} all_reduce bxor"] = t
-                o = torch.empty((k * 2,), device=dev())
-                dist.all_gather_into_tensor(o, ref.make(torch.float32, (2,), r, f"mesh {d} ag").to(dev()), group=g)
-                res[f"mesh {d} all_gather"] = o
-                o = torch.empty((2,), device=dev())
-                dist.reduce_scatter_tensor(o, ref.make(torch.float32, (k * 2,), r, f"mesh {d} rs", "grid").to(dev()),
-                                           group=g)
-                res[f"mesh {d} reduce_scatter"] = o
-                o = torch.empty((k * 2,), device=dev())
-                dist.all_to_all_single(o, ref.make(torch.float32, (k * 2,), r, f"mesh {d} a2a").to(dev()), group=g)
-                res[f"mesh {d} all_to_all"] = o
-                t = ref.make(torch.float32, (3,), r, f"mesh {d} bc").to(dev())
-                dist.broadcast(t, src=dist.get_global_rank(g, k - 1), group=g)
-                res[f"mesh {d} broadcast src=last"] = t
+                res.update(group_calls(f"mesh {d}", g, dist.get_process_group_ranks(g), r))
             pairs, _ = dist.new_subgroups(group_size=2)
             t = ref.make(torch.float32, (5,), r, "pairs ar", "grid").to(dev())
             dist.all_reduce(t, group=pairs)
@@ -209,22 +236,7 @@ def uniform_program(n: int):
             cols = n // 2
             blocks = {"dp": [[c, c + cols] for c in range(cols)], "tp": [list(range(0, cols)), list(range(cols, n))]}
             for d, bl in blocks.items():
-                mine = next(b for b in bl if rank in b)
-                k, me = len(mine), mine.index(rank)
-                want[f"mesh {d} all_reduce avg"] = (
-                    ref.reduce("avg", [ref.make(torch.float32, (5,), q, f"mesh {d} ar", "grid") for q in mine]),
-                    "avg", "grid")
-                want[f"mesh {d} all_reduce bxor"] = (
-                    ref.reduce("bxor", [ref.make(torch.int32, (6,), q, f"mesh {d} bxor") for q in mine]), "bxor",
-                    "random")
-                want[f"mesh {d} all_gather"] = (
-                    torch.cat([ref.make(torch.float32, (2,), q, f"mesh {d} ag") for q in mine]), "movement", "random")
-                full = ref.reduce("sum", [ref.make(torch.float32, (k * 2,), q, f"mesh {d} rs", "grid") for q in mine])
-                want[f"mesh {d} reduce_scatter"] = (full[me * 2:me * 2 + 2], "sum", "grid")
-                ins = [ref.make(torch.float32, (k * 2,), q, f"mesh {d} a2a") for q in mine]
-                want[f"mesh {d} all_to_all"] = (torch.cat([i[me * 2:me * 2 + 2] for i in ins]), "movement", "random")
-                want[f"mesh {d} broadcast src=last"] = (ref.make(torch.float32, (3,), mine[-1], f"mesh {d} bc"),
-                                                        "movement", "random")
+                want.update(group_expected(f"mesh {d}", next(b for b in bl if rank in b), rank))
             pair = [rank - rank % 2, rank - rank % 2 + 1]
             want["new_subgroups(2) all_reduce"] = (
                 ref.reduce("sum", [ref.make(torch.float32, (5,), q, "pairs ar", "grid") for q in pair]), "sum", "grid")
@@ -330,29 +342,8 @@ def rank_program(n: int):
         lone = dist.new_group(lone_ranks) if lone_ranks else None
         pair = dist.new_group([1, 2]) if n >= 4 else None
         for name, g, members in (("lone", lone, lone_ranks), ("pair [1, 2]", pair, [1, 2])):
-            if g is None or members is None or r not in members:
-                continue
-            k = len(members)
-            t = ref.make(torch.float32, (5,), r, f"{name} ar", "grid").to(dev())
-            dist.all_reduce(t, op=R.AVG, group=g)
-            res[f"{name} all_reduce avg"] = t
-            t = ref.make(torch.int32, (6,), r, f"{name} bxor").to(dev())
-            dist.all_reduce(t, op=R.BXOR, group=g)
-            res[f"{name} all_reduce bxor"] = t
-            o = torch.empty((k * 2,), device=dev())
-            dist.all_gather_into_tensor(o, ref.make(torch.float32, (2,), r, f"{name} ag").to(dev()), group=g)
-            res[f"{name} all_gather"] = o
-            o = torch.empty((2,), device=dev())
-            dist.reduce_scatter_tensor(o, ref.make(torch.float32, (k * 2,), r, f"{name} rs", "grid").to(dev()),
-                                       group=g)
-            res[f"{name} reduce_scatter"] = o
-            if k > 1:  # an all-to-all of one replica never finishes on jaxlib's gloo collectives
-                o = torch.empty((k * 2,), device=dev())
-                dist.all_to_all_single(o, ref.make(torch.float32, (k * 2,), r, f"{name} a2a").to(dev()), group=g)
-                res[f"{name} all_to_all"] = o
-            t = ref.make(torch.float32, (3,), r, f"{name} bc").to(dev())
-            dist.broadcast(t, src=members[-1], group=g)
-            res[f"{name} broadcast src=last"] = t
+            if g is not None and members is not None and r in members:
+                res.update(group_calls(name, g, members, r))
         return res
 
     def expected(rank):
@@ -376,24 +367,8 @@ def rank_program(n: int):
         want["reduce dst=last"] = (red if rank == n - 1 else ref.make(torch.float32, (5,), rank, "reduce", "grid"),
                                    "sum", "grid")
         for name, members in (("lone", lone_ranks), ("pair [1, 2]", [1, 2] if n >= 4 else None)):  # type: ignore
-            if members is None or rank not in members:
-                continue
-            k, me = len(members), members.index(rank)
-            want[f"{name} all_reduce avg"] = (
-                ref.reduce("avg", [ref.make(torch.float32, (5,), q, f"{name} ar", "grid") for q in members]), "avg",
-                "grid")
-            want[f"{name} all_reduce bxor"] = (
-                ref.reduce("bxor", [ref.make(torch.int32, (6,), q, f"{name} bxor") for q in members]), "bxor",
-                "random")
-            want[f"{name} all_gather"] = (torch.cat([ref.make(torch.float32, (2,), q, f"{name} ag") for q in members]),
-                                          "movement", "random")
-            full = ref.reduce("sum", [ref.make(torch.float32, (k * 2,), q, f"{name} rs", "grid") for q in members])
-            want[f"{name} reduce_scatter"] = (full[me * 2:me * 2 + 2], "sum", "grid")
-            if k > 1:
-                a = [ref.make(torch.float32, (k * 2,), q, f"{name} a2a") for q in members]
-                want[f"{name} all_to_all"] = (torch.cat([i[me * 2:me * 2 + 2] for i in a]), "movement", "random")
-            want[f"{name} broadcast src=last"] = (ref.make(torch.float32, (3,), members[-1], f"{name} bc"),
-                                                  "movement", "random")
+            if members is not None and rank in members:
+                want.update(group_expected(name, members, rank))
         return want
 
     return fn, expected
