@@ -52,25 +52,6 @@ def _columns(args):
     return [(n, report.transport_capabilities(n)) for n in names]
 
 
-def _cached_probes(device_types) -> List[dict]:
-    from funcoll.probe import cache_dir
-
-    root = cache_dir()
-    out = []
-    if root and os.path.isdir(root):
-        for name in sorted(os.listdir(root)):
-            if not name.endswith(".json") or (device_types and name.split("-")[0] not in device_types):
-                continue
-            try:
-                with open(os.path.join(root, name)) as f:
-                    entry = json.load(f)
-            except (OSError, ValueError):
-                continue
-            if entry.get("key", {}).get("torch") == torch.__version__:
-                out.append(entry)
-    return out
-
-
 def _facts(cols, key: str) -> Optional[dict]:
     """The fact rows (funcoll's choice, what the library does in that version) of the first column derived by
     ``key``'s table ("oneccl": XCCL, "torch_tpu": TorchTPU), or None when no column is one."""
@@ -90,15 +71,15 @@ def _facts(cols, key: str) -> Optional[dict]:
 
 
 def cmd_report(args) -> int:
+    import funcoll
     from funcoll import report
 
     if not args.device and args.format == "markdown" and not args.probed:
-        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else report.COLUMNS),
-              end="")
+        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else report.COLUMNS), end="")
         return 0
     cols = _columns(args)
     rows = [(name, [report._cell(caps, run) for _, caps in cols]) for name, run in report.rows()]
-    probes = _cached_probes(args.device or []) if args.probed else []
+    probes = funcoll.probe.cached_entries(args.device or []) if args.probed else []
     facts, tpu_facts = _facts(cols, "oneccl"), _facts(cols, "torch_tpu")
     if args.format == "json":
         doc: dict = {"torch": torch.__version__,
@@ -113,10 +94,7 @@ def cmd_report(args) -> int:
             doc["probe"] = probes
         print(json.dumps(doc, indent=1, sort_keys=False))
         return 0
-    print("| request | " + " | ".join(label for label, _ in cols) + " |")
-    print("|---|" + "---|" * len(cols))
-    for name, cells in rows:
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(report.markdown_table(["request", *(label for label, _ in cols)], [[n, *cells] for n, cells in rows]), end="")
     if facts is not None:
         v = facts["stack"]
         print(f"\n## XCCL facts: torch {v['torch']}, oneCCL {v['oneccl']} at run time, {v['oneccl_build']} at build "
@@ -167,12 +145,11 @@ def _check_after(rank, n, device, name):
     import torch.distributed as dist
 
     import funcoll
-    from funcoll import reference
-    from funcoll.probe import Request, _values
+    from funcoll.probe import Request, _Case
 
-    req = Request.parse(name)
-    k = 3
-    xs = [_values(req, r, n * k) for r in range(n)]
+    case = _Case(Request.parse(name), n, 3)
+    req, k = case.req, case.k
+    xs = [case.inputs(r) for r in range(n)]
     x = xs[rank].clone().to(device)
     op = getattr(dist.ReduceOp, str(req.op).upper())
     with funcoll.record() as calls:
@@ -188,11 +165,7 @@ def _check_after(rank, n, device, name):
         else:
             dist.reduce(x, dst=n - 1, op=op)
             got = x.cpu()
-    ref = reference.reduce(str(req.op), xs)
-    if req.primitive == "reduce_scatter":
-        ref = ref[rank * k:(rank + 1) * k]
-    ok = (req.primitive == "reduce" and rank != n - 1) or reference.close(got, ref, n, str(req.op), "grid") is None
-    return [s for _, notes in calls for s in notes], bool(ok)
+    return [s for _, notes in calls for s in notes], case.check(rank, xs, [got]) is None
 
 
 def cmd_probe(args) -> int:

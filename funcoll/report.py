@@ -48,6 +48,12 @@ def _cell(caps, run) -> str:
     return "native" if notes == ["native"] else "; ".join(notes).replace("torch.", "")
 
 
+def markdown_table(head, rows) -> str:
+    """A Markdown table: the ``head`` cells, then one line of cells per row."""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] +
+                     ["| " + " | ".join(cells) + " |" for cells in rows]) + "\n"
+
+
 def rows():
     n = 4
     f = lambda dt, k=8: torch.ones(k, dtype=dt)  # noqa: E731
@@ -142,9 +148,7 @@ def xccl_fact_table() -> str:
     and where FUNCOLL_XPU_OVERRIDE may flip it."""
     from funcoll.transport import xpu
 
-    rows = xpu.TORCH_ROWS
-    lines = ["| fact | request | " + " | ".join(f"torch {r}" for r in rows) + " | override | funcoll's strategy |",
-             "|---|---|" + "---|" * len(rows) + "---|---|"]
+    rows, lines = xpu.TORCH_ROWS, []
     for key, fact in xpu.XCCL_FACTS.items():
         runs: list = []  # (first row, last row, topologies) of consecutive rows with the same overridability
         for r in rows:
@@ -163,9 +167,8 @@ def xccl_fact_table() -> str:
                     extra = " (built against oneCCL >= 2021.17)" if first == "2.11" else ""
                     parts.append(f"{when}: {', '.join(topo)}{extra}")
             ov = "; ".join(parts)
-        cells = [_xccl_cell(key, r) for r in rows]
-        lines.append(f"| `{key}` | {fact.what} | " + " | ".join(cells) + f" | {ov} | {fact.strategy} |")
-    return "\n".join(lines) + "\n"
+        lines.append([f"`{key}`", fact.what, *(_xccl_cell(key, r) for r in rows), ov, fact.strategy])
+    return markdown_table(["fact", "request", *(f"torch {r}" for r in rows), "override", "funcoll's strategy"], lines)
 
 
 def xccl_fact_details() -> str:
@@ -196,25 +199,20 @@ def torchtpu_fact_table() -> str:
     what ProcessGroupTpu does, funcoll's strategy and the evidence."""
     from funcoll.transport import tpu
 
-    rows = tpu.VERSION_ROWS
-    lines = ["| fact | request | " + " | ".join(f"torch_tpu {r}" for r in rows) + " | unknown version | "
-             "ProcessGroupTpu | funcoll's strategy | evidence |",
-             "|---|---|" + "---|" * len(rows) + "---|---|---|---|"]
-    for key, fact in tpu.TORCHTPU_FACTS.items():
-        cells = [tpu.derive(f"{r}.0").sources[f"torchtpu.{key}"].split(":", 1)[0] for r in rows]
-        unknown = tpu.derive(None).sources[f"torchtpu.{key}"].split(":", 1)[0]
-        does = "; ".join(f"{first}+: {what}" for first, what in fact.by_version)
-        lines.append(f"| `{key}` | {fact.what} | " + " | ".join(cells) +
-                     f" | {unknown} | {does} | {fact.strategy} | {fact.source} |")
-    return "\n".join(lines) + "\n"
+    def choice(version, key):
+        return tpu.derive(version).sources[f"torchtpu.{key}"].split(":", 1)[0]
+
+    return markdown_table(
+        ["fact", "request", *(f"torch_tpu {r}" for r in tpu.VERSION_ROWS), "unknown version", "ProcessGroupTpu",
+         "funcoll's strategy", "evidence"],
+        [[f"`{key}`", fact.what, *(choice(f"{r}.0", key) for r in tpu.VERSION_ROWS), choice(None, key),
+          "; ".join(f"{first}+: {what}" for first, what in fact.by_version), fact.strategy, fact.source]
+         for key, fact in tpu.TORCHTPU_FACTS.items()])
 
 
 def capability_table(profiles=COLUMNS) -> str:
-    lines = ["| request | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
-    for name, run in rows():
-        cells = [_cell(transport_capabilities(p), run) for p in profiles]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    caps = [transport_capabilities(p) for p in profiles]
+    return markdown_table(["request", *profiles], [[name, *(_cell(c, run) for c in caps)] for name, run in rows()])
 
 
 if __name__ == "__main__":
