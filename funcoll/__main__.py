@@ -86,12 +86,8 @@ def cmd_report(args) -> int:
                "columns": [{"name": label, "capabilities": caps.name, "sources": dict(caps.sources)}
                            for label, caps in cols],
                "rows": [{"request": name, "cells": dict(zip([c[0] for c in cols], cells))} for name, cells in rows]}
-        if facts is not None:
-            doc["xccl_facts"] = facts
-        if tpu_facts is not None:
-            doc["torchtpu_facts"] = tpu_facts
-        if args.probed:
-            doc["probe"] = probes
+        extra = {"xccl_facts": facts, "torchtpu_facts": tpu_facts, "probe": probes if args.probed else None}
+        doc.update({k: v for k, v in extra.items() if v is not None})
         print(json.dumps(doc, indent=1, sort_keys=False))
         return 0
     print(report.markdown_table(["request", *(label for label, _ in cols)], [[n, *cells] for n, cells in rows]), end="")
@@ -124,48 +120,35 @@ def cmd_report(args) -> int:
 # probe
 # ---------------------------------------------------------------------------------------------------
 def _probe_rank(rank, n, device, cache, simulate):
-    """Runs on every rank of the probe world: the probe, and (with --simulate-wrong) the request it demoted."""
-    import torch.distributed as dist
-
-    import funcoll
-    from funcoll.transport.registry import transport_for
-
-    tp = transport_for(dist.group.WORLD, device)
-    after = None
-    if simulate:
-        funcoll.probe.inject_wrong(tp, simulate)
-    res = funcoll.probe.run(device=device, cache=cache)
-    if simulate:
-        after = _check_after(rank, n, device, simulate)
-    return res.to_dict(), res.to_markdown(), after
-
-
-def _check_after(rank, n, device, name):
-    """The demoted request, through dist.*, after the probe: (strategies, right?)."""
+    """Runs on every rank of the probe world: the probe, and with --simulate-wrong the demoted request through dist.*
+    after it: (strategies, right?)."""
     import torch.distributed as dist
 
     import funcoll
     from funcoll.probe import Request, _Case
+    from funcoll.transport.registry import transport_for
 
-    case = _Case(Request.parse(name), n, 3)
-    req, k = case.req, case.k
+    if simulate:
+        funcoll.probe.inject_wrong(transport_for(dist.group.WORLD, device), simulate)
+    res = funcoll.probe.run(device=device, cache=cache)
+    if not simulate:
+        return res.to_dict(), res.to_markdown(), None
+    case = _Case(Request.parse(simulate), n, 3)
     xs = [case.inputs(r) for r in range(n)]
     x = xs[rank].clone().to(device)
-    op = getattr(dist.ReduceOp, str(req.op).upper())
+    op = getattr(dist.ReduceOp, str(case.req.op).upper())
     with funcoll.record() as calls:
-        if req.primitive == "all_reduce":
-            dist.all_reduce(x, op=op)
-            got = x.cpu()
-        elif req.primitive == "reduce_scatter":
-            got = x.new_empty((k,))
+        if case.req.primitive == "reduce_scatter":
+            x, whole = x.new_empty((case.k,)), x
             with warnings.catch_warnings():  # torch >= 2.10 prefers reduce_scatter_single; both reach funcoll
                 warnings.simplefilter("ignore", FutureWarning)
-                dist.reduce_scatter_tensor(got, x, op=op)
-            got = got.cpu()
+                dist.reduce_scatter_tensor(x, whole, op=op)
+        elif case.req.primitive == "all_reduce":
+            dist.all_reduce(x, op=op)
         else:
             dist.reduce(x, dst=n - 1, op=op)
-            got = x.cpu()
-    return [s for _, notes in calls for s in notes], case.check(rank, xs, [got]) is None
+    after = [s for _, notes in calls for s in notes], case.check(rank, xs, [x.cpu()]) is None
+    return res.to_dict(), res.to_markdown(), after
 
 
 def cmd_probe(args) -> int:

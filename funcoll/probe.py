@@ -17,22 +17,11 @@ rank builds every rank's inputs and computes the reference locally with :mod:`fu
 nothing is exchanged to build it. The verdicts of every rank are gathered, so every rank demotes the same requests
 (a strategy that differs between ranks would hang).
 
-A request whose native result is wrong is demoted, for this process, on that transport: its ``Capabilities`` is
-replaced (``dataclasses.replace``) so the algorithms take the strategy they take where the library lacks it:
-
-* all_reduce / reduce_scatter (op, dtype)  -> ``refused_pairs`` (the strategy for that pair, every reducing primitive)
-* reduce, broadcast, gather, scatter, all_reduce_coalesced -> the primitive is dropped (composed from the others)
-* uneven all_to_all                       -> ``uneven_all_to_all=False`` (pad, even all_to_all, unpad)
-* moving a dtype funcoll does not reduce  -> the dtype is dropped (moved as the raw bits of another dtype)
-* anything else (all_gather or even all_to_all of a dtype funcoll reduces) cannot be routed around: it is reported
-  as *unfixable* and logged as an error.
-
-The verified table is cached on disk (``FUNCOLL_PROBE_CACHE``, default ``~/.cache/funcoll/probe``; ``off`` disables
-it), keyed by (torch version, collective library and its version, device name, topology, group size, capability
-table). With a cache entry that every rank of the group holds identically, the probe applies it without running
-the collectives. ``FUNCOLL_PROBE=1`` probes every transport a funcoll group creates (``TORCH_LOGS=funcoll`` shows
-the results: the group's transports call :func:`at_creation` when made); :func:`results` lists them;
-``python -m funcoll probe`` runs it from the command line.
+A request whose native result is wrong is demoted, for this process, on that transport (:func:`demote`: its
+``Capabilities`` is replaced so the algorithms take the strategy they take where the library lacks it; what cannot be
+routed around is reported as *unfixable*). The verified table is cached on disk (``FUNCOLL_PROBE_CACHE``), keyed by
+the stack; a cache entry every rank holds is applied without running the collectives. ``FUNCOLL_PROBE=1`` probes
+every transport a funcoll group creates (:func:`at_creation`). The whole contract: docs/observability.md.
 """
 
 from __future__ import annotations
@@ -56,6 +45,7 @@ from funcoll import algorithms, reference
 from funcoll.algorithms.observe import LOG, group_label
 from funcoll.entry.group_state import is_local_store
 from funcoll.entry.process_group import TRANSPORT_HOOKS
+from funcoll.report import markdown_table
 from funcoll.semantics import FLOAT8, ReduceOp, Reduction, dtype_name
 from funcoll.transport import Capabilities
 from funcoll.transport.registry import transport_for
@@ -262,8 +252,7 @@ def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, Lis
             uneven = False
             what = "uneven all_to_all: pad, even all_to_all, unpad"
         elif req.dtype not in caps.reduce_dtypes and any(
-                d in dtypes and d != req.dtype and torch.empty((), dtype=d).element_size() ==
-                torch.empty((), dtype=req.dtype).element_size() for d in caps.dtypes):
+                d in dtypes and d != req.dtype and d.itemsize == req.dtype.itemsize for d in caps.dtypes):
             dtypes.discard(req.dtype)
             what = f"{dtype_name(req.dtype)}: moved as the raw bits of another dtype"
         else:
@@ -299,10 +288,6 @@ class ProbeResult:
     seconds: float = 0.0
     capabilities: str = ""
 
-    @property
-    def ok(self) -> bool:
-        return not self.wrong
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -318,11 +303,9 @@ class ProbeResult:
                  f"{len(self.wrong)} wrong",
                  ""]
         if self.wrong:
-            lines += ["| native request | wrong result | now |", "|---|---|---|"]
-            now = {d.split(" -> ")[0]: d.split(" -> ", 1)[1] for d in self.demoted}
-            for name, why in self.wrong.items():
-                lines.append(f"| {name} | {why} | {now.get(name, 'UNFIXABLE: still native')} |")
-            lines.append("")
+            now = dict(d.split(" -> ", 1) for d in self.demoted)
+            lines.append(markdown_table(["native request", "wrong result", "now"], [
+                [name, why, now.get(name, "UNFIXABLE: still native")] for name, why in self.wrong.items()]))
         return "\n".join(lines)
 
 
@@ -345,16 +328,9 @@ def _device_name(device_type: str, dev) -> str:
             return torch.xpu.get_device_name(dev)
         if device_type == "xla":
             import torch_xla.core.xla_model as xm
+            import torch_xla.runtime as xr
 
-            try:
-                import torch_xla.runtime as xr
-
-                kind = xr.global_runtime_device_attributes()[0].get("device_kind")
-                if kind:
-                    return str(kind)
-            except Exception:
-                pass
-            return xm.xla_device_hw(dev)
+            return str(xr.global_runtime_device_attributes()[0].get("device_kind") or xm.xla_device_hw(dev))
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
@@ -388,16 +364,8 @@ def _topology(host_ids: List[bytes]) -> str:
             else f"{hosts} hosts, {per[0]}-{per[-1]} ranks each")
 
 
-def _key_file(key: dict, device_type: str) -> str:
-    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return f"{device_type}-{h}.json"
-
-
-def _digest(entry: Optional[dict]) -> bytes:
-    if entry is None:
-        return bytes(32)
-    core = {k: entry[k] for k in ("key", "checked", "wrong")}
-    return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).digest()
+def _sha(obj) -> bytes:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).digest()
 
 
 def _read_cache(path: Optional[str], key: Optional[dict] = None, names: Optional[List[str]] = None) -> Optional[dict]:
@@ -519,17 +487,6 @@ def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
     return verdicts
 
 
-def _sizes(n: int) -> Tuple[int, int]:
-    return 3, max(1, math.ceil(1024 / n))
-
-
-def _stack_key(tp, device_type: str, topology: str, caps: Capabilities) -> dict:
-    return {"schema": SCHEMA, "torch": torch.__version__, "library": _library(tp, device_type),
-            "transport": type(tp).__name__,
-            "device": _device_name(device_type, _device_of(tp)), "topology": topology, "group_size": tp.size,
-            "capabilities": caps.name}
-
-
 def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] = None, *,
                     cache: bool = True) -> ProbeResult:
     """Probes one transport (collective: every rank of its group calls it) and demotes what is wrong on it. A transport
@@ -553,19 +510,22 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     host = hashlib.sha256(socket.gethostname().encode()).digest()[:8]
     hosts = _all_gather_bytes(tp, torch.frombuffer(bytearray(host), dtype=torch.uint8), dev)
     topology = _topology([bytes(hosts[r].tolist()) for r in range(n)])
-    key = _stack_key(tp, device_type, topology, caps)
+    key = {"schema": SCHEMA, "torch": torch.__version__, "library": _library(tp, device_type),
+           "transport": type(tp).__name__, "device": _device_name(device_type, dev), "topology": topology,
+           "group_size": n, "capabilities": caps.name}
     root = cache_dir() if cache else None
-    path = os.path.join(root, _key_file(key, device_type)) if root else None
+    path = os.path.join(root, f"{device_type}-{_sha(key).hex()[:16]}.json") if root else None
     entry = _read_cache(path, key, names)
-    digests = _all_gather_bytes(tp, torch.frombuffer(bytearray(_digest(entry)), dtype=torch.uint8), dev)
+    digest = _sha({k: entry[k] for k in ("key", "checked", "wrong")}) if entry is not None else bytes(32)
+    digests = _all_gather_bytes(tp, torch.frombuffer(bytearray(digest), dtype=torch.uint8), dev)
     cached = entry is not None and all(torch.equal(digests[r], digests[0]) for r in range(n))
     if cached and entry is not None:
         wrong = dict(entry["wrong"])
     else:
-        # 2. every native request, at two sizes, in batches of bounded size
+        # 2. every native request, at two sizes (3 elements per rank, about 1024 in all), in batches of bounded size
         batches: List[List[_Case]] = [[]]
         size = 0
-        for c in (_Case(r, n, k) for k in _sizes(n) for r in reqs):
+        for c in (_Case(r, n, k) for k in (3, max(1, math.ceil(1024 / n))) for r in reqs):
             if batches[-1] and size + max(c.numel) * 8 > _BATCH_BYTES:
                 batches.append([])
                 size = 0
@@ -610,13 +570,11 @@ def run(group=None, device: Optional[str] = None, *, cache: bool = True) -> Prob
     group (collective: call it on every rank of the group), and demotes, for this process, those whose native result
     is wrong. ``group``: a process group (default: the world); ``device``: "cpu", "xpu", "xla" (default: "xpu"
     where an XPU is available, else "cpu"). ``cache=False`` ignores and does not write the disk cache."""
-    if group is None:
-        group = dist.group.WORLD
-    if device is None:
-        device = "xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu"
-    dtype = torch.device(device).type
+    group = dist.group.WORLD if group is None else group
+    device = device or ("xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu")
     tp = transport_for(group, device)
-    return probe_transport(tp, dtype, getattr(group, "group_name", None) or group_label(tp), cache=cache)
+    return probe_transport(tp, torch.device(device).type, getattr(group, "group_name", None) or group_label(tp),
+                           cache=cache)
 
 
 def at_creation(pg, device_type: str, tp) -> None:

@@ -58,12 +58,13 @@ def rows():
     n = 4
     f = lambda dt, k=8: torch.ones(k, dtype=dt)  # noqa: E731
     ar = lambda dt, op: (lambda tp: algorithms.all_reduce(tp, f(dt), op))  # noqa: E731
+    rs = lambda dt, op: (lambda tp: algorithms.reduce_scatter_tensor(tp, f(dt, 2), f(dt), op))  # noqa: E731
+    ag = lambda dt: (lambda tp: algorithms.all_gather_into_tensor(tp, f(dt, 4 * n), f(dt, 4)))  # noqa: E731
     yield "all_reduce sum float32/bfloat16", ar(torch.bfloat16, "sum")
     yield "all_reduce avg float32", ar(torch.float32, "avg")
     yield "all_reduce avg bfloat16/float16", ar(torch.bfloat16, "avg")
     yield "all_reduce avg int32", ar(torch.int32, "avg")
-    yield "all_reduce premul_sum float32", lambda tp: algorithms.all_reduce(
-        tp, f(torch.float32), Reduction(algorithms.R.PREMUL_SUM, 0.5))
+    yield "all_reduce premul_sum float32", ar(torch.float32, Reduction(algorithms.R.PREMUL_SUM, 0.5))
     yield "all_reduce product int64", ar(torch.int64, "product")
     yield "all_reduce min/max float32", ar(torch.float32, "max")
     yield "all_reduce min/max int32", ar(torch.int32, "max")
@@ -75,21 +76,15 @@ def rows():
     yield "all_reduce max uint64", ar(torch.uint64, "max")
     yield "all_reduce sum complex64", ar(torch.complex64, "sum")
     yield "all_reduce max complex64", ar(torch.complex64, "max")
-    yield "all_reduce sum float8_e4m3fn", lambda tp: algorithms.all_reduce(tp, f(torch.float8_e4m3fn), "sum")
+    yield "all_reduce sum float8_e4m3fn", ar(torch.float8_e4m3fn, "sum")
     yield "all_reduce_coalesced (3 float32)", lambda tp: algorithms.all_reduce_coalesced(
         tp, [f(torch.float32, 2), f(torch.float32, 3), f(torch.float32, 4)], "sum")
-    yield "reduce_scatter avg float32", lambda tp: algorithms.reduce_scatter_tensor(
-        tp, f(torch.float32, 2), f(torch.float32), "avg")
-    yield "reduce_scatter premul_sum float32", lambda tp: algorithms.reduce_scatter_tensor(
-        tp, f(torch.float32, 2), f(torch.float32), Reduction(algorithms.R.PREMUL_SUM, 0.5))
-    yield "reduce_scatter bor int32", lambda tp: algorithms.reduce_scatter_tensor(
-        tp, f(torch.int32, 2), f(torch.int32), "bor")
-    yield "all_gather float32", lambda tp: algorithms.all_gather_into_tensor(
-        tp, f(torch.float32, 4 * n), f(torch.float32, 4))
-    yield "all_gather uint16", lambda tp: algorithms.all_gather_into_tensor(
-        tp, f(torch.uint16, 4 * n), f(torch.uint16, 4))
-    yield "all_gather float8_e4m3fn", lambda tp: algorithms.all_gather_into_tensor(
-        tp, f(torch.float8_e4m3fn, 4 * n), f(torch.float8_e4m3fn, 4))
+    yield "reduce_scatter avg float32", rs(torch.float32, "avg")
+    yield "reduce_scatter premul_sum float32", rs(torch.float32, Reduction(algorithms.R.PREMUL_SUM, 0.5))
+    yield "reduce_scatter bor int32", rs(torch.int32, "bor")
+    yield "all_gather float32", ag(torch.float32)
+    yield "all_gather uint16", ag(torch.uint16)
+    yield "all_gather float8_e4m3fn", ag(torch.float8_e4m3fn)
     yield "all_to_all_single even", lambda tp: algorithms.all_to_all_single(tp, f(torch.float32), f(torch.float32))
     yield "all_to_all_single uneven", lambda tp: algorithms.all_to_all_single(
         tp, f(torch.float32, 6), f(torch.float32, 6), [1, 0, 3, 2], [1, 2, 3, 0])
