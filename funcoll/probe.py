@@ -36,7 +36,7 @@ import time
 import weakref
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -463,21 +463,22 @@ def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
             issued.append((*c.run(tp, c.inputs(tp.rank), dev), None))
         except Exception as e:  # noqa: BLE001 - a native request that raises is as wrong as a wrong result
             issued.append((None, [], f"raised {type(e).__name__}: {_first_line(e)}"))
+    got: Union[str, List[Tuple[List[torch.Tensor], Optional[str]]]]
     try:
-        for i, (h, outs, err) in enumerate(issued):
+        for i in range(len(issued)):
             try:
-                if err is None:
-                    h.wait()
+                if issued[i][2] is None:
+                    issued[i][0].wait()
             except Exception as e:  # noqa: BLE001
-                issued[i] = (h, outs, f"raised {type(e).__name__} on wait: {_first_line(e)}")
+                issued[i] = (None, [], f"raised {type(e).__name__} on wait: {_first_line(e)}")
         _sync(tp)
         got = [([t.cpu() for t in outs] if err is None else [], err) for _, outs, err in issued]
     except Exception as e:  # noqa: BLE001
+        got = f"raised {type(e).__name__}: {_first_line(e)}"
+    del issued  # the device tensors (on XLA, those of a failed graph too) must not reach the next sync
+    if isinstance(got, str):
         _recover(tp)
-        if len(cases) == 1:
-            return [f"raised {type(e).__name__}: {_first_line(e)}"]
-        return [v for c in cases for v in _run_batch(tp, [c], dev)]
-    del issued  # device tensors: gone before the checks
+        return [got] if len(cases) == 1 else [v for c in cases for v in _run_batch(tp, [c], dev)]
     verdicts = []
     for c, (outs, err) in zip(cases, got):
         try:
