@@ -26,30 +26,21 @@ import torch
 # ---------------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------------
-def _device_caps(device: str, args):
-    """(column label, Capabilities) of one device type, with the versions/profile the user named."""
-    import funcoll
-    from funcoll.transport import Capabilities
-
-    if device == "xpu":
-        from funcoll.transport import xpu
-
-        given = {"profile": args.profile, "torch_version": args.torch_version,
-                 "oneccl_version": args.oneccl_version, "override": args.override, "topology": args.topology,
-                 "oneccl_build": args.oneccl_build_version}
-        caps: Capabilities = xpu.capabilities(**{k: v for k, v in given.items() if v is not None})
-    else:
-        caps = funcoll.capabilities(device, profile=args.profile)
-    return f"{device}: {caps.name}", caps
-
-
 def _columns(args):
+    """(column label, Capabilities) per column: the named profiles, or each ``--device`` type's transport with the
+    versions/profile the user named."""
+    import funcoll
     from funcoll import report
+    from funcoll.transport import xpu
 
-    if args.device:
-        return [_device_caps(d, args) for d in args.device]
-    names = args.profile.split(",") if args.profile else list(report.COLUMNS)
-    return [(n, report.transport_capabilities(n)) for n in names]
+    if not args.device:
+        names = args.profile.split(",") if args.profile else list(report.COLUMNS)
+        return [(n, report.transport_capabilities(n)) for n in names]
+    given = {"profile": args.profile, "torch_version": args.torch_version, "oneccl_version": args.oneccl_version,
+             "override": args.override, "topology": args.topology, "oneccl_build": args.oneccl_build_version}
+    cols = [xpu.capabilities(**{k: v for k, v in given.items() if v is not None}) if device == "xpu" else
+            funcoll.capabilities(device, profile=args.profile) for device in args.device]
+    return [(f"{device}: {caps.name}", caps) for device, caps in zip(args.device, cols)]
 
 
 def _facts(cols, key: str) -> Optional[dict]:

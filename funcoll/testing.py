@@ -99,11 +99,7 @@ _COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 
 
 def _value_of(node: torch.fx.Node):
-    meta = node.meta
-    for key in ("val", "example_value"):
-        if key in meta:
-            return meta[key]
-    return None
+    return next((node.meta[key] for key in ("val", "example_value") if key in node.meta), None)
 
 
 def _show_value(v) -> str:
