@@ -36,16 +36,13 @@ def capabilities(device_type: str, profile: Optional[str] = None) -> Capabilitie
     ``profile`` names a capability profile ("gloo", "xccl", "xla", "torchtpu") to read instead of the running stack;
     for "cpu" it is intersected with gloo's, exactly as ``FUNCOLL_PROFILE`` does.
     """
-    if device_type == "cpu":
-        from funcoll.transport import gloo
-
-        return gloo.capabilities(profile)
-    from funcoll.transport.registry import _ensure_loaded
-
-    _ensure_loaded(device_type)
     import sys
 
-    mod = sys.modules.get(f"funcoll.transport.{device_type}")  # loaded by _ensure_loaded when it exists
+    from funcoll.transport.registry import _ensure_loaded
+
+    module = "gloo" if device_type == "cpu" else device_type  # funcoll.transport.<module>, when it exists
+    _ensure_loaded(module)
+    mod = sys.modules.get(f"funcoll.transport.{module}")
     if mod is not None and hasattr(mod, "capabilities"):
         return mod.capabilities(profile)
     return transport.profile(profile or device_type)

@@ -26,49 +26,21 @@ import torch
 # ---------------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------------
-def _device_caps(device: str, args):
-    """(column label, Capabilities) of one device type, with the versions/profile the user named."""
-    import funcoll
-    from funcoll.transport import Capabilities
-
-    if device == "xpu":
-        from funcoll.transport import xpu
-
-        given = {"profile": args.profile, "torch_version": args.torch_version,
-                 "oneccl_version": args.oneccl_version, "override": args.override, "topology": args.topology,
-                 "oneccl_build": args.oneccl_build_version}
-        caps: Capabilities = xpu.capabilities(**{k: v for k, v in given.items() if v is not None})
-    else:
-        caps = funcoll.capabilities(device, profile=args.profile)
-    return f"{device}: {caps.name}", caps
-
-
 def _columns(args):
+    """(column label, Capabilities) per column: the named profiles, or each ``--device`` type's transport with the
+    versions/profile the user named."""
+    import funcoll
     from funcoll import report
+    from funcoll.transport import xpu
 
-    if args.device:
-        return [_device_caps(d, args) for d in args.device]
-    names = args.profile.split(",") if args.profile else list(report.COLUMNS)
-    return [(n, report.transport_capabilities(n)) for n in names]
-
-
-def _cached_probes(device_types) -> List[dict]:
-    from funcoll.probe import cache_dir
-
-    root = cache_dir()
-    out = []
-    if root and os.path.isdir(root):
-        for name in sorted(os.listdir(root)):
-            if not name.endswith(".json") or (device_types and name.split("-")[0] not in device_types):
-                continue
-            try:
-                with open(os.path.join(root, name)) as f:
-                    entry = json.load(f)
-            except (OSError, ValueError):
-                continue
-            if entry.get("key", {}).get("torch") == torch.__version__:
-                out.append(entry)
-    return out
+    if not args.device:
+        names = args.profile.split(",") if args.profile else list(report.COLUMNS)
+        return [(n, report.transport_capabilities(n)) for n in names]
+    given = {"profile": args.profile, "torch_version": args.torch_version, "oneccl_version": args.oneccl_version,
+             "override": args.override, "topology": args.topology, "oneccl_build": args.oneccl_build_version}
+    cols = [xpu.capabilities(**{k: v for k, v in given.items() if v is not None}) if device == "xpu" else
+            funcoll.capabilities(device, profile=args.profile) for device in args.device]
+    return [(f"{device}: {caps.name}", caps) for device, caps in zip(args.device, cols)]
 
 
 def _facts(cols, key: str) -> Optional[dict]:
@@ -90,33 +62,26 @@ def _facts(cols, key: str) -> Optional[dict]:
 
 
 def cmd_report(args) -> int:
+    import funcoll
     from funcoll import report
 
     if not args.device and args.format == "markdown" and not args.probed:
-        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else report.COLUMNS),
-              end="")
+        print(report.capability_table(tuple(args.profile.split(",")) if args.profile else report.COLUMNS), end="")
         return 0
     cols = _columns(args)
     rows = [(name, [report._cell(caps, run) for _, caps in cols]) for name, run in report.rows()]
-    probes = _cached_probes(args.device or []) if args.probed else []
+    probes = funcoll.probe.cached_entries(args.device or []) if args.probed else []
     facts, tpu_facts = _facts(cols, "oneccl"), _facts(cols, "torch_tpu")
     if args.format == "json":
         doc: dict = {"torch": torch.__version__,
                "columns": [{"name": label, "capabilities": caps.name, "sources": dict(caps.sources)}
                            for label, caps in cols],
                "rows": [{"request": name, "cells": dict(zip([c[0] for c in cols], cells))} for name, cells in rows]}
-        if facts is not None:
-            doc["xccl_facts"] = facts
-        if tpu_facts is not None:
-            doc["torchtpu_facts"] = tpu_facts
-        if args.probed:
-            doc["probe"] = probes
+        extra = {"xccl_facts": facts, "torchtpu_facts": tpu_facts, "probe": probes if args.probed else None}
+        doc.update({k: v for k, v in extra.items() if v is not None})
         print(json.dumps(doc, indent=1, sort_keys=False))
         return 0
-    print("| request | " + " | ".join(label for label, _ in cols) + " |")
-    print("|---|" + "---|" * len(cols))
-    for name, cells in rows:
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(report.markdown_table(["request", *(label for label, _ in cols)], [[n, *cells] for n, cells in rows]), end="")
     if facts is not None:
         v = facts["stack"]
         print(f"\n## XCCL facts: torch {v['torch']}, oneCCL {v['oneccl']} at run time, {v['oneccl_build']} at build "
@@ -146,53 +111,35 @@ def cmd_report(args) -> int:
 # probe
 # ---------------------------------------------------------------------------------------------------
 def _probe_rank(rank, n, device, cache, simulate):
-    """Runs on every rank of the probe world: the probe, and (with --simulate-wrong) the request it demoted."""
+    """Runs on every rank of the probe world: the probe, and with --simulate-wrong the demoted request through dist.*
+    after it: (strategies, right?)."""
     import torch.distributed as dist
 
     import funcoll
+    from funcoll.probe import Request, _Case
     from funcoll.transport.registry import transport_for
 
-    tp = transport_for(dist.group.WORLD, device)
-    after = None
     if simulate:
-        funcoll.probe.inject_wrong(tp, simulate)
+        funcoll.probe.inject_wrong(transport_for(dist.group.WORLD, device), simulate)
     res = funcoll.probe.run(device=device, cache=cache)
-    if simulate:
-        after = _check_after(rank, n, device, simulate)
-    return res.to_dict(), res.to_markdown(), after
-
-
-def _check_after(rank, n, device, name):
-    """The demoted request, through dist.*, after the probe: (strategies, right?)."""
-    import torch.distributed as dist
-
-    import funcoll
-    from funcoll import reference
-    from funcoll.probe import Request, _values
-
-    req = Request.parse(name)
-    k = 3
-    xs = [_values(req, r, n * k) for r in range(n)]
+    if not simulate:
+        return res.to_dict(), res.to_markdown(), None
+    case = _Case(Request.parse(simulate), n, 3)
+    xs = [case.inputs(r) for r in range(n)]
     x = xs[rank].clone().to(device)
-    op = getattr(dist.ReduceOp, str(req.op).upper())
+    op = getattr(dist.ReduceOp, str(case.req.op).upper())
     with funcoll.record() as calls:
-        if req.primitive == "all_reduce":
-            dist.all_reduce(x, op=op)
-            got = x.cpu()
-        elif req.primitive == "reduce_scatter":
-            got = x.new_empty((k,))
+        if case.req.primitive == "reduce_scatter":
+            x, whole = x.new_empty((case.k,)), x
             with warnings.catch_warnings():  # torch >= 2.10 prefers reduce_scatter_single; both reach funcoll
                 warnings.simplefilter("ignore", FutureWarning)
-                dist.reduce_scatter_tensor(got, x, op=op)
-            got = got.cpu()
+                dist.reduce_scatter_tensor(x, whole, op=op)
+        elif case.req.primitive == "all_reduce":
+            dist.all_reduce(x, op=op)
         else:
             dist.reduce(x, dst=n - 1, op=op)
-            got = x.cpu()
-    ref = reference.reduce(str(req.op), xs)
-    if req.primitive == "reduce_scatter":
-        ref = ref[rank * k:(rank + 1) * k]
-    ok = (req.primitive == "reduce" and rank != n - 1) or reference.close(got, ref, n, str(req.op), "grid") is None
-    return [s for _, notes in calls for s in notes], bool(ok)
+    after = [s for _, notes in calls for s in notes], case.check(rank, xs, [x.cpu()]) is None
+    return res.to_dict(), res.to_markdown(), after
 
 
 def cmd_probe(args) -> int:

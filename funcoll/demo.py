@@ -8,15 +8,14 @@
    a funcoll world of one rank, executed: a few collectives torch_xla 2.9 refuses or gets wrong (AVG, PREMUL_SUM,
    BXOR, uneven all_to_all, broadcast, in-place), run eagerly (``dist.*``) and as ``_c10d_functional`` ops compiled
    with ``torch.compile(backend="openxla", fullgraph=True)``; the two must agree. Then the HLO a virtual 4-rank job
-   would compile (rank 1; built in a subprocess, which has no process group yet): replica groups of the world, of a
-   2x2 mesh's dims and of a lone sub-group, AVG, uneven all_to_all.
+   would compile (rank 1; built in a spawned process, which has no process group yet): replica groups of the world,
+   of a 2x2 mesh's dims and of a lone sub-group, AVG, uneven all_to_all.
 """
 
 from __future__ import annotations
 
-import json
+import multiprocessing as mp
 import os
-import subprocess
 import sys
 import time
 
@@ -30,25 +29,14 @@ def _calls(rank, n):
 
     R = dist.ReduceOp
     out = {}
-
-    def t(vals, dtype=torch.float32):
-        return torch.tensor(vals, dtype=dtype)
-
-    x = t([1.0 + rank, 2.0, -3.0 * rank])
-    dist.all_reduce(x, op=R.AVG)
-    out["all_reduce avg f32"] = x
-    x = t([5 + rank, 12, 7 * rank], torch.int32)
-    dist.all_reduce(x, op=R.BXOR)
-    out["all_reduce bxor i32"] = x
-    x = t([-5 + rank, 12, 7 * rank], torch.int32)
-    dist.all_reduce(x, op=R.MAX)
-    out["all_reduce max i32"] = x
-    x = t([0.5 * rank, 1.0, 2.0])
-    dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.25))
-    out["all_reduce premul_sum"] = x
-    x = t([1, 2, 3, 4], torch.int16) * (rank + 1)
-    dist.all_reduce(x)
-    out["all_reduce sum i16"] = x
+    for name, vals, dtype, op in (("all_reduce avg f32", [1.0 + rank, 2.0, -3.0 * rank], torch.float32, R.AVG),
+                                  ("all_reduce bxor i32", [5 + rank, 12, 7 * rank], torch.int32, R.BXOR),
+                                  ("all_reduce max i32", [-5 + rank, 12, 7 * rank], torch.int32, R.MAX),
+                                  ("all_reduce premul_sum", [0.5 * rank, 1.0, 2.0], torch.float32,
+                                   dist._make_nccl_premul_sum(0.25)),
+                                  ("all_reduce sum i16", [v * (rank + 1) for v in (1, 2, 3, 4)], torch.int16, R.SUM)):
+        out[name] = torch.tensor(vals, dtype=dtype)
+        dist.all_reduce(out[name], op=op)
     inp = torch.arange(4, dtype=torch.bfloat16) + rank
     o = torch.empty(2, dtype=torch.bfloat16)
     dist.reduce_scatter_tensor(o, inp, op=R.AVG)
@@ -59,7 +47,7 @@ def _calls(rank, n):
     o = torch.empty(sum(outs))
     dist.all_to_all_single(o, inp, outs, ins)
     out["all_to_all uneven"] = o
-    x = t([float(rank)] * 3)
+    x = torch.tensor([float(rank)] * 3)
     dist.broadcast(x, src=1)
     out["broadcast src=1"] = x
     return out
@@ -81,13 +69,10 @@ def _train(rank, n, compiled):
     world = dist.group.WORLD
     assert world is not None
     if compiled:
-        def avg(gs):
-            return [fc.all_reduce(x, "avg", world) for x in gs]
-
-        avg = torch.compile(avg, fullgraph=True, backend="aot_eager")
-        new = [fc.wait_tensor(x) for x in avg(grads)]
-        for grad, x in zip(grads, new):
-            grad.copy_(x)
+        avg = torch.compile(lambda gs: [fc.all_reduce(x, "avg", world) for x in gs], fullgraph=True,
+                            backend="aot_eager")
+        for grad, x in zip(grads, avg(grads)):
+            grad.copy_(fc.wait_tensor(x))
     else:
         for x in grads:
             dist.all_reduce(x, op=dist.ReduceOp.AVG)
@@ -127,25 +112,20 @@ def main(argv=None) -> int:
         return xla_main()
     t0 = time.monotonic()
     print(f"funcoll demo: {WORLD} CPU ranks over gloo, torch {torch.__version__}\n")
-    runs = {}
-    for profile in (None, "xccl"):
-        per_rank = run_world("funcoll.demo:rank_main", WORLD, profile, timeout=240)
-        runs[profile] = per_rank
+    runs = {profile: run_world("funcoll.demo:rank_main", WORLD, profile, timeout=240) for profile in (None, "xccl")}
     native, xccl = runs[None][0], runs["xccl"][0]
     names = list(native[0])
     w = max(len(n) for n in names)
     print(f"{'call':<{w}}  {'result (rank 0)':<34} {'agree':<6} strategy native gloo | strategy FUNCOLL_PROFILE=xccl")
     print("-" * (w + 110))
     all_agree = True
-    for name in names:
-        a = native[0][name]
-        agree = True
-        for r in range(WORLD):  # the same rank's result, native vs xccl profile
-            x, y = runs[None][r][0][name], runs["xccl"][r][0][name]
-            agree &= torch.equal(x, y) if not x.is_floating_point() else torch.allclose(
-                x.double(), y.double(), rtol=1e-6, atol=1e-6)
+    for name in names:  # every rank's result, native vs xccl profile
+        pairs = [(runs[None][r][0][name], runs["xccl"][r][0][name]) for r in range(WORLD)]
+        agree = all(torch.allclose(x.double(), y.double(), rtol=1e-6, atol=1e-6) if x.is_floating_point()
+                    else torch.equal(x, y) for x, y in pairs)
         all_agree &= agree
-        print(f"{name:<{w}}  {_cell(a):<34} {'yes' if agree else 'NO':<6} {native[1][name]} | {xccl[1][name]}")
+        print(f"{name:<{w}}  {_cell(native[0][name]):<34} {'yes' if agree else 'NO':<6} {native[1][name]} | "
+              f"{xccl[1][name]}")
     eager_vs_compiled = torch.equal(native[0]["train step (eager)"], native[0]["train step (compiled)"])
     print(f"\neager == compiled training step (bit-identical): {eager_vs_compiled}")
     print(f"native == xccl profile on every call: {all_agree}   ({time.monotonic() - t0:.1f}s)")
@@ -173,10 +153,8 @@ def _xla_world1() -> bool:
     F = torch.ops._c10d_functional
     R = dist.ReduceOp
     dev = torch_xla.device()
-    own = not dist.is_initialized()
-    if own:
-        dist.init_process_group("funcoll", store=dist.HashStore(), rank=0, world_size=1)
-    group = dist.new_group([0], backend="funcoll") if not own else dist.group.WORLD
+    dist.init_process_group("funcoll", store=dist.HashStore(), rank=0, world_size=1)  # this process has none yet
+    group = dist.group.WORLD
     assert isinstance(group, dist.ProcessGroup)
     name = group.group_name
     funcoll.install(["xla"])
@@ -184,27 +162,18 @@ def _xla_world1() -> bool:
     i0 = torch.tensor([5, 12, 7, 3], dtype=torch.int32)
 
     def eager(x, i):
-        out = {}
-        t = x.clone()
-        dist.all_reduce(t, op=R.AVG, group=group)
-        out["all_reduce avg"] = t
-        t = x.clone()
-        dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5), group=group)
-        out["all_reduce premul_sum(0.5)"] = t
-        t = i.clone()
-        dist.all_reduce(t, op=R.BXOR, group=group)
-        out["all_reduce bxor int32"] = t
-        o = torch.empty_like(x)
+        def ar(t, op=R.SUM):
+            dist.all_reduce(t, op=op, group=group)
+            return t
+
+        o, b = torch.empty_like(x), x.clone()
         with xla.static_split_bound(4):
             dist.all_to_all_single(o, x, [4], [4], group=group)
-        out["all_to_all_single splits [4]"] = o
-        t = x.clone()
-        dist.broadcast(t, src=0, group=group)
-        out["broadcast"] = t
-        t = x.clone()
-        dist.all_reduce(t, group=group)
-        out["all_reduce_ (in place)"] = t
-        return out
+        dist.broadcast(b, src=0, group=group)
+        return {"all_reduce avg": ar(x.clone(), R.AVG),
+                "all_reduce premul_sum(0.5)": ar(x.clone(), dist._make_nccl_premul_sum(0.5)),
+                "all_reduce bxor int32": ar(i.clone(), R.BXOR), "all_to_all_single splits [4]": o, "broadcast": b,
+                "all_reduce_ (in place)": ar(x.clone())}
 
     def functional(x, i):
         w = F.wait_tensor
@@ -223,37 +192,24 @@ def _xla_world1() -> bool:
     compiled_fn = torch.compile(functional, backend="openxla", fullgraph=True)
     with xla.static_split_bound(4):
         c = {k: v.cpu() for k, v in compiled_fn(x0.to(dev), i0.to(dev)).items()}
-    ok = True
+    agree = {k: torch.equal(e[k], c[k]) for k in e}
     w = max(len(k) for k in e)
     print(f"  {'call (world 1, executed)':<{w}}  {'eager dist.*':<28} compiled (openxla) agrees")
     for k in e:
-        agree = torch.equal(e[k], c[k])
-        ok &= agree
-        print(f"  {k:<{w}}  {str(e[k].tolist()):<28} {'yes' if agree else 'NO'}")
-    if own:
-        dist.destroy_process_group()
-    return ok
+        print(f"  {k:<{w}}  {str(e[k].tolist()):<28} {'yes' if agree[k] else 'NO'}")
+    dist.destroy_process_group()
+    return all(agree.values())
 
 
-def _virtual_hlo() -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "funcoll.demo", "--virtual-hlo"], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=180)
-    if p.returncode != 0:
-        raise RuntimeError(f"the virtual 4-rank world failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.split("JSON:", 1)[1])
-
-
-def virtual_hlo_main() -> int:
-    """Rank 1 of a virtual 4-rank funcoll world (HashStore, nothing executed): prints JSON {call: HLO lines}."""
+def virtual_hlo() -> dict:
+    """Rank 1 of a virtual 4-rank funcoll world (HashStore, nothing executed): {call: HLO lines}. Run in a fresh
+    process (:func:`xla_main` spawns one): this one may have a process group already."""
     import torch.distributed as dist
     import torch_xla
     from torch.distributed.device_mesh import init_device_mesh
 
     import funcoll
     from funcoll import testing, xla
-    from funcoll.testing import xla_collectives
 
     dist.init_process_group("funcoll", store=dist.HashStore(), rank=1, world_size=4)
     funcoll.install(["xla"])
@@ -265,7 +221,7 @@ def virtual_hlo_main() -> int:
 
     def show(name, fn, keep=None):
         xla.reset_token()
-        out[name] = xla_collectives(fn(), keep)
+        out[name] = testing.xla_collectives(fn(), keep)
         xla.reset_token()
 
     def ar(group=None, op=dist.ReduceOp.SUM):
@@ -285,9 +241,8 @@ def virtual_hlo_main() -> int:
     show("all_reduce, lone group [1,2,3]", lambda: ar(lone))
     show("all_reduce AVG", lambda: ar(op=dist.ReduceOp.AVG), testing.COLLECTIVE_OPCODES + ("divide",))
     show("all_to_all_single uneven (bound 2)", a2a)
-    print("JSON:" + json.dumps(out))
     dist.destroy_process_group()
-    return 0
+    return out
 
 
 def xla_main() -> int:
@@ -296,18 +251,16 @@ def xla_main() -> int:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     ok = _xla_world1()
     print(f"  eager == compiled on every call: {ok}")
-    hlo = _virtual_hlo()
+    with mp.get_context("spawn").Pool(1) as pool:  # leaving the block terminates the process
+        hlo = pool.apply_async(virtual_hlo).get(timeout=180)
     print("\n  the HLO rank 1 of a virtual 4-rank job would compile (mesh 2x2 registered; nothing executed):")
     for name, text in hlo.items():
-        lines = text.splitlines()
         print(f"  - {name}:")
-        for line in lines:
+        for line in text.splitlines():
             print(f"      {line if len(line) <= 140 else line[:137] + '...'}")
     print(f"  ({time.monotonic() - t0:.1f}s)")
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--virtual-hlo"]:
-        sys.exit(virtual_hlo_main())
     sys.exit(main(sys.argv[1:]))

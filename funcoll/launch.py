@@ -14,11 +14,11 @@ import os
 import pickle
 import queue
 import socket
-import sys
 import time
 import traceback
 from datetime import timedelta
 from typing import Mapping, Optional, Sequence, Tuple
+from unittest import mock
 
 
 def free_port() -> int:
@@ -27,14 +27,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank, world, port, target, args, profile, backend, q, coll_timeout, path):
-    os.environ.pop("FUNCOLL_PROFILE", None)
-    if profile:
-        os.environ["FUNCOLL_PROFILE"] = profile
-    import sys
-
-    sys.path[:] = list(path)
-    try:
+def _child(rank, world, port, target, args, backend, q, coll_timeout):
+    try:  # (spawn gives the child the parent's sys.path)
         import importlib
 
         import torch
@@ -66,22 +60,12 @@ def _child(rank, world, port, target, args, profile, backend, q, coll_timeout, p
 
 
 @contextlib.contextmanager
-def _environment(env: Optional[Mapping[str, Optional[str]]]):
+def _environment(env: Mapping[str, Optional[str]]):
     """Sets (None: removes) environment variables for the block: spawned ranks inherit them at start."""
-    def apply(values: Mapping[str, Optional[str]]) -> None:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-    env = dict(env or {})
-    old = {k: os.environ.get(k) for k in env}
-    try:
-        apply(env)
+    with mock.patch.dict(os.environ, {k: v for k, v in env.items() if v is not None}):
+        for k in [k for k, v in env.items() if v is None]:
+            os.environ.pop(k, None)
         yield
-    finally:
-        apply(old)
 
 
 def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
@@ -90,13 +74,14 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     """Runs ``target`` on ``world_size`` spawned ranks and reports what happened, ranks that die included (fault
     tests kill ranks on purpose). Returns ``(results, exit codes, hung)``: ``results[rank]`` is ``("ok", value)``,
     ``("err", traceback)`` or None (the rank died without a result); ranks still running at ``deadline`` seconds
-    are killed and listed in ``hung``. ``env`` sets (None: removes) environment variables of the ranks."""
+    are killed and listed in ``hung``. ``env`` sets (None: removes) environment variables of the ranks;
+    ``profile`` is their ``FUNCOLL_PROFILE``."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    with _environment(env):
-        procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), profile, backend, q,
-                                                  coll_timeout, list(sys.path)), daemon=True)
+    with _environment({**(env or {}), "FUNCOLL_PROFILE": profile}):
+        procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, q, coll_timeout),
+                             daemon=True)
                  for r in range(world_size)]
         for p in procs:
             p.start()

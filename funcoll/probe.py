@@ -11,29 +11,17 @@ double-divided AVG, uneven all_to_all on some GPUs), and a version table cannot 
 * every dtype the transport moves natively, through each moving primitive it has (all_gather, even and uneven
   all_to_all, broadcast, gather, scatter),
 
-each at two sizes (3 elements per rank, and about 1024 elements in all). Inputs are built from a seed; every rank
-all-gathers them (as raw bytes, in one collective per batch) and computes the reference from the gathered inputs
-with :mod:`funcoll.reference`, the tests' own (integers exactly, with the dtype's wrap-around; floats in float64,
-within :func:`funcoll.reference.tolerance`), after checking the gathered bytes against the inputs it regenerates
-from the seed. The verdicts of every rank are gathered too, so every rank demotes the same requests (a strategy
-that differs between ranks would hang).
+each at two sizes (3 elements per rank, and about 1024 elements in all). Inputs are built from a seed, so every
+rank builds every rank's inputs and computes the reference locally with :mod:`funcoll.reference`, the tests' own
+(integers exactly, with the dtype's wrap-around; floats in float64, within :func:`funcoll.reference.tolerance`);
+nothing is exchanged to build it. The verdicts of every rank are gathered, so every rank demotes the same requests
+(a strategy that differs between ranks would hang).
 
-A request whose native result is wrong is demoted, for this process, on that transport: its ``Capabilities`` is
-replaced (``dataclasses.replace``) so the algorithms take the strategy they take where the library lacks it:
-
-* all_reduce / reduce_scatter (op, dtype)  -> ``refused_pairs`` (the strategy for that pair, every reducing primitive)
-* reduce, broadcast, gather, scatter, all_reduce_coalesced -> the primitive is dropped (composed from the others)
-* uneven all_to_all                       -> ``uneven_all_to_all=False`` (pad, even all_to_all, unpad)
-* moving a dtype funcoll does not reduce  -> the dtype is dropped (moved as the raw bits of another dtype)
-* anything else (all_gather or even all_to_all of a dtype funcoll reduces) cannot be routed around: it is reported
-  as *unfixable* and logged as an error.
-
-The verified table is cached on disk (``FUNCOLL_PROBE_CACHE``, default ``~/.cache/funcoll/probe``; ``off`` disables
-it), keyed by (torch version, collective library and its version, device name, topology, group size, capability
-table). With a cache entry that every rank of the group holds identically, the probe applies it without running
-the collectives. ``FUNCOLL_PROBE=1`` probes every transport a funcoll group creates (``TORCH_LOGS=funcoll`` shows
-the results: the group's transports call :func:`at_creation` when made); :func:`results` lists them;
-``python -m funcoll probe`` runs it from the command line.
+A request whose native result is wrong is demoted, for this process, on that transport (:func:`demote`: its
+``Capabilities`` is replaced so the algorithms take the strategy they take where the library lacks it; what cannot be
+routed around is reported as *unfixable*). The verified table is cached on disk (``FUNCOLL_PROBE_CACHE``), keyed by
+the stack; a cache entry every rank holds is applied without running the collectives. ``FUNCOLL_PROBE=1`` probes
+every transport a funcoll group creates (:func:`at_creation`). The whole contract: docs/observability.md.
 """
 
 from __future__ import annotations
@@ -46,8 +34,9 @@ import platform
 import socket
 import time
 import weakref
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -56,6 +45,7 @@ from funcoll import algorithms, reference
 from funcoll.algorithms.observe import LOG, group_label
 from funcoll.entry.group_state import is_local_store
 from funcoll.entry.process_group import TRANSPORT_HOOKS
+from funcoll.report import markdown_table
 from funcoll.semantics import FLOAT8, ReduceOp, Reduction, dtype_name
 from funcoll.transport import Capabilities
 from funcoll.transport.registry import transport_for
@@ -67,7 +57,7 @@ R = ReduceOp
 SCHEMA = 1
 _REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
 _BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
-_BATCH_BYTES = 16 << 20  # gathered bytes per batch (group size x this rank's inputs)
+_BATCH_BYTES = 16 << 20  # bytes of this rank's inputs per batch (on XLA: one graph)
 
 _results: List["ProbeResult"] = []
 _probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
@@ -141,14 +131,6 @@ def requests(caps: Capabilities, size: int) -> List[Request]:
 # ---------------------------------------------------------------------------------------------------
 # inputs (deterministic per rank) and references
 # ---------------------------------------------------------------------------------------------------
-def _values(req: Request, rank: int, numel: int) -> torch.Tensor:
-    """The input of ``rank`` for ``req`` (CPU, ``numel`` elements), by :func:`funcoll.reference.make`: integers over
-    the dtype's whole range (64-bit: [0, -1] at element 0, MAX tells signed from unsigned), integer-valued floats for
-    a reduction (sums exact, an average rounds once), any floats for a move."""
-    return reference.make(req.dtype, (numel,), rank, f"funcoll.probe/{req.name}/{numel}",
-                          "random" if req.op is None else "grid")
-
-
 def _mismatch(got: torch.Tensor, want: torch.Tensor, req: Request, n: int) -> Optional[str]:
     """None when ``got`` (CPU) matches ``want`` (moved: bit for bit; reduced: :func:`funcoll.reference.close`)."""
     if req.op is not None:
@@ -174,21 +156,16 @@ class _Case:
     def __init__(self, req: Request, n: int, k: int):
         self.req, self.n, self.k = req, n, k
         self.root = n - 1  # dst/src of rooted ops: not rank 0, to catch a root mix-up
-        p = req.primitive
-        if p == "all_to_all uneven":
-            self.splits = _uneven_splits(n, k)
-        self.numel = [self._numel(r) for r in range(n)]
-
-    def _numel(self, r: int) -> int:
-        p, n, k = self.req.primitive, self.n, self.k
-        if p in ("all_gather", "gather"):
-            return k
-        if p == "all_to_all uneven":
-            return sum(self.splits[r])
-        return n * k
+        self.splits = _uneven_splits(n, k) if req.primitive == "all_to_all uneven" else None
+        self.numel = [sum(self.splits[r]) if self.splits else k if req.primitive in ("all_gather", "gather")
+                      else n * k for r in range(n)]
 
     def inputs(self, r: int) -> torch.Tensor:
-        return _values(self.req, r, self.numel[r])
+        """The input of rank ``r`` (CPU), by :func:`funcoll.reference.make`: integers over the dtype's whole range
+        (64-bit: [0, -1] at element 0, MAX tells signed from unsigned), integer-valued floats for a reduction (sums
+        exact, an average rounds once), any floats for a move."""
+        return reference.make(self.req.dtype, (self.numel[r],), r, f"funcoll.probe/{self.req.name}/{self.numel[r]}",
+                              "random" if self.req.op is None else "grid")
 
     def run(self, tp, x: torch.Tensor, dev) -> Tuple[Any, List[torch.Tensor]]:
         """Issues the native call with this rank's input ``x``; returns (handle, outputs to read)."""
@@ -211,10 +188,10 @@ class _Case:
             out = torch.empty_like(d)
             return tp.all_to_all(out, d, None, None), [out]
         if p == "all_to_all uneven":
-            ins = self.splits[rank]
-            outs = [self.splits[j][rank] for j in range(n)]
+            assert self.splits is not None
+            outs = [s[rank] for s in self.splits]
             out = d.new_empty((sum(outs),))
-            return tp.all_to_all(out, d, outs, ins), [out]
+            return tp.all_to_all(out, d, outs, self.splits[rank]), [out]
         if p == "broadcast":
             return tp.broadcast(d, self.root), [d]
         if p == "gather":
@@ -227,37 +204,25 @@ class _Case:
         raise AssertionError(p)  # pragma: no cover
 
     def check(self, rank: int, inputs: Sequence[torch.Tensor], got: List[torch.Tensor]) -> Optional[str]:
-        """``inputs``: every rank's input (from the gather); ``got``: this rank's outputs (CPU)."""
-        p, n, k, req = self.req.primitive, self.n, self.k, self.req
+        """``inputs``: every rank's input; ``got``: this rank's outputs (CPU)."""
+        p, req, mine = self.req.primitive, self.req, slice(rank * self.k, (rank + 1) * self.k)
+        if p in ("reduce", "gather") and rank != self.root:
+            return None
         if p in _REDUCING:
-            if p == "reduce" and rank != self.root:
-                return None
-            ref = reference.reduce(str(req.op), inputs, reference.PREMUL)
-            if p == "reduce_scatter":
-                ref = ref[rank * k:(rank + 1) * k]
-            return _mismatch(torch.cat(got) if len(got) > 1 else got[0], ref, req, n)
-        if p == "all_gather":
+            want = reference.reduce(str(req.op), inputs, reference.PREMUL)
+            want = want[mine] if p == "reduce_scatter" else want
+        elif p in ("all_gather", "gather"):
             want = torch.cat(list(inputs))
         elif p == "all_to_all":
-            want = torch.cat([x[rank * k:(rank + 1) * k] for x in inputs])
+            want = torch.cat([x[mine] for x in inputs])
         elif p == "all_to_all uneven":
-            parts = []
-            for j, x in enumerate(inputs):
-                off = sum(self.splits[j][:rank])
-                parts.append(x[off:off + self.splits[j][rank]])
-            want = torch.cat(parts)
+            assert self.splits is not None
+            want = torch.cat([x[sum(s[:rank]):sum(s[:rank + 1])] for x, s in zip(inputs, self.splits)])
         elif p == "broadcast":
             want = inputs[self.root]
-        elif p == "gather":
-            if rank != self.root:
-                return None
-            want = torch.cat(list(inputs))
-            got = [torch.cat(got)]
-        elif p == "scatter":
-            want = inputs[self.root][rank * k:(rank + 1) * k]
-        else:  # pragma: no cover
-            raise AssertionError(p)
-        return _mismatch(got[0], want, req, n)
+        else:  # scatter
+            want = inputs[self.root][mine]
+        return _mismatch(torch.cat(got), want, req, self.n)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -287,8 +252,7 @@ def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, Lis
             uneven = False
             what = "uneven all_to_all: pad, even all_to_all, unpad"
         elif req.dtype not in caps.reduce_dtypes and any(
-                d in dtypes and d != req.dtype and torch.empty((), dtype=d).element_size() ==
-                torch.empty((), dtype=req.dtype).element_size() for d in caps.dtypes):
+                d in dtypes and d != req.dtype and d.itemsize == req.dtype.itemsize for d in caps.dtypes):
             dtypes.discard(req.dtype)
             what = f"{dtype_name(req.dtype)}: moved as the raw bits of another dtype"
         else:
@@ -324,10 +288,6 @@ class ProbeResult:
     seconds: float = 0.0
     capabilities: str = ""
 
-    @property
-    def ok(self) -> bool:
-        return not self.wrong
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -343,11 +303,9 @@ class ProbeResult:
                  f"{len(self.wrong)} wrong",
                  ""]
         if self.wrong:
-            lines += ["| native request | wrong result | now |", "|---|---|---|"]
-            now = {d.split(" -> ")[0]: d.split(" -> ", 1)[1] for d in self.demoted}
-            for name, why in self.wrong.items():
-                lines.append(f"| {name} | {why} | {now.get(name, 'UNFIXABLE: still native')} |")
-            lines.append("")
+            now = dict(d.split(" -> ", 1) for d in self.demoted)
+            lines.append(markdown_table(["native request", "wrong result", "now"], [
+                [name, why, now.get(name, "UNFIXABLE: still native")] for name, why in self.wrong.items()]))
         return "\n".join(lines)
 
 
@@ -370,16 +328,9 @@ def _device_name(device_type: str, dev) -> str:
             return torch.xpu.get_device_name(dev)
         if device_type == "xla":
             import torch_xla.core.xla_model as xm
+            import torch_xla.runtime as xr
 
-            try:
-                import torch_xla.runtime as xr
-
-                kind = xr.global_runtime_device_attributes()[0].get("device_kind")
-                if kind:
-                    return str(kind)
-            except Exception:
-                pass
-            return xm.xla_device_hw(dev)
+            return str(xr.global_runtime_device_attributes()[0].get("device_kind") or xm.xla_device_hw(dev))
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
@@ -406,38 +357,37 @@ def _library(tp, device_type: str) -> str:
 
 
 def _topology(host_ids: List[bytes]) -> str:
-    counts: Dict[bytes, int] = {}
-    for h in host_ids:
-        counts[h] = counts.get(h, 0) + 1
+    counts = Counter(host_ids)
     per = sorted(set(counts.values()))
     hosts = len(counts)
     return (f"{hosts} host{'s' if hosts > 1 else ''} x {per[0]} rank{'s' if per[0] > 1 else ''}" if len(per) == 1
             else f"{hosts} hosts, {per[0]}-{per[-1]} ranks each")
 
 
-def _key_file(key: dict, device_type: str) -> str:
-    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return f"{device_type}-{h}.json"
+def _sha(obj) -> bytes:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).digest()
 
 
-def _digest(entry: Optional[dict]) -> bytes:
-    if entry is None:
-        return bytes(32)
-    core = {k: entry[k] for k in ("key", "checked", "wrong")}
-    return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).digest()
-
-
-def _read_cache(path: Optional[str], key: dict, names: List[str]) -> Optional[dict]:
-    if path is None or not os.path.exists(path):
-        return None
+def _read_cache(path: Optional[str], key: Optional[dict] = None, names: Optional[List[str]] = None) -> Optional[dict]:
+    """The cache entry at ``path`` (None: none, unreadable, or not for ``key`` and ``names`` when given)."""
     try:
-        with open(path) as f:
+        with open(path or "") as f:
             entry = json.load(f)
     except (OSError, ValueError):
         return None
-    if entry.get("key") != key or entry.get("checked") != names or not isinstance(entry.get("wrong"), dict):
+    if not isinstance(entry, dict) or not isinstance(entry.get("wrong"), dict) or (
+            key is not None and (entry.get("key") != key or entry.get("checked") != names)):
         return None
     return entry
+
+
+def cached_entries(device_types: Sequence[str] = ()) -> List[dict]:
+    """Every probe result cached on this machine for this torch version (of ``device_types``, when given)."""
+    root = cache_dir()
+    names = sorted(os.listdir(root)) if root and os.path.isdir(root) else []
+    found = [_read_cache(os.path.join(root or "", name)) for name in names if name.endswith(".json")
+             and (not device_types or name.split("-")[0] in device_types)]
+    return [e for e in found if e is not None and e.get("key", {}).get("torch") == torch.__version__]
 
 
 def _write_cache(path: Optional[str], entry: dict) -> None:
@@ -496,101 +446,46 @@ def _all_gather_bytes(tp, mine: torch.Tensor, dev) -> torch.Tensor:
     g = d.new_empty((tp.size * d.numel(),))
     algorithms.all_gather_into_tensor(tp, g, d).wait()
     _sync(tp)
-    return g.cpu().view(tp.size, -1)
+    return g.cpu().view(tp.size, d.numel())
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _issue(tp, cases: List[_Case], my_inputs: List[torch.Tensor], mine: torch.Tensor, dev):
-    """Sends the reference gather and every case's native request, waits, reads everything back to the CPU.
-    Returns (gathered [n, len] CPU, per case: (outputs on the CPU, error or None)), or a string when the whole batch
-    failed (a lazy backend fails the graph). Device tensors live only in this frame: gone when it returns."""
-    n = tp.size
-    d = mine.to(dev)
-    gathered = d.new_empty((n * d.numel(),))
-    ref = algorithms.all_gather_into_tensor(tp, gathered, d)
+def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
+    """Issues every case's native request, waits, reads the outputs back to the CPU and checks them against the
+    reference of every rank's inputs; this rank's verdict per case (None: right). When the whole batch fails (a lazy
+    backend fails the graph), each case runs alone, to find the culprits."""
     issued: List[Tuple[Any, List[torch.Tensor], Optional[str]]] = []
-    for c, x in zip(cases, my_inputs):
+    for c in cases:
         try:
-            h, outs = c.run(tp, x, dev)
-            issued.append((h, outs, None))
+            issued.append((*c.run(tp, c.inputs(tp.rank), dev), None))
         except Exception as e:  # noqa: BLE001 - a native request that raises is as wrong as a wrong result
             issued.append((None, [], f"raised {type(e).__name__}: {_first_line(e)}"))
-    ref.wait()
-    results: List[Tuple[List[torch.Tensor], Optional[str]]] = []
+    got: Union[str, List[Tuple[List[torch.Tensor], Optional[str]]]]
     try:
-        for h, outs, err in issued:
-            if h is not None and err is None:
-                try:
-                    h.wait()
-                except Exception as e:  # noqa: BLE001
-                    err = f"raised {type(e).__name__} on wait: {_first_line(e)}"
-            results.append((outs, err))
+        for i in range(len(issued)):
+            try:
+                if issued[i][2] is None:
+                    issued[i][0].wait()
+            except Exception as e:  # noqa: BLE001
+                issued[i] = (None, [], f"raised {type(e).__name__} on wait: {_first_line(e)}")
         _sync(tp)
-        g = gathered.cpu().view(n, -1)
-        return g, [([t.cpu() for t in outs] if err is None else [], err) for outs, err in results]
+        got = [([t.cpu() for t in outs] if err is None else [], err) for _, outs, err in issued]
     except Exception as e:  # noqa: BLE001
-        return f"raised {type(e).__name__}: {_first_line(e)}"
-
-
-def _run_batch(tp, cases: List[_Case], dev) -> Tuple[List[Optional[str]], bool]:
-    """Runs ``cases``; returns (this rank's verdict per case, whether the reference gather was right)."""
-    n, rank = tp.size, tp.rank
-    sizes = [max(c.numel[r] * torch.empty((), dtype=c.req.dtype).element_size() for r in range(n)) for c in cases]
-    offs = [0]
-    for s in sizes:
-        offs.append(offs[-1] + s)
-    mine = torch.zeros(offs[-1], dtype=torch.uint8)
-    my_inputs = []
-    for c, o in zip(cases, offs):
-        x = c.inputs(rank)
-        b = _bytes(x)
-        mine[o:o + b.numel()] = b
-        my_inputs.append(x)
-    got = _issue(tp, cases, my_inputs, mine, dev)
-    if isinstance(got, str):  # the whole graph failed (XLA): each case alone, to find the culprits
+        got = f"raised {type(e).__name__}: {_first_line(e)}"
+    del issued  # the device tensors (on XLA, those of a failed graph too) must not reach the next sync
+    if isinstance(got, str):
         _recover(tp)
-        if len(cases) == 1:
-            return [got], True
-        verdicts: List[Optional[str]] = []
-        ok = True
-        for c in cases:
-            v, good = _run_batch(tp, [c], dev)
-            verdicts += v
-            ok &= good
-        return verdicts, ok
-    g, results = got
-    # the reference carrier first: the gathered bytes must be every rank's input, as each rank regenerates them
-    for r in range(n):
-        for c, o in zip(cases, offs):
-            want = _bytes(c.inputs(r))
-            if not torch.equal(g[r, o:o + want.numel()], want):
-                return [None] * len(cases), False
+        return [got] if len(cases) == 1 else [v for c in cases for v in _run_batch(tp, [c], dev)]
     verdicts = []
-    for c, o, (outs, err) in zip(cases, offs, results):
-        if err is not None:
-            verdicts.append(err)
-            continue
-        inputs = [g[r, o:o + c.numel[r] * torch.empty((), dtype=c.req.dtype).element_size()].clone()
-                  .view(c.req.dtype) for r in range(n)]
+    for c, (outs, err) in zip(cases, got):
         try:
-            verdicts.append(c.check(rank, inputs, outs))
+            verdicts.append(err or c.check(tp.rank, [c.inputs(r) for r in range(tp.size)], outs))
         except Exception as e:  # noqa: BLE001 - a result that cannot even be compared is wrong
             verdicts.append(f"cannot compare: {type(e).__name__}: {e}")
-    return verdicts, True
-
-
-def _sizes(n: int) -> Tuple[int, int]:
-    return 3, max(1, math.ceil(1024 / n))
-
-
-def _stack_key(tp, device_type: str, topology: str, caps: Capabilities) -> dict:
-    return {"schema": SCHEMA, "torch": torch.__version__, "library": _library(tp, device_type),
-            "transport": type(tp).__name__,
-            "device": _device_name(device_type, _device_of(tp)), "topology": topology, "group_size": tp.size,
-            "capabilities": caps.name}
+    return verdicts
 
 
 def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] = None, *,
@@ -616,63 +511,38 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     host = hashlib.sha256(socket.gethostname().encode()).digest()[:8]
     hosts = _all_gather_bytes(tp, torch.frombuffer(bytearray(host), dtype=torch.uint8), dev)
     topology = _topology([bytes(hosts[r].tolist()) for r in range(n)])
-    key = _stack_key(tp, device_type, topology, caps)
+    key = {"schema": SCHEMA, "torch": torch.__version__, "library": _library(tp, device_type),
+           "transport": type(tp).__name__, "device": _device_name(device_type, dev), "topology": topology,
+           "group_size": n, "capabilities": caps.name}
     root = cache_dir() if cache else None
-    path = os.path.join(root, _key_file(key, device_type)) if root else None
+    path = os.path.join(root, f"{device_type}-{_sha(key).hex()[:16]}.json") if root else None
     entry = _read_cache(path, key, names)
-    digests = _all_gather_bytes(tp, torch.frombuffer(bytearray(_digest(entry)), dtype=torch.uint8), dev)
-    same = entry is not None and all(torch.equal(digests[r], digests[0]) for r in range(n))
-    if same and entry is not None:
+    digest = _sha({k: entry[k] for k in ("key", "checked", "wrong")}) if entry is not None else bytes(32)
+    digests = _all_gather_bytes(tp, torch.frombuffer(bytearray(digest), dtype=torch.uint8), dev)
+    cached = entry is not None and all(torch.equal(digests[r], digests[0]) for r in range(n))
+    if cached and entry is not None:
         wrong = dict(entry["wrong"])
-        cached = True
     else:
-        # 2. every native request, at two sizes, in batches of bounded gathered size
-        cases = [_Case(r, n, k) for k in _sizes(n) for r in reqs]
-        local: Dict[int, str] = {}
-        batch: List[int] = []
+        # 2. every native request, at two sizes (3 elements per rank, about 1024 in all), in batches of bounded size
+        batches: List[List[_Case]] = [[]]
         size = 0
-        unfixable_ref = False
-
-        def flush():
-            nonlocal unfixable_ref
-            if not batch:
-                return
-            verdicts, ref_ok = _run_batch(tp, [cases[i] for i in batch], dev)
-            unfixable_ref |= not ref_ok
-            for i, v in zip(batch, verdicts):
-                if v is not None:
-                    local[i] = v
-            batch.clear()
-
-        for i, c in enumerate(cases):
-            b = n * max(c.numel) * 8
-            if batch and size + b > _BATCH_BYTES:
-                flush()
+        for c in (_Case(r, n, k) for k in (3, max(1, math.ceil(1024 / n))) for r in reqs):
+            if batches[-1] and size + max(c.numel) * 8 > _BATCH_BYTES:
+                batches.append([])
                 size = 0
-            batch.append(i)
-            size += b
-        flush()
+            batches[-1].append(c)
+            size += max(c.numel) * 8
+        verdicts = [v for batch in batches for v in _run_batch(tp, batch, dev)]
         # 3. every rank's verdicts: the union, so that every rank demotes the same requests
-        flags = torch.zeros(len(reqs) + 1, dtype=torch.uint8)
-        for i in local:
-            flags[i % len(reqs)] = 1
-        flags[-1] = int(unfixable_ref)
+        flags = torch.tensor([any(verdicts[j::len(reqs)]) for j in range(len(reqs))], dtype=torch.uint8)
         every = _all_gather_bytes(tp, flags, dev)
-        if bool(every[:, -1].any()):
-            LOG.error("funcoll.probe: group %s %s: the all_gather of raw bytes (the probe's reference) returned "
-                      "wrong data; nothing was verified or demoted", group, device_type)
-            res = ProbeResult(group, device_type, key, names, {}, [], ["all_gather uint8 (the probe's reference)"],
-                              False, time.monotonic() - t0, caps.name)
-            _results.append(res)
-            return res
         wrong = {}
         for j, req in enumerate(reqs):
             bad = [r for r in range(n) if every[r, j]]
             if bad:
-                mine = [local[i] for i in (j, j + len(reqs)) if i in local]
+                mine = [v for v in verdicts[j::len(reqs)] if v]
                 wrong[req.name] = (f"{mine[0]} on rank {rank}" if mine else "wrong") + \
                     (f"; wrong on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}" if n > 1 else "")
-        cached = False
     new, demoted, unfixable = demote(caps, wrong)
     if demoted:
         tp.caps = new
@@ -701,13 +571,11 @@ def run(group=None, device: Optional[str] = None, *, cache: bool = True) -> Prob
     group (collective: call it on every rank of the group), and demotes, for this process, those whose native result
     is wrong. ``group``: a process group (default: the world); ``device``: "cpu", "xpu", "xla" (default: "xpu"
     where an XPU is available, else "cpu"). ``cache=False`` ignores and does not write the disk cache."""
-    if group is None:
-        group = dist.group.WORLD
-    if device is None:
-        device = "xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu"
-    dtype = torch.device(device).type
+    group = dist.group.WORLD if group is None else group
+    device = device or ("xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu")
     tp = transport_for(group, device)
-    return probe_transport(tp, dtype, getattr(group, "group_name", None) or group_label(tp), cache=cache)
+    return probe_transport(tp, torch.device(device).type, getattr(group, "group_name", None) or group_label(tp),
+                           cache=cache)
 
 
 def at_creation(pg, device_type: str, tp) -> None:

@@ -48,16 +48,23 @@ def _cell(caps, run) -> str:
     return "native" if notes == ["native"] else "; ".join(notes).replace("torch.", "")
 
 
+def markdown_table(head, rows) -> str:
+    """A Markdown table: the ``head`` cells, then one line of cells per row."""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] +
+                     ["| " + " | ".join(cells) + " |" for cells in rows]) + "\n"
+
+
 def rows():
     n = 4
     f = lambda dt, k=8: torch.ones(k, dtype=dt)  # noqa: E731
     ar = lambda dt, op: (lambda tp: algorithms.all_reduce(tp, f(dt), op))  # noqa: E731
+    rs = lambda dt, op: (lambda tp: algorithms.reduce_scatter_tensor(tp, f(dt, 2), f(dt), op))  # noqa: E731
+    ag = lambda dt: (lambda tp: algorithms.all_gather_into_tensor(tp, f(dt, 4 * n), f(dt, 4)))  # noqa: E731
     yield "all_reduce sum float32/bfloat16", ar(torch.bfloat16, "sum")
     yield "all_reduce avg float32", ar(torch.float32, "avg")
     yield "all_reduce avg bfloat16/float16", ar(torch.bfloat16, "avg")
     yield "all_reduce avg int32", ar(torch.int32, "avg")
-    yield "all_reduce premul_sum float32", lambda tp: algorithms.all_reduce(
-        tp, f(torch.float32), Reduction(algorithms.R.PREMUL_SUM, 0.5))
+    yield "all_reduce premul_sum float32", ar(torch.float32, Reduction(algorithms.R.PREMUL_SUM, 0.5))
     yield "all_reduce product int64", ar(torch.int64, "product")
     yield "all_reduce min/max float32", ar(torch.float32, "max")
     yield "all_reduce min/max int32", ar(torch.int32, "max")
@@ -69,21 +76,15 @@ def rows():
     yield "all_reduce max uint64", ar(torch.uint64, "max")
     yield "all_reduce sum complex64", ar(torch.complex64, "sum")
     yield "all_reduce max complex64", ar(torch.complex64, "max")
-    yield "all_reduce sum float8_e4m3fn", lambda tp: algorithms.all_reduce(tp, f(torch.float8_e4m3fn), "sum")
+    yield "all_reduce sum float8_e4m3fn", ar(torch.float8_e4m3fn, "sum")
     yield "all_reduce_coalesced (3 float32)", lambda tp: algorithms.all_reduce_coalesced(
         tp, [f(torch.float32, 2), f(torch.float32, 3), f(torch.float32, 4)], "sum")
-    yield "reduce_scatter avg float32", lambda tp: algorithms.reduce_scatter_tensor(
-        tp, f(torch.float32, 2), f(torch.float32), "avg")
-    yield "reduce_scatter premul_sum float32", lambda tp: algorithms.reduce_scatter_tensor(
-        tp, f(torch.float32, 2), f(torch.float32), Reduction(algorithms.R.PREMUL_SUM, 0.5))
-    yield "reduce_scatter bor int32", lambda tp: algorithms.reduce_scatter_tensor(
-        tp, f(torch.int32, 2), f(torch.int32), "bor")
-    yield "all_gather float32", lambda tp: algorithms.all_gather_into_tensor(
-        tp, f(torch.float32, 4 * n), f(torch.float32, 4))
-    yield "all_gather uint16", lambda tp: algorithms.all_gather_into_tensor(
-        tp, f(torch.uint16, 4 * n), f(torch.uint16, 4))
-    yield "all_gather float8_e4m3fn", lambda tp: algorithms.all_gather_into_tensor(
-        tp, f(torch.float8_e4m3fn, 4 * n), f(torch.float8_e4m3fn, 4))
+    yield "reduce_scatter avg float32", rs(torch.float32, "avg")
+    yield "reduce_scatter premul_sum float32", rs(torch.float32, Reduction(algorithms.R.PREMUL_SUM, 0.5))
+    yield "reduce_scatter bor int32", rs(torch.int32, "bor")
+    yield "all_gather float32", ag(torch.float32)
+    yield "all_gather uint16", ag(torch.uint16)
+    yield "all_gather float8_e4m3fn", ag(torch.float8_e4m3fn)
     yield "all_to_all_single even", lambda tp: algorithms.all_to_all_single(tp, f(torch.float32), f(torch.float32))
     yield "all_to_all_single uneven", lambda tp: algorithms.all_to_all_single(
         tp, f(torch.float32, 6), f(torch.float32, 6), [1, 0, 3, 2], [1, 2, 3, 0])
@@ -142,9 +143,7 @@ def xccl_fact_table() -> str:
     and where FUNCOLL_XPU_OVERRIDE may flip it."""
     from funcoll.transport import xpu
 
-    rows = xpu.TORCH_ROWS
-    lines = ["| fact | request | " + " | ".join(f"torch {r}" for r in rows) + " | override | funcoll's strategy |",
-             "|---|---|" + "---|" * len(rows) + "---|---|"]
+    rows, lines = xpu.TORCH_ROWS, []
     for key, fact in xpu.XCCL_FACTS.items():
         runs: list = []  # (first row, last row, topologies) of consecutive rows with the same overridability
         for r in rows:
@@ -163,9 +162,8 @@ def xccl_fact_table() -> str:
                     extra = " (built against oneCCL >= 2021.17)" if first == "2.11" else ""
                     parts.append(f"{when}: {', '.join(topo)}{extra}")
             ov = "; ".join(parts)
-        cells = [_xccl_cell(key, r) for r in rows]
-        lines.append(f"| `{key}` | {fact.what} | " + " | ".join(cells) + f" | {ov} | {fact.strategy} |")
-    return "\n".join(lines) + "\n"
+        lines.append([f"`{key}`", fact.what, *(_xccl_cell(key, r) for r in rows), ov, fact.strategy])
+    return markdown_table(["fact", "request", *(f"torch {r}" for r in rows), "override", "funcoll's strategy"], lines)
 
 
 def xccl_fact_details() -> str:
@@ -196,25 +194,20 @@ def torchtpu_fact_table() -> str:
     what ProcessGroupTpu does, funcoll's strategy and the evidence."""
     from funcoll.transport import tpu
 
-    rows = tpu.VERSION_ROWS
-    lines = ["| fact | request | " + " | ".join(f"torch_tpu {r}" for r in rows) + " | unknown version | "
-             "ProcessGroupTpu | funcoll's strategy | evidence |",
-             "|---|---|" + "---|" * len(rows) + "---|---|---|---|"]
-    for key, fact in tpu.TORCHTPU_FACTS.items():
-        cells = [tpu.derive(f"{r}.0").sources[f"torchtpu.{key}"].split(":", 1)[0] for r in rows]
-        unknown = tpu.derive(None).sources[f"torchtpu.{key}"].split(":", 1)[0]
-        does = "; ".join(f"{first}+: {what}" for first, what in fact.by_version)
-        lines.append(f"| `{key}` | {fact.what} | " + " | ".join(cells) +
-                     f" | {unknown} | {does} | {fact.strategy} | {fact.source} |")
-    return "\n".join(lines) + "\n"
+    def choice(version, key):
+        return tpu.derive(version).sources[f"torchtpu.{key}"].split(":", 1)[0]
+
+    return markdown_table(
+        ["fact", "request", *(f"torch_tpu {r}" for r in tpu.VERSION_ROWS), "unknown version", "ProcessGroupTpu",
+         "funcoll's strategy", "evidence"],
+        [[f"`{key}`", fact.what, *(choice(f"{r}.0", key) for r in tpu.VERSION_ROWS), choice(None, key),
+          "; ".join(f"{first}+: {what}" for first, what in fact.by_version), fact.strategy, fact.source]
+         for key, fact in tpu.TORCHTPU_FACTS.items()])
 
 
 def capability_table(profiles=COLUMNS) -> str:
-    lines = ["| request | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
-    for name, run in rows():
-        cells = [_cell(transport_capabilities(p), run) for p in profiles]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    caps = [transport_capabilities(p) for p in profiles]
+    return markdown_table(["request", *profiles], [[name, *(_cell(c, run) for c in caps)] for name, run in rows()])
 
 
 if __name__ == "__main__":

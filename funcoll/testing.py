@@ -1,21 +1,12 @@
-"""Helpers for users' snapshot tests of compiled collectives (public; see docs/testing-compiled.md).
+"""Helpers for users' snapshot tests of compiled collectives (public; each helper: docs/testing-compiled.md).
 
 Everything here returns plain, normalised text or plain values, stable across runs, processes, ranks and
-machines, meant for expecttest's ``assertExpectedInline``:
-
-* :func:`capture_graphs` compiles a function or module with ``torch.compile`` and keeps the graphs Dynamo and
-  AOTAutograd produced (forward and, for training, backward), each rendered by :func:`render_graph`;
-* :func:`trace_fake` traces a function with fake tensors (e.g. fake XPU tensors on a machine without XPU);
-* :func:`render_graph` prints an FX graph one node per line, with each value's dtype, shape and device, group
-  names replaced by the group's ranks (``<world>``, ``<group 0,1>``) and nothing machine-specific;
-* :func:`collectives` lists the collectives of a graph (op, reduce op, group ranks, input/output shapes);
-* :func:`count_compiles` / :func:`compile_counts` count graphs, graph breaks and recompilations over a
-  series of calls / in a block;
-* :func:`xla_collectives` / :func:`xla_compiled_collectives` print the collectives of the HLO of lazy XLA
-  tensors / of a compiled function run on XLA tensors (nothing is executed);
-* :func:`run_replicas` (:func:`capture_replicas`, then :func:`execute_replicas`) *executes* what every rank of a
-  virtual N-rank XLA world compiles on N replicas of the XLA CPU runtime (:mod:`funcoll.replicas`, needs jaxlib;
-  docs/xla-replicas.md).
+machines, meant for expecttest's ``assertExpectedInline``: the FX graphs ``torch.compile`` produced or a fake-tensor
+trace (:func:`capture_graphs`, :func:`trace_fake`, :func:`render_graph`, :func:`collectives`), graph breaks and
+recompilations (:func:`count_compiles`, :func:`compile_counts`), the collectives in the HLO of lazy XLA tensors
+(:func:`xla_collectives`, :func:`xla_compiled_collectives`); :func:`run_replicas` *executes* what every rank of a
+virtual N-rank XLA world compiles on N replicas of the XLA CPU runtime (:mod:`funcoll.replicas`, needs jaxlib;
+docs/xla-replicas.md).
 """
 
 from __future__ import annotations
@@ -27,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.utils import _pytree as pytree
 
 from funcoll.replicas import ReplicaRuntimeError
 from funcoll.replicas import capture as capture_replicas
@@ -36,7 +28,7 @@ from funcoll.semantics import dtype_name
 
 __all__ = ["xla_collectives", "xla_compiled_collectives", "group_label", "normalize_text", "render_graph",
            "Collective", "collectives", "CapturedGraph", "Captured", "capture_graphs", "trace_fake",
-           "CompileCounts", "compile_counts", "count_compiles", "hlo_lines", "collective_hlo_lines",
+           "CompileCounts", "compile_counts", "count_compiles", "hlo_lines",
            "COLLECTIVE_OPCODES", "run_replicas", "capture_replicas", "execute_replicas", "ReplicaRuntimeError"]
 
 
@@ -47,8 +39,10 @@ def xla_collectives(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
     Names, ids, layouts and metadata are removed. ``keep`` lists the HLO opcodes to show (default: the
     collectives; add e.g. ``"multiply"`` to see AVG's scale). Nothing is executed, so the replica groups of a
     virtual world larger than this machine are fine. Needs torch_xla."""
-    lines = collective_hlo_lines(tensors, COLLECTIVE_OPCODES if keep is None else keep)
-    return "\n".join(lines)
+    import torch_xla
+
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([tensors] if isinstance(tensors, torch.Tensor) else list(tensors))
+    return "\n".join(hlo_lines(hlo, COLLECTIVE_OPCODES if keep is None else keep))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -58,24 +52,18 @@ def _group_ranks(name: str) -> Optional[Tuple[bool, Tuple[int, ...]]]:
     """(is the default group, global ranks) of the group called ``name``, or None when nobody knows it."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        from torch.distributed import distributed_c10d as c10d
-
-        from funcoll.semantics.groups import resolve
-
-        try:
-            pg = resolve(name)
-        except Exception:  # noqa: BLE001 - not a c10d group; funcoll's registry may know it
-            pg = None
-        if pg is not None:
-            return pg is dist.group.WORLD, tuple(c10d.get_process_group_ranks(pg))
     from funcoll.semantics import groups
 
     try:
-        info = groups.lookup(name)
+        pg = groups.resolve(name) if dist.is_available() and dist.is_initialized() else None
+    except Exception:  # noqa: BLE001 - not a c10d group; funcoll's registry may know it
+        pg = None
+    if pg is not None:
+        return pg is dist.group.WORLD, tuple(dist.get_process_group_ranks(pg))
+    try:
+        return False, groups.lookup(name).ranks
     except ValueError:
         return None
-    return False, info.ranks
 
 
 def group_label(name: str, names: Optional[Mapping[str, str]] = None) -> str:
@@ -111,11 +99,7 @@ _COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 
 
 def _value_of(node: torch.fx.Node):
-    meta = node.meta
-    for key in ("val", "example_value"):
-        if key in meta:
-            return meta[key]
-    return None
+    return next((node.meta[key] for key in ("val", "example_value") if key in node.meta), None)
 
 
 def _show_value(v) -> str:
@@ -126,20 +110,11 @@ def _show_value(v) -> str:
     return normalize_text(repr(v))
 
 
-def _namespace(target) -> Optional[str]:
-    if isinstance(target, torch._ops.OpOverload):
-        return target.namespace
+def _overload(target) -> Optional[torch._ops.OpOverload]:
+    """The op overload a node calls (a packet: its default), or None for anything else."""
     if isinstance(target, torch._ops.OpOverloadPacket):
-        return target.default.namespace
-    return None
-
-
-def _schema(target):
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target.default._schema
-    return None
+        return target.default
+    return target if isinstance(target, torch._ops.OpOverload) else None
 
 
 def _target_name(target) -> str:
@@ -160,10 +135,10 @@ def _target_name(target) -> str:
 
 def _named_args(node: torch.fx.Node) -> Dict[str, Any]:
     """The node's arguments by schema name (ops only), positional and keyword."""
-    schema = _schema(node.target)
-    if schema is None:
+    op = _overload(node.target)
+    if op is None:
         return {}
-    out = {a.name: v for a, v in zip(schema.arguments, node.args)}
+    out = {a.name: v for a, v in zip(op._schema.arguments, node.args)}
     out.update(node.kwargs)
     return out
 
@@ -195,25 +170,20 @@ def render_graph(gm: Union[torch.fx.GraphModule, torch.fx.Graph], names: Optiona
         shown = f" -> {_show_value(v)}" if v is not None else ""
         if n.op == "placeholder":
             lines.append(f"{n.name}: {_show_value(v)}" if v is not None else n.name)
-            continue
-        if n.op == "output":
+        elif n.op == "output":
             lines.append(f"return {arg(n.args[0])}")
-            continue
-        if n.op == "get_attr":
+        elif n.op == "get_attr":
             lines.append(f"{n.name} = get_attr {n.target}{shown}")
-            continue
-        groups = set()
-        schema = _schema(n.target) if n.op == "call_function" else None
-        if schema is not None:
-            groups = {i for i, a in enumerate(schema.arguments) if a.name == "group_name"}
-        args = [arg(a, i in groups) for i, a in enumerate(n.args)]
-        args += [f"{k}={arg(v, k == 'group_name')}" for k, v in n.kwargs.items() if k != "pin_memory"]
-        if n.op == "call_method":
-            target = f"{args[0]}.{n.target}" if args else str(n.target)
-            args = args[1:]
         else:
-            target = _target_name(n.target)
-        lines.append(f"{n.name} = {target}({', '.join(args)}){shown}")
+            op = _overload(n.target) if n.op == "call_function" else None
+            groups = {i for i, a in enumerate(op._schema.arguments) if a.name == "group_name"} if op else set()
+            args = [arg(a, i in groups) for i, a in enumerate(n.args)]
+            args += [f"{k}={arg(v, k == 'group_name')}" for k, v in n.kwargs.items() if k != "pin_memory"]
+            if n.op == "call_method":
+                target, args = (f"{args[0]}.{n.target}" if args else str(n.target)), args[1:]
+            else:
+                target = _target_name(n.target)
+            lines.append(f"{n.name} = {target}({', '.join(args)}){shown}")
     return "\n".join(lines)
 
 
@@ -261,7 +231,8 @@ def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collect
     graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
     out = []
     for n in graph.nodes:
-        if n.op != "call_function" or _namespace(n.target) not in _COLLECTIVE_NAMESPACES:
+        op = _overload(n.target) if n.op == "call_function" else None
+        if op is None or op.namespace not in _COLLECTIVE_NAMESPACES:
             continue
         name = _target_name(n.target).split(".", 1)[1].split(".")[0]
         if name in ("wait_tensor", "wait_tensors"):
@@ -283,7 +254,7 @@ def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collect
             op=name, reduce_op=named.get("reduce_op"),
             group=found[1] if found is not None else str(name_of_group),
             inputs=tuple(inputs), outputs=_specs(_value_of(n)), args=tuple(rest),
-            autograd=_namespace(n.target) == "_c10d_functional_autograd"))
+            autograd=op.namespace == "_c10d_functional_autograd"))
     return out
 
 
@@ -334,15 +305,10 @@ def _capturing_backend(backend: str, cap: Captured):
         if backend == "aot_eager":
             from torch._dynamo.backends.debugging import aot_eager
 
-            def fw(g, ex):
-                cap.forward.append(_snapshot(g))
-                return make_boxed_func(g)
+            def keeping(graphs):
+                return lambda g, ex: graphs.append(_snapshot(g)) or make_boxed_func(g)
 
-            def bw(g, ex):
-                cap.backward.append(_snapshot(g))
-                return make_boxed_func(g)
-
-            return aot_eager(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
+            return aot_eager(gm, example_inputs, fw_compiler=keeping(cap.forward), bw_compiler=keeping(cap.backward))
         if backend == "inductor":
             from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
@@ -359,13 +325,7 @@ def _capturing_backend(backend: str, cap: Captured):
 
 
 def _tensors(x) -> List[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _tensors(v)]
-    return []
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
 def capture_graphs(fn: Callable, *args, backend: str = "aot_eager", backward: bool = False,
@@ -429,13 +389,8 @@ def _reason(text: str) -> str:
 def _guard_lines(reason: str) -> List[str]:
     """The failed guards of one recompile reason, one per line; the "User stack trace:" block that newer Dynamo
     (torch >= 2.10) appends after them is left out, so the reasons read the same on every torch."""
-    lines = []
-    for line in reason.splitlines():
-        if line.strip().startswith("User stack trace:"):
-            break
-        if line.strip():
-            lines.append(line)
-    return lines
+    head = re.split(r"^\s*User stack trace:", reason, maxsplit=1, flags=re.M)[0]
+    return [line for line in head.splitlines() if line.strip()]
 
 
 @contextlib.contextmanager
@@ -521,56 +476,25 @@ _KEEP_ATTRS = ("replica_groups", "dimensions", "source_target_pairs", "to_apply"
 _LAYOUT = re.compile(r"(\])\{[0-9,]*(?::[^}]*)?\}")
 
 
-def _split_top(text: str, sep: str = ",") -> List[str]:
+def _split_top(text: str, sep: str = ",", most: int = -1) -> List[str]:
+    """``text`` split at each ``sep`` outside brackets (at the first ``most`` ones when given), parts stripped."""
     out: List[str] = []
-    depth = 0
-    cur: List[str] = []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == sep and depth == 0:
-            out.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        out.append("".join(cur).strip())
-    return out
+    depth = start = 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == sep and depth == 0 and len(out) != most:
+            out.append(text[start:i].strip())
+            start = i + 1
+    return out + [text[start:].strip()] if text[start:].strip() else out
 
 
 def _parse_instruction(line: str):
-    """``%name = SHAPE opcode(OPERANDS), attrs`` -> (name, shape, opcode, operands, attrs) or None."""
+    """``%name = SHAPE opcode(OPERANDS), attrs`` -> (name, shape, opcode, operands, [attrs]) or None."""
     m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
-    if not m:
-        return None
-    name, rest = m.group(1), m.group(2)
-    # the shape: a tuple "(...)" or one token
-    if rest.startswith("("):
-        depth = 0
-        for i, ch in enumerate(rest):  # noqa: B007 - i is read after the loop
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                break
-        shape, rest = rest[:i + 1], rest[i + 1:].lstrip()
-    else:
-        shape, _, rest = rest.partition(" ")
-    m = re.match(r"([a-z][\w\-]*)\(", rest)
-    if not m:
-        return None
-    opcode = m.group(1)
-    depth = 0
-    start = len(opcode)
-    for i in range(start, len(rest)):
-        depth += rest[i] == "("
-        depth -= rest[i] == ")"
-        if depth == 0:
-            break
-    operands = rest[start + 1:i]
-    attrs = rest[i + 1:].lstrip(", ")
-    return name, shape, opcode, operands, attrs
+    parts = _split_top(m.group(2), " ", 1) if m else []
+    call, *attrs = _split_top(parts[1]) if len(parts) == 2 else [""]
+    op = re.match(r"([a-z][\w\-]*)\((.*)\)$", call, re.S)
+    return (m.group(1), parts[0], op.group(1), op.group(2), attrs) if m and op else None
 
 
 _INDEX_COMMENT = re.compile(r"/\*index=\d+\*/")
@@ -580,61 +504,27 @@ def _norm_shape(shape: str) -> str:
     return _INDEX_COMMENT.sub("", _LAYOUT.sub(r"\1", shape)).replace(" ", "")
 
 
-def _computation_roots(hlo: str) -> Dict[str, str]:
-    """Computation name -> the opcode of its ROOT (e.g. %AddComputation.4 -> add)."""
-    roots, current = {}, None
-    for line in hlo.splitlines():
-        m = re.match(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{\s*$", line)
-        if m:
-            current = m.group(1)
-            continue
-        if current and line.strip().startswith("ROOT"):
-            ins = _parse_instruction(line)
-            if ins:
-                roots[current] = ins[2]
-    return roots
-
-
 def hlo_lines(hlo: str, keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
     """The instructions of the ENTRY computation of ``hlo`` whose opcode is in ``keep``, one normalised line
     each: ``opcode(operand shapes) -> result shape  attr=... `` with names, ids, layouts and metadata removed,
     ``to_apply`` shown as the reduction's opcode (add, multiply, minimum, maximum, and, or)."""
     keep = tuple(keep)
-    roots = _computation_roots(hlo)
-    out, in_entry = [], False
+    roots: Dict[str, str] = {}  # computation -> the opcode of its ROOT (%AddComputation.4 -> add)
+    found, computation, in_entry = [], None, False
     for line in hlo.splitlines():
-        if line.startswith("ENTRY "):
-            in_entry = True
-            continue
-        if in_entry and line.startswith("}"):
-            break
-        if not in_entry:
+        head = re.match(r"(ENTRY )?%([\w.\-]+) \(.*\{\s*$", line)
+        if head:
+            computation, in_entry = head.group(2), bool(head.group(1))
             continue
         ins = _parse_instruction(line)
-        if ins is None or ins[2] not in keep:
-            continue
-        _, shape, opcode, operands, attrs = ins
-        ops = [_norm_shape(o.rsplit(" ", 1)[0]) if "%" in o else _norm_shape(o) for o in _split_top(operands)]
-        kept = []
-        for a in _split_top(attrs):
-            key, _, val = a.partition("=")
-            if key not in _KEEP_ATTRS:
-                continue
-            if key == "to_apply":
-                val = roots.get(val.lstrip("%"), val)
-            kept.append(f"{key}={val}")
-        text = f"{opcode}({', '.join(ops)}) -> {_norm_shape(shape)}"
-        out.append(text + ("  " + " ".join(kept) if kept else ""))
+        if ins is not None and line.strip().startswith("ROOT"):
+            roots[computation or ""] = ins[2]
+        if ins is not None and in_entry and ins[2] in keep:
+            found.append(ins)
+    out = []
+    for _, shape, opcode, operands, attrs in found:
+        ops = [_norm_shape(o.rsplit(" ", 1)[0] if "%" in o else o) for o in _split_top(operands)]
+        kept = [f"{k}={roots.get(v.lstrip('%'), v) if k == 'to_apply' else v}"
+                for k, _, v in (a.partition("=") for a in attrs) if k in _KEEP_ATTRS]
+        out.append(f"{opcode}({', '.join(ops)}) -> {_norm_shape(shape)}" + ("  " + " ".join(kept) if kept else ""))
     return out
-
-
-def collective_hlo_lines(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
-                         keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
-    """The normalised HLO lines (see :func:`hlo_lines`) of the computation producing ``tensors`` (lazy XLA
-    tensors), by default only the collectives. Nothing is executed, so replica groups of a virtual world
-    larger than this machine are fine."""
-    import torch_xla
-
-    if isinstance(tensors, torch.Tensor):
-        tensors = [tensors]
-    return hlo_lines(torch_xla._XLAC._get_xla_tensors_hlo(list(tensors)), keep)
