@@ -11,6 +11,7 @@ called with every transport a group makes (:mod:`funcoll.probe` verifies it ther
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -297,27 +298,16 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(algorithms.recv(self._tp(t), t, srcRank, tag), tensors)
 
     # -- the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones) ------
-    # Each is the same algorithm as its older twin; the C++ defaults would look for a per-device backend, which a
-    # Python process group does not have ("No backend type associated with device type cpu").
-    @collective("all_gather_single")
-    def all_gather_single(self, output, input, opts=None):
-        return self._allgather_base(output, input, opts)
-
-    @collective("all_gather_single_coalesced")
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
-
-    @collective("reduce_scatter_single")
-    def reduce_scatter_single(self, output, input, opts=None):
-        return self._reduce_scatter_base(output, input, opts)
-
-    @collective("reduce_scatter_single_coalesced")
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
-
-    @collective("all_to_all_single")
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+    # Each runs its older twin's body under its own name (fingerprint.ALIASES); the C++ defaults would look for a
+    # per-device backend, which a Python process group does not have ("No backend type associated with device type
+    # cpu").
+    all_gather_single = collective("all_gather_single")(inspect.unwrap(_allgather_base))
+    all_gather_single_coalesced = collective("all_gather_single_coalesced")(
+        inspect.unwrap(allgather_into_tensor_coalesced))
+    reduce_scatter_single = collective("reduce_scatter_single")(inspect.unwrap(_reduce_scatter_base))
+    reduce_scatter_single_coalesced = collective("reduce_scatter_single_coalesced")(
+        inspect.unwrap(reduce_scatter_tensor_coalesced))
+    all_to_all_single = collective("all_to_all_single")(inspect.unwrap(alltoall_base))
 
     @collective("gather_single")
     def gather_single(self, output, input, opts=None):
@@ -335,9 +325,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             outs = list(output.view((n,) + tuple(input.shape)).unbind(0))
         return self._work(algorithms.gather(self._tp(input), outs, input, root), [output])
 
-    @collective("gather_into_tensor")
-    def gather_into_tensor(self, output, input, opts=None):
-        return self.gather_single(output, input, opts)
+    gather_into_tensor = collective("gather_into_tensor")(inspect.unwrap(gather_single))
 
     @collective("recv_anysource")
     def recv_anysource(self, tensors, tag=0):
