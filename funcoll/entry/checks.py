@@ -69,16 +69,10 @@ def store_check(st: GroupState, call: Call) -> None:
         try:
             store.wait(others, timedelta(seconds=timeout))
         except Exception as e:  # noqa: BLE001 - DistStoreError("Wait timeout") or a dead store
-            missing = []
-            for r in range(n):
-                if r == me:
-                    continue
-                try:
-                    if not store.check([keys[r]]):
-                        missing.append(r)
-                except Exception:  # noqa: BLE001
-                    missing = []  # cannot tell
-                    break
+            try:
+                missing = [r for r in range(n) if r != me and not store.check([keys[r]])]
+            except Exception:  # noqa: BLE001
+                missing = []  # cannot tell
             if missing:
                 raise CollectiveTimeoutError(
                     f"funcoll: {call.label()}: {who(missing, st.trace.global_ranks)} did not reach this collective "

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import inspect
 import json
+import math
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -57,9 +58,7 @@ _PREMUL = dist.ReduceOp.RedOpType.PREMUL_SUM  # type: ignore[attr-defined]
 
 
 def _reduce_op(opts, opname: str) -> Optional[str]:
-    op = opts
-    if opts is not None and not isinstance(opts, (str, dist.ReduceOp)) and hasattr(opts, "reduceOp"):
-        op = opts.reduceOp
+    op = getattr(opts, "reduceOp", opts)  # an options object, or the op itself
     if op is None:
         return "sum"
     if isinstance(op, dist.ReduceOp):  # the common case, without parsing: ReduceOp.SUM -> "sum"
@@ -83,10 +82,7 @@ def _root(opts) -> Optional[int]:
 
 
 def _device(ts) -> Optional[str]:
-    for t in ts:
-        if isinstance(t, torch.Tensor):
-            return t.device.type
-    return None
+    return next((t.device.type for t in ts if isinstance(t, torch.Tensor)), None)
 
 
 def flat(x) -> list:
@@ -109,10 +105,7 @@ def _splits(splits, t, n: int):
 
 
 def _numel(shape) -> int:
-    k = 1
-    for d in shape or []:
-        k *= int(d)
-    return k
+    return math.prod(int(d) for d in shape or [])
 
 
 # ---------------------------------------------------------------------------------------------------

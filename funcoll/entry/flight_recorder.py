@@ -233,10 +233,6 @@ class GroupTrace:
                 self.buffer.append(call)
         return call
 
-    def start(self, op: str, method: str, fingerprint: dict, p2p: bool = False, counted: bool = True) -> Call:
-        call = self.call(op, method, fingerprint)
-        return self.number(call, p2p) if counted else self.keep(call)
-
     def entries(self) -> List[Call]:
         with self.lock:
             items = list(self.buffer)

@@ -60,18 +60,12 @@ def guard_from_env() -> bool:
     return _switch("FUNCOLL_GUARD")
 
 
-def _local_stores() -> tuple:
-    kinds: list = [dist.HashStore]
-    try:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
+try:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-        kinds.append(FakeStore)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(kinds)
-
-
-_LOCAL_STORES = _local_stores()
+    _LOCAL_STORES: tuple = (dist.HashStore, FakeStore)
+except ImportError:  # pragma: no cover
+    _LOCAL_STORES = (dist.HashStore,)
 
 
 def unwrap_store(store):
@@ -109,12 +103,6 @@ class GroupState:
     def set_timeout(self, timeout: timedelta) -> None:
         self.timeout, self.timeout_s = timeout, timeout.total_seconds()
 
-    def set_debug(self, enabled: bool) -> None:
-        self.debug = bool(enabled) and self._checkable
-
-    def set_guard(self, enabled: bool) -> None:
-        self.guard = bool(enabled) and self._checkable
-
 
 def _of(group) -> GroupState:
     st = getattr(group, "_state", None)
@@ -126,7 +114,8 @@ def _of(group) -> GroupState:
 def set_debug(group, enabled: bool = True) -> None:
     """Turns the debug mode's cross-rank check on or off for one group (every rank of the group must do the same,
     between the same two collectives)."""
-    _of(group).set_debug(enabled)
+    st = _of(group)
+    st.debug = bool(enabled) and st._checkable
 
 
 def debug_enabled(group) -> bool:
@@ -136,7 +125,8 @@ def debug_enabled(group) -> bool:
 def set_guard(group, enabled: bool = True) -> None:
     """Turns the size guard on or off for one group. Every rank of the group must do the same, between the same two
     collectives (a rank that guards and one that does not would pair a digest exchange with a collective)."""
-    _of(group).set_guard(enabled)
+    st = _of(group)
+    st.guard = bool(enabled) and st._checkable
 
 
 def guard_enabled(group) -> bool:

@@ -185,32 +185,34 @@ _EXTRA: Dict[str, Dict[tuple, object]] = {}
 # c10d declares all_reduce_, all_reduce_coalesced_, broadcast_ and all_gather_into_tensor_out with alias
 # annotations and gives them no Functionalize kernel, so on a device whose tensors are functional wrappers
 # (torch_xla 2.9) calling them raises "Found a custom (non-ATen) operator whose output has alias annotations".
-# These kernels are the functional op plus a copy_ into the argument: functionalization records the mutation,
-# eagerly and when AOTAutograd traces a graph that contains them.
-def _functionalize_all_reduce_(input, reduce_op, group_name):
-    return input.copy_(torch.ops._c10d_functional.all_reduce(input, reduce_op, group_name))
+# These kernels are the functional op plus a copy_ into the argument it mutates (``_MUTATED``): functionalization
+# records the mutation, eagerly and when AOTAutograd traces a graph that contains them.
+_MUTATED: Dict[str, Union[int, str]] = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0,
+                                        "all_gather_into_tensor_out": "out"}
 
 
-def _functionalize_all_reduce_coalesced_(inputs, reduce_op, group_name):
-    for t, r in zip(inputs, torch.ops._c10d_functional.all_reduce_coalesced(inputs, reduce_op, group_name)):
-        t.copy_(r)
-    return inputs
+def _mutated(name: str, args, kwargs):
+    """The argument (a tensor or a list) the in-place/out variant ``name`` writes into."""
+    where = _MUTATED[name]
+    return kwargs["out"] if where == "out" else args[int(where)]
 
 
-def _functionalize_broadcast_(input, src, group_name):
-    return input.copy_(torch.ops._c10d_functional.broadcast(input, src, group_name))
+def _copy_into(dst, src):
+    for d, s in zip(dst, src) if isinstance(dst, (list, tuple)) else [(dst, src)]:
+        d.copy_(s)
+    return dst
 
 
-def _functionalize_all_gather_into_tensor_out(input, group_size, group_name, *, out):
-    return out.copy_(torch.ops._c10d_functional.all_gather_into_tensor(input, group_size, group_name))
+def _functionalize(name: str):
+    functional = getattr(torch.ops._c10d_functional, name.removesuffix("_out").rstrip("_"))
+
+    def kernel(*args, **kwargs):
+        return _copy_into(_mutated(name, args, kwargs), functional(*args, **{k: v for k, v in kwargs.items()
+                                                                              if k != "out"}))
+    return kernel
 
 
-FUNCTIONALIZE = {
-    "all_reduce_": _functionalize_all_reduce_,
-    "all_reduce_coalesced_": _functionalize_all_reduce_coalesced_,
-    "broadcast_": _functionalize_broadcast_,
-    "all_gather_into_tensor_out": _functionalize_all_gather_into_tensor_out,
-}
+FUNCTIONALIZE = {name: _functionalize(name) for name in _MUTATED}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -223,8 +225,6 @@ FUNCTIONALIZE = {
 # strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
 # kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
 # functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
-_MUTATED: Dict[str, Union[int, str]] = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0,
-                                        "all_gather_into_tensor_out": "out"}
 _DK = torch._C.DispatchKey
 
 
@@ -259,22 +259,14 @@ def _functionalization():
 
 
 def _functionalized(name: str, fn):
-    where = _MUTATED.get(name)
-
     def kernel(*args, **kwargs):
         fargs = [_to_functional(a) for a in args]
         fkwargs = {k: _to_functional(v) for k, v in kwargs.items()}
         with _functionalization():
             res = fn(*fargs, **fkwargs)
-        if where is None:
+        if name not in _MUTATED:
             return _from_functional(res)
-        orig, fun = (kwargs["out"], fkwargs["out"]) if where == "out" else (args[int(where)], fargs[int(where)])
-        if isinstance(orig, torch.Tensor):
-            orig.copy_(_from_functional(fun))
-        else:
-            for o, f in zip(orig, fun):
-                o.copy_(_from_functional(f))
-        return orig
+        return _copy_into(_mutated(name, args, kwargs), _from_functional(_mutated(name, fargs, fkwargs)))
 
     kernel.__name__ = kernel.__qualname__ = f"xla_{name}"
     kernel.__doc__ = f"funcoll's ``_c10d_functional.{name}`` on the XLA key (functionalization re-entered)."
@@ -305,7 +297,6 @@ _EXTRA["xla"] = {
     ("wait_tensor", "XLA"): _wait_tensor,
     **{(name, "Functionalize"): fn for name, fn in FUNCTIONALIZE.items()},
 }
-
 
 
 def _present(device_type: str) -> bool:

@@ -347,9 +347,9 @@ class ProcessGroupFuncoll(ProcessGroup):
         elif not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
         trace = self._state.trace
-        call = trace.start("monitored_barrier", "monitored_barrier",
-                           {"op": "monitored_barrier", "timeout_s": timeout.total_seconds(),
-                            "wait_all_ranks": bool(wait_all_ranks)}, counted=False)
+        call = trace.keep(trace.call("monitored_barrier", "monitored_barrier",
+                                     {"op": "monitored_barrier", "timeout_s": timeout.total_seconds(),
+                                      "wait_all_ranks": bool(wait_all_ranks)}))
         backend = getattr(self.transport("cpu"), "backend", None)
         if backend is None or not hasattr(backend, "monitored_barrier"):
             e = NotImplementedError(f"funcoll: monitored_barrier needs a gloo CPU transport on group "
