@@ -1,19 +1,9 @@
-"""The flight recorder: the last N collectives of every funcoll group on this rank, like NCCL's trace buffer.
-
-Every collective a :class:`~funcoll.entry.process_group.ProcessGroupFuncoll` runs gets a :class:`Call` entry: its
-sequence number in the group, the op, the strategies funcoll chose, the shapes and dtypes, the reduce op / root /
-peer / split sizes, and its state (``issued`` -> ``completed``, or ``failed`` / ``invalid``), with timestamps.
-Point-to-point ops get their own counter (``p2p_seq``): they involve two ranks, not the group, so they do not
-advance the group's sequence number.
-
-On a timeout the trace of the group is dumped (``FUNCOLL_TRACE_DIR``: one JSON file per rank and group, as
-NCCL's ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``) and the last entries are quoted in the error. On demand::
-
-    funcoll.flight_recorder.entries(group)         # [Call, ...], oldest first
-    funcoll.flight_recorder.dump(group)            # a JSON-able dict; dump(path=...) writes it
-    funcoll.flight_recorder.format(group)          # the table, one line per collective
-
-``FUNCOLL_TRACE_BUFFER_SIZE`` (default 256; 0 turns the recorder off) sets N.
+"""The flight recorder: the last ``FUNCOLL_TRACE_BUFFER_SIZE`` (default 256; 0: off) collectives of every funcoll
+group on this rank, like NCCL's trace buffer: one :class:`Call` each (sequence number, op, fingerprint, strategies,
+state ``issued`` -> ``completed``, or ``failed`` / ``invalid``, times). Point-to-point ops get their own counter
+(``p2p_seq``): they involve two ranks, not the group, so they do not advance the group's sequence number. Read with
+:func:`entries`, :func:`dump`, :func:`format`; dumped on a timeout (``FUNCOLL_TRACE_DIR``; torch's format with
+``TORCH_FR_DUMP_TEMP_FILE``, :func:`torch_dump`). docs/conformance.md, "Flight recorder", shows the table.
 """
 
 from __future__ import annotations
@@ -152,10 +142,9 @@ def describe(fp: dict) -> str:
 class GroupTrace:
     """The ring buffer of one group, and its two counters."""
 
-    def __init__(self, group: str, global_ranks: Sequence[int], rank: int, size: int, maxlen: Optional[int] = None,
-                 desc: str = ""):
+    def __init__(self, group: str, global_ranks: Sequence[int], rank: int, size: int, maxlen: Optional[int] = None):
         self.group = group
-        self.desc = desc
+        self.desc = ""  # the group's description (dist.new_group(group_desc=...)), set by the group
         self.global_ranks = tuple(global_ranks)
         self.rank = rank
         self.size = size
@@ -451,9 +440,7 @@ def _dump_at_exit() -> None:
 
 
 def _global_rank() -> Optional[int]:
-    for trace in all_traces():
-        return trace.global_ranks[trace.rank]
-    return None
+    return next((trace.global_ranks[trace.rank] for trace in all_traces()), None)
 
 
 def write_torch_dump(path: Optional[str] = None) -> Optional[str]:

@@ -2,18 +2,13 @@
 recorder trace (and so its sequence numbers), the debug and guard switches, the size guard's backend and buffers,
 the NaN check, the timeout, and whether its store is local (a virtual world in one process).
 
-The switches, per group (every rank of the group must do the same, between the same two collectives):
-
-* the debug mode (:func:`funcoll.entry.checks.store_check`): ``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
-  (``FUNCOLL_DEBUG=0`` turns it off under DETAIL), read when the group is created; :func:`set_debug`;
-* the size guard (:func:`funcoll.entry.checks.size_guard`): ``FUNCOLL_GUARD=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
-  (``FUNCOLL_GUARD=0`` keeps it off under DETAIL), ``funcoll.Options(guard=...)``, read when the group is created;
-  :func:`set_guard`;
-* the NaN check: ``TORCH_DIST_NAN_CHECK=1`` (torch's backend-agnostic check, which torch >= 2.15 attaches to every
-  group; funcoll runs it itself, on every torch version).
-
-Neither check runs on a group of one rank or on a local store (HashStore, FakeStore): there is nothing to compare.
-These functions are public as ``funcoll.debug``.
+The switches are per group, read when the group is created (docs/conformance.md): the debug mode
+(:func:`funcoll.entry.checks.store_check`; ``FUNCOLL_DEBUG``, :func:`set_debug`) and the size guard
+(:func:`funcoll.entry.checks.size_guard`; ``FUNCOLL_GUARD``, ``funcoll.Options(guard=...)``, :func:`set_guard`): 1 on,
+0 off, unset on only under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``; the NaN check, ``TORCH_DIST_NAN_CHECK=1`` (torch's
+backend-agnostic check, which funcoll runs itself on every torch version). Every rank of a group must switch alike,
+between the same two collectives. Neither check runs on a group of one rank or on a local store (HashStore,
+FakeStore): there is nothing to compare. These functions are public as ``funcoll.debug``.
 """
 
 from __future__ import annotations
@@ -34,13 +29,6 @@ _TRUE = ("1", "true", "yes", "on", "detail")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _detail() -> bool:
-    try:
-        return dist.get_debug_level() == dist.DebugLevel.DETAIL
-    except Exception:  # noqa: BLE001 - a torch without debug levels
-        return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
-
-
 def _switch(var: str) -> bool:
     """``var``: 1/true/yes/on turns it on, 0/false/no/off off; unset, torch's convention for cross-rank checks: on
     under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, off otherwise (a user's job pays for no check by default)."""
@@ -49,7 +37,7 @@ def _switch(var: str) -> bool:
         return True
     if v in _FALSE:
         return False
-    return _detail()
+    return dist.get_debug_level() == dist.DebugLevel.DETAIL
 
 
 def debug_from_env() -> bool:

@@ -33,10 +33,13 @@ _libs: Dict[str, torch.library.Library] = {}
 _lock = threading.Lock()
 
 
-def _check_size(opname: str, tp, group_size: int, group_name: str) -> None:
+def _sized(opname: str, group_name: str, device, group_size: int):
+    """The transport of the group for ``device``, once ``group_size`` is checked against it."""
+    tp = transport_for(group_name, device)
     if group_size != tp.size:
         raise ValueError(f"funcoll.{opname}: group_size={group_size} but group {group_name!r} has "
                          f"{tp.size} ranks; pass the group's size")
+    return tp
 
 
 def _finish(pending: algorithms.Pending, outputs: List[torch.Tensor], tp) -> None:
@@ -106,8 +109,7 @@ def all_gather_into_tensor(input, group_size, group_name):
 
 
 def all_gather_into_tensor_out(input, group_size, group_name, *, out):
-    tp = transport_for(group_name, input.device)
-    _check_size("all_gather_into_tensor", tp, group_size, group_name)
+    tp = _sized("all_gather_into_tensor", group_name, input.device, group_size)
     _finish(algorithms.all_gather_into_tensor(tp, out, input), [out], tp)
     return out
 
@@ -115,16 +117,14 @@ def all_gather_into_tensor_out(input, group_size, group_name, *, out):
 def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
     if not inputs:
         return []
-    tp = transport_for(group_name, inputs[0].device)
-    _check_size("all_gather_into_tensor_coalesced", tp, group_size, group_name)
+    tp = _sized("all_gather_into_tensor_coalesced", group_name, inputs[0].device, group_size)
     outs = [_gather_out(t, group_size) for t in inputs]
     _finish(algorithms.all_gather_into_tensor_coalesced(tp, outs, list(inputs)), outs, tp)
     return outs
 
 
 def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
-    tp = transport_for(group_name, input.device)
-    _check_size("reduce_scatter_tensor", tp, group_size, group_name)
+    tp = _sized("reduce_scatter_tensor", group_name, input.device, group_size)
     shape = semantics.check_reduce_scatter("reduce_scatter_tensor", None, input, group_size)
     out = input.new_empty(shape)
     _finish(algorithms.reduce_scatter_tensor(tp, out, input, reduce_op), [out], tp)
@@ -134,8 +134,7 @@ def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
 def reduce_scatter_tensor_coalesced(inputs, reduce_op, group_size, group_name):
     if not inputs:
         return []
-    tp = transport_for(group_name, inputs[0].device)
-    _check_size("reduce_scatter_tensor_coalesced", tp, group_size, group_name)
+    tp = _sized("reduce_scatter_tensor_coalesced", group_name, inputs[0].device, group_size)
     outs = [t.new_empty(semantics.check_reduce_scatter("reduce_scatter_tensor_coalesced", None, t, group_size))
             for t in inputs]
     _finish(algorithms.reduce_scatter_tensor_coalesced(tp, outs, list(inputs), reduce_op), outs, tp)

@@ -58,6 +58,11 @@ class Options:
     guard: Optional[bool] = None
 
 
+def _red(opts):
+    """The reduce op of a method's options (or the op itself; none: sum)."""
+    return "sum" if opts is None else getattr(opts, "reduceOp", opts)
+
+
 # called as hook(group, device_type, transport) with every transport a funcoll group makes (funcoll.probe adds one)
 TRANSPORT_HOOKS: List[Callable] = []
 
@@ -99,8 +104,7 @@ class ProcessGroupFuncoll(ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
-    def name(self) -> str:
-        return BACKEND_NAME
+    name = getBackendName
 
     def _set_group_name(self, name: str) -> None:
         if self._group_name and self._group_name != name:
@@ -195,17 +199,12 @@ class ProcessGroupFuncoll(ProcessGroup):
     # -- collectives ----------------------------------------------------------------------------------
     @collective("allreduce")
     def allreduce(self, tensors, opts=None):
-        if isinstance(opts, (dist.ReduceOp, str)) or opts is None:
-            op = opts if opts is not None else "sum"
-        else:
-            op = opts.reduceOp
         t = self._one("all_reduce", tensors)
-        return self._work(algorithms.all_reduce(self._tp(t), t, op), tensors)
+        return self._work(algorithms.all_reduce(self._tp(t), t, _red(opts)), tensors)
 
     @collective("allreduce_coalesced")
     def allreduce_coalesced(self, tensors, opts=None):
-        op = opts.reduceOp if opts is not None else "sum"
-        return self._work(algorithms.all_reduce_coalesced(self._tp(tensors), list(tensors), op), tensors)
+        return self._work(algorithms.all_reduce_coalesced(self._tp(tensors), list(tensors), _red(opts)), tensors)
 
     @collective("_allgather_base")
     def _allgather_base(self, output, input, opts=None):
@@ -236,23 +235,20 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     @collective("_reduce_scatter_base")
     def _reduce_scatter_base(self, output, input, opts=None):
-        op = opts.reduceOp if opts is not None else "sum"
-        return self._work(algorithms.reduce_scatter_tensor(self._tp(input), output, input, op), [output])
+        return self._work(algorithms.reduce_scatter_tensor(self._tp(input), output, input, _red(opts)), [output])
 
     @collective("reduce_scatter")
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        op = opts.reduceOp if opts is not None else "sum"
         out = self._one("reduce_scatter", output_tensors)
         ins = input_tensors[0]
         if len(ins) != self.size():
             raise ValueError(f"funcoll.reduce_scatter: expected {self.size()} input tensors, got {len(ins)}")
-        return self._work(algorithms.reduce_scatter(self._tp(out), out, list(ins), op), [out])
+        return self._work(algorithms.reduce_scatter(self._tp(out), out, list(ins), _red(opts)), [out])
 
     @collective("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        op = opts.reduceOp if opts is not None else "sum"
-        return self._work(algorithms.reduce_scatter_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs), op),
-                          outputs)
+        return self._work(algorithms.reduce_scatter_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs),
+                                                                     _red(opts)), outputs)
 
     @collective("alltoall_base")
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -380,11 +376,10 @@ class ProcessGroupFuncoll(ProcessGroup):
         if device is not None:
             self.transport(torch.device(device).type)
 
-    def _get_backend(self, device=None):
-        return self
-
     def get_backend(self, device=None):
         return self
+
+    _get_backend = get_backend
 
     @property
     def _device_types(self):
@@ -407,8 +402,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             if setter is not None:
                 setter(timeout)
 
-    def _set_default_timeout(self, timeout: timedelta) -> None:
-        self.set_timeout(timeout)
+    _set_default_timeout = set_timeout
 
     def _add_ephemeral_timeout(self, timeout: timedelta) -> None:
         for tp in list(self._transports.values()):
