@@ -18,6 +18,7 @@ from typing import Dict, Iterable, List, Optional, Union
 
 import torch
 from torch._C._distributed_c10d import _register_work
+from torch.utils._pytree import tree_map_only
 
 from funcoll import algorithms, semantics
 from funcoll.algorithms.observe import on_install, on_uninstall
@@ -228,22 +229,20 @@ _DK = torch._C.DispatchKey
 
 
 def _to_functional(x):
-    if isinstance(x, torch.Tensor):
-        return x if torch._is_functional_tensor(x) else torch._to_functional_tensor(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_functional(t) for t in x)
-    return x
+    """``x`` (tensors, lists of them) with every tensor a functional wrapper."""
+    return tree_map_only(torch.Tensor, lambda t: t if torch._is_functional_tensor(t) else
+                         torch._to_functional_tensor(t), x)
+
+
+def _unwrap(t: torch.Tensor) -> torch.Tensor:
+    if not torch._is_functional_tensor(t):
+        return t
+    torch._sync(t)
+    return torch._from_functional_tensor(t)
 
 
 def _from_functional(x):
-    if isinstance(x, torch.Tensor):
-        if not torch._is_functional_tensor(x):
-            return x
-        torch._sync(x)
-        return torch._from_functional_tensor(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_from_functional(t) for t in x)
-    return x
+    return tree_map_only(torch.Tensor, _unwrap, x)
 
 
 @contextlib.contextmanager
@@ -259,8 +258,7 @@ def _functionalization():
 
 def _functionalized(name: str, fn):
     def kernel(*args, **kwargs):
-        fargs = [_to_functional(a) for a in args]
-        fkwargs = {k: _to_functional(v) for k, v in kwargs.items()}
+        fargs, fkwargs = _to_functional((args, kwargs))
         with _functionalization():
             res = fn(*fargs, **fkwargs)
         if name not in _MUTATED:
