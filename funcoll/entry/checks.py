@@ -1,28 +1,14 @@
 """The two cross-rank checks of an eager collective, run right before its first byte is sent (funcoll's own
-validation has passed, the call has its sequence number): the debug mode's :func:`store_check` and the size guard's
-:func:`size_guard`. Both compare what every rank of the group is about to do, by the rules of
-:mod:`funcoll.entry.fingerprint`, and raise the same :class:`~funcoll.entry.errors.CollectiveMismatchError` on every
-rank when the ranks differ; nothing of the collective is sent then, and every rank has used its sequence number, so
-the next collective pairs up.
-
-**The store check** (debug mode, ``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``): every rank publishes the
-call's fingerprint in the group's c10d store and reads every other rank's, within the group's timeout. It goes
-through the store, never through the backend that carries the data: mismatched requests never reach gloo, which
-aborts the process on some of them ("Received data size doesn't match expected size"). Four store round trips per
-collective; a rank that does not arrive is named (:class:`~funcoll.entry.errors.CollectiveTimeoutError`).
-
-**The size guard** (``FUNCOLL_GUARD=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``; blocking collectives on the CPU
-transport of groups of 2+ ranks): gloo aborts the whole process when the ranks disagree on how many bytes a
-collective moves. The guard prevents that for the price of one small collective: every rank makes a digest of the
-call (:func:`funcoll.entry.fingerprint.digest`: the sequence number, a stable hash of the fields every rank must
-share, and its share of a per-peer sum that is zero over the group exactly when every send meets an equal
-receive), the ranks exchange the digests with ONE ``all_gather`` of ``3 * group size`` int64 on the group's gloo
-backend, and each rank compares the table locally. Equal (every correct program): the collective runs. Not equal
-(every rank sees the same table, so every rank decides the same): two more all_gathers exchange the full
-fingerprints and every rank raises the debug mode's message. A rank that never reaches the collective makes the
-others' exchange time out (the group timeout): a CollectiveTimeoutError naming the collective, the flight recorder
-dumped. Not for ``async_op=True`` calls (their issue must not wait for the peers), point-to-point ops, one rank,
-virtual worlds, XLA or XPU tensors (there an extra collective costs real device latency).
+validation has passed, the call has its sequence number): the debug mode's :func:`store_check` (every rank publishes
+the call's fingerprint in the group's c10d store and reads every other rank's: never through the backend that carries
+the data, which aborts the process on some mismatches) and the size guard's :func:`size_guard` (ONE all_gather of
+every rank's :func:`~funcoll.entry.fingerprint.digest` on the group's gloo backend, compared locally; the full
+fingerprints are exchanged only when the digests differ). Both compare by the rules of :mod:`funcoll.entry.fingerprint`
+and raise the same :class:`~funcoll.entry.errors.CollectiveMismatchError` on every rank when the ranks differ; nothing
+of the collective is sent then, and every rank has used its sequence number, so the next collective pairs up. A rank
+that does not arrive makes the check time out (:class:`~funcoll.entry.errors.CollectiveTimeoutError`, the flight
+recorder dumped). When each runs, what it costs and what the guard leaves out (and why): docs/conformance.md, "The
+size guard" and "Debug mode".
 """
 
 from __future__ import annotations
@@ -69,16 +55,10 @@ def store_check(st: GroupState, call: Call) -> None:
         try:
             store.wait(others, timedelta(seconds=timeout))
         except Exception as e:  # noqa: BLE001 - DistStoreError("Wait timeout") or a dead store
-            missing = []
-            for r in range(n):
-                if r == me:
-                    continue
-                try:
-                    if not store.check([keys[r]]):
-                        missing.append(r)
-                except Exception:  # noqa: BLE001
-                    missing = []  # cannot tell
-                    break
+            try:
+                missing = [r for r in range(n) if r != me and not store.check([keys[r]])]
+            except Exception:  # noqa: BLE001
+                missing = []  # cannot tell
             if missing:
                 raise CollectiveTimeoutError(
                     f"funcoll: {call.label()}: {who(missing, st.trace.global_ranks)} did not reach this collective "

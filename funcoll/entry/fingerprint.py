@@ -13,9 +13,12 @@ arguments become a fingerprint and which argument it sends (the NaN check). The 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
-from typing import Callable, Dict, List, Optional, Tuple
+import math
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -24,16 +27,18 @@ from funcoll.entry.flight_recorder import describe
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
 
 __all__ = ["Rule", "RULES", "Spec", "METHODS", "PER_RANK", "fingerprint", "compare", "digest", "agree", "check_nan",
-           "flat", "SLOTS"]
+           "flat", "SLOTS", "ALIASES"]
 
 
 # ---------------------------------------------------------------------------------------------------
 # reading a call's arguments (c10d passes them positionally, options last)
 # ---------------------------------------------------------------------------------------------------
-def _arg(args, kwargs, i: int, name: str, default=None):
-    if len(args) > i:
-        return args[i]
-    return kwargs.get(name, default)
+def _at(args, i: int, default=None):
+    return args[i] if len(args) > i else default
+
+
+def _listed(x) -> list:
+    return [x] if isinstance(x, torch.Tensor) else list(x)
 
 
 def _t(t) -> list:
@@ -44,17 +49,16 @@ def _ts(ts) -> list:
     return [_t(t) for t in ts if isinstance(t, torch.Tensor)]
 
 
-def _shapes(ts) -> list:
-    return [list(t.shape) for t in ts]
+def _shapes(x) -> list:
+    """The shapes of the tensors in ``x``, nested as its lists are."""
+    return list(x.shape) if isinstance(x, torch.Tensor) else [_shapes(v) for v in x]
 
 
 _PREMUL = dist.ReduceOp.RedOpType.PREMUL_SUM  # type: ignore[attr-defined]
 
 
 def _reduce_op(opts, opname: str) -> Optional[str]:
-    op = opts
-    if opts is not None and not isinstance(opts, (str, dist.ReduceOp)) and hasattr(opts, "reduceOp"):
-        op = opts.reduceOp
+    op = getattr(opts, "reduceOp", opts)  # an options object, or the op itself
     if op is None:
         return "sum"
     if isinstance(op, dist.ReduceOp):  # the common case, without parsing: ReduceOp.SUM -> "sum"
@@ -78,10 +82,7 @@ def _root(opts) -> Optional[int]:
 
 
 def _device(ts) -> Optional[str]:
-    for t in ts:
-        if isinstance(t, torch.Tensor):
-            return t.device.type
-    return None
+    return next((t.device.type for t in ts if isinstance(t, torch.Tensor)), None)
 
 
 def flat(x) -> list:
@@ -104,10 +105,7 @@ def _splits(splits, t, n: int):
 
 
 def _numel(shape) -> int:
-    k = 1
-    for d in shape or []:
-        k *= int(d)
-    return k
+    return math.prod(int(d) for d in shape or [])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -233,16 +231,15 @@ def _share_gather_single(fp: dict, rank: int) -> int:
     return s
 
 
-class Rule:
+class Rule(NamedTuple):
     """What every rank of a group must agree on for one op: ``per_rank``, the fingerprint fields that differ between
     ranks; ``check(fps, n)``, the message when those fields do not pair up (None when they do); ``share(fp, rank)``,
     this rank's share of the size guard's per-peer sum; ``p2p``: a point-to-point op (its own counter, not checked)."""
 
-    __slots__ = ("per_rank", "check", "share", "p2p")
-
-    def __init__(self, per_rank: Tuple[str, ...] = (), check: Optional[Callable] = None,
-                 share: Optional[Callable] = None, p2p: bool = False):
-        self.per_rank, self.check, self.share, self.p2p = per_rank, check, share, p2p
+    per_rank: Tuple[str, ...] = ()
+    check: Optional[Callable] = None
+    share: Optional[Callable] = None
+    p2p: bool = False
 
 
 _GATHER_RULES = _rooted("gather", "root_outputs", _GATHER)
@@ -267,119 +264,9 @@ PER_RANK = frozenset(k for rule in RULES.values() for k in rule.per_rank)
 # ---------------------------------------------------------------------------------------------------
 # per c10d method: its op, its fingerprint, the argument it sends
 # ---------------------------------------------------------------------------------------------------
-def _fp_allreduce(op):
-    def fn(pg, a, k):
-        ts = list(_arg(a, k, 0, "tensors"))
-        return {"op": op, "reduce_op": _reduce_op(_arg(a, k, 1, "opts"), op), "tensors": _ts(ts),
-                "device": _device(ts)}
-    return fn
-
-
-def _fp_gather_base(pg, a, k):
-    out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
-    return {"op": "all_gather_into_tensor", "tensors": [_t(inp)], "outputs": [list(out.shape)],
-            "device": inp.device.type}
-
-
-def _fp_gather_coalesced(pg, a, k):
-    outs, ins = list(_arg(a, k, 0, "outputs")), list(_arg(a, k, 1, "inputs"))
-    return {"op": "all_gather_into_tensor_coalesced", "tensors": _ts(ins), "outputs": _shapes(outs),
-            "device": _device(ins)}
-
-
-def _fp_allgather(op, outs_name="output_tensors", ins_name="input_tensors"):
-    def fn(pg, a, k):
-        outs, ins = _arg(a, k, 0, outs_name), list(_arg(a, k, 1, ins_name))
-        return {"op": op, "tensors": _ts(ins), "outputs": [_shapes(o) for o in outs], "device": _device(ins)}
-    return fn
-
-
-def _fp_rs_tensor(pg, a, k):
-    out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
-    return {"op": "reduce_scatter_tensor", "reduce_op": _reduce_op(_arg(a, k, 2, "opts"), "reduce_scatter_tensor"),
-            "tensors": [_t(inp)], "outputs": [list(out.shape)], "device": inp.device.type}
-
-
-def _fp_rs_coalesced(pg, a, k):
-    op = "reduce_scatter_tensor_coalesced"
-    outs, ins = list(_arg(a, k, 0, "outputs")), list(_arg(a, k, 1, "inputs"))
-    return {"op": op, "reduce_op": _reduce_op(_arg(a, k, 2, "opts"), op), "tensors": _ts(ins),
-            "outputs": _shapes(outs), "device": _device(ins)}
-
-
-def _fp_reduce_scatter(pg, a, k):
-    outs, ins = list(_arg(a, k, 0, "output_tensors")), _arg(a, k, 1, "input_tensors")
-    return {"op": "reduce_scatter", "reduce_op": _reduce_op(_arg(a, k, 2, "opts"), "reduce_scatter"),
-            "tensors": _ts(outs), "inputs": [_shapes(i) for i in ins], "device": _device(outs)}
-
-
-def _fp_a2a_single(pg, a, k):
-    out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
-    osz, isz = _arg(a, k, 2, "output_split_sizes"), _arg(a, k, 3, "input_split_sizes")
-    n = pg.size()
-    return {"op": "all_to_all_single", "tensors": [[dtype_name(inp.dtype), list(inp.shape[1:])]],
-            "outputs": [list(out.shape[1:])], "device": inp.device.type,
-            "input_split_sizes": _splits(isz, inp, n), "output_split_sizes": _splits(osz, out, n)}
-
-
-def _fp_a2a(pg, a, k):
-    outs, ins = list(_arg(a, k, 0, "output_tensors")), list(_arg(a, k, 1, "input_tensors"))
-    return {"op": "all_to_all", "tensors": [[dtype_name(t.dtype), None] for t in ins[:1]], "device": _device(ins),
-            "count": [len(ins), len(outs)], "per_peer_in": _shapes(ins), "per_peer_out": _shapes(outs)}
-
-
-def _fp_broadcast(pg, a, k):
-    ts = list(_arg(a, k, 0, "tensors"))
-    return {"op": "broadcast", "root": _root(_arg(a, k, 1, "opts")), "tensors": _ts(ts), "device": _device(ts)}
-
-
-def _fp_reduce(pg, a, k):
-    ts = list(_arg(a, k, 0, "tensors"))
-    opts = _arg(a, k, 1, "opts")
-    return {"op": "reduce", "root": _root(opts), "reduce_op": _reduce_op(opts, "reduce"), "tensors": _ts(ts),
-            "device": _device(ts)}
-
-
-def _fp_rooted(op, key):
-    def fn(pg, a, k):
-        outs, ins = _arg(a, k, 0, "output_tensors"), _arg(a, k, 1, "input_tensors")
-        mine, lists = (list(ins), outs) if op == "gather" else (list(outs), ins)
-        root = _root(_arg(a, k, 2, "opts"))
-        fp = {"op": op, "root": root, "tensors": _ts(mine), "device": _device(mine)}
-        if pg.rank() == root:
-            fp[key] = _shapes(lists[0]) if lists else []
-        return fp
-    return fn
-
-
-def _fp_gather_single(pg, a, k):
-    out, inp = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
-    root = _root(_arg(a, k, 2, "opts"))
-    fp = {"op": "gather_single", "root": root, "tensors": [_t(inp)], "device": inp.device.type}
-    if pg.rank() == root:
-        fp["root_output_numel"] = int(out.numel())
-    return fp
-
-
-def _fp_barrier(pg, a, k):
-    return {"op": "barrier"}
-
-
-def _fp_p2p(op, peer_arg):
-    def fn(pg, a, k):
-        ts = list(_arg(a, k, 0, "tensors"))
-        return {"op": op, "peer": _arg(a, k, 1, peer_arg), "tag": _arg(a, k, 2, "tag", 0), "tensors": _ts(ts)}
-    return fn
-
-
-def _fp_recv_any(pg, a, k):
-    ts = list(_arg(a, k, 0, "tensors"))
-    return {"op": "recv", "peer": "any", "tag": _arg(a, k, 1, "tag", 0), "tensors": _ts(ts)}
-
-
 class Spec:
-    """One c10d method: its op, ``fn(pg, args, kwargs) -> fingerprint``, the index of the argument it sends (None:
-    it sends nothing of its own; the NaN check reads it) and whether it is point-to-point."""
+    """One c10d method: its op, ``fn(pg, args) -> fingerprint`` (args positional, options last), the index of the
+    argument it sends (None: it sends nothing of its own; the NaN check reads it) and whether it is point-to-point."""
 
     __slots__ = ("op", "fn", "sends", "p2p")
 
@@ -387,42 +274,110 @@ class Spec:
         self.op, self.fn, self.sends, self.p2p = op, fn, sends, RULES[op].p2p
 
 
+def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, key: str = "outputs",
+           red: bool = False, root: bool = False) -> Spec:
+    """A method ``(mine[, other], opts)`` whose fields every rank shares: the dtypes and shapes of its own tensors
+    (argument ``mine``, a tensor or a list), the shapes of the other side (argument ``other``, as ``key``), the
+    reduce op (``red``) and the root (``root``) its options name."""
+    def fn(pg, a):
+        ts, opts = _listed(a[mine]), _at(a, 1 if other is None else 2)
+        fp: dict = {"op": op}
+        if root:
+            fp["root"] = _root(opts)
+        if red:
+            fp["reduce_op"] = _reduce_op(opts, op)
+        fp["tensors"] = _ts(ts)
+        if other is not None:
+            fp[key] = _shapes(_listed(a[other]))
+        fp["device"] = _device(ts)
+        return fp
+    return Spec(op, fn, sends)
+
+
+def _fp_a2a_single(pg, a):
+    out, inp, n = a[0], a[1], pg.size()
+    return {"op": "all_to_all_single", "tensors": [[dtype_name(inp.dtype), list(inp.shape[1:])]],
+            "outputs": [list(out.shape[1:])], "device": inp.device.type,
+            "input_split_sizes": _splits(_at(a, 3), inp, n), "output_split_sizes": _splits(_at(a, 2), out, n)}
+
+
+def _fp_a2a(pg, a):
+    outs, ins = list(a[0]), list(a[1])
+    return {"op": "all_to_all", "tensors": [[dtype_name(t.dtype), None] for t in ins[:1]], "device": _device(ins),
+            "count": [len(ins), len(outs)], "per_peer_in": _shapes(ins), "per_peer_out": _shapes(outs)}
+
+
+def _fp_rooted(op, key):
+    def fn(pg, a):
+        outs, ins = a[0], a[1]
+        mine, lists = (list(ins), outs) if op == "gather" else (list(outs), ins)
+        root = _root(_at(a, 2))
+        fp = {"op": op, "root": root, "tensors": _ts(mine), "device": _device(mine)}
+        if pg.rank() == root:
+            fp[key] = _shapes(lists[0]) if lists else []
+        return fp
+    return fn
+
+
+def _fp_gather_single(pg, a):
+    out, inp, root = a[0], a[1], _root(_at(a, 2))
+    fp = {"op": "gather_single", "root": root, "tensors": [_t(inp)], "device": inp.device.type}
+    if pg.rank() == root:
+        fp["root_output_numel"] = int(out.numel())
+    return fp
+
+
+def _fp_p2p(op):
+    def fn(pg, a):
+        return {"op": op, "peer": _at(a, 1), "tag": _at(a, 2, 0), "tensors": _ts(list(a[0]))}
+    return fn
+
+
 METHODS: Dict[str, Spec] = {
-    "allreduce": Spec("all_reduce", _fp_allreduce("all_reduce"), 0),
-    "allreduce_coalesced": Spec("all_reduce_coalesced", _fp_allreduce("all_reduce_coalesced"), 0),
-    "_allgather_base": Spec("all_gather_into_tensor", _fp_gather_base),
-    "all_gather_single": Spec("all_gather_into_tensor", _fp_gather_base),
-    "allgather": Spec("all_gather", _fp_allgather("all_gather")),
-    "allgather_into_tensor_coalesced": Spec("all_gather_into_tensor_coalesced", _fp_gather_coalesced),
-    "all_gather_single_coalesced": Spec("all_gather_into_tensor_coalesced", _fp_gather_coalesced),
-    "allgather_coalesced": Spec("all_gather_coalesced",
-                                _fp_allgather("all_gather_coalesced", "output_lists", "input_list")),
-    "_reduce_scatter_base": Spec("reduce_scatter_tensor", _fp_rs_tensor),
-    "reduce_scatter_single": Spec("reduce_scatter_tensor", _fp_rs_tensor),
-    "reduce_scatter": Spec("reduce_scatter", _fp_reduce_scatter),
-    "reduce_scatter_tensor_coalesced": Spec("reduce_scatter_tensor_coalesced", _fp_rs_coalesced),
-    "reduce_scatter_single_coalesced": Spec("reduce_scatter_tensor_coalesced", _fp_rs_coalesced),
+    "allreduce": _plain("all_reduce", 0, red=True),
+    "allreduce_coalesced": _plain("all_reduce_coalesced", 0, red=True),
+    "_allgather_base": _plain("all_gather_into_tensor", mine=1, other=0),
+    "allgather": _plain("all_gather", mine=1, other=0),
+    "allgather_into_tensor_coalesced": _plain("all_gather_into_tensor_coalesced", mine=1, other=0),
+    "allgather_coalesced": _plain("all_gather_coalesced", mine=1, other=0),
+    "_reduce_scatter_base": _plain("reduce_scatter_tensor", mine=1, other=0, red=True),
+    "reduce_scatter": _plain("reduce_scatter", other=1, key="inputs", red=True),
+    "reduce_scatter_tensor_coalesced": _plain("reduce_scatter_tensor_coalesced", mine=1, other=0, red=True),
     "alltoall_base": Spec("all_to_all_single", _fp_a2a_single),
-    "all_to_all_single": Spec("all_to_all_single", _fp_a2a_single),
     "alltoall": Spec("all_to_all", _fp_a2a),
-    "broadcast": Spec("broadcast", _fp_broadcast, 0),
-    "reduce": Spec("reduce", _fp_reduce, 0),
+    "broadcast": _plain("broadcast", 0, root=True),
+    "reduce": _plain("reduce", 0, red=True, root=True),
     "gather": Spec("gather", _fp_rooted("gather", "root_outputs")),
     "scatter": Spec("scatter", _fp_rooted("scatter", "root_inputs")),
     "gather_single": Spec("gather_single", _fp_gather_single),
-    "gather_into_tensor": Spec("gather_single", _fp_gather_single),
-    "barrier": Spec("barrier", _fp_barrier, None),
-    "send": Spec("send", _fp_p2p("send", "dstRank"), 0),
-    "recv": Spec("recv", _fp_p2p("recv", "srcRank"), None),
-    "recv_anysource": Spec("recv", _fp_recv_any, None),
+    "barrier": Spec("barrier", lambda pg, a: {"op": "barrier"}, None),
+    "send": Spec("send", _fp_p2p("send"), 0),
+    "recv": Spec("recv", _fp_p2p("recv"), None),
+    "recv_anysource": Spec("recv", lambda pg, a: {"op": "recv", "peer": "any", "tag": _at(a, 1, 0),
+                                                  "tensors": _ts(list(a[0]))}, None),
 }
+# the names newer c10d calls (torch >= 2.10) -> the older method of the same request
+ALIASES = {"all_gather_single": "_allgather_base", "all_gather_single_coalesced": "allgather_into_tensor_coalesced",
+           "reduce_scatter_single": "_reduce_scatter_base",
+           "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced",
+           "all_to_all_single": "alltoall_base", "gather_into_tensor": "gather_single"}
+METHODS.update({new: METHODS[old] for new, old in ALIASES.items()})
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Callable) -> inspect.Signature:
+    return inspect.signature(fn)
 
 
 def fingerprint(pg, method: str, args, kwargs) -> dict:
     """The fingerprint of a call of ``pg.<method>(*args, **kwargs)``."""
     spec = METHODS[method]
     try:
-        return spec.fn(pg, args, kwargs)
+        if kwargs:  # arguments passed by name: positional, as the method's signature orders them
+            bound = _signature(getattr(type(pg), method)).bind(pg, *args, **kwargs)
+            bound.apply_defaults()
+            args = bound.args[1:]
+        return spec.fn(pg, args)
     except Exception:  # noqa: BLE001 - a malformed call: the method itself raises the precise error
         return {"op": spec.op, "malformed": True}
 

@@ -1,19 +1,9 @@
-"""The flight recorder: the last N collectives of every funcoll group on this rank, like NCCL's trace buffer.
-
-Every collective a :class:`~funcoll.entry.process_group.ProcessGroupFuncoll` runs gets a :class:`Call` entry: its
-sequence number in the group, the op, the strategies funcoll chose, the shapes and dtypes, the reduce op / root /
-peer / split sizes, and its state (``issued`` -> ``completed``, or ``failed`` / ``invalid``), with timestamps.
-Point-to-point ops get their own counter (``p2p_seq``): they involve two ranks, not the group, so they do not
-advance the group's sequence number.
-
-On a timeout the trace of the group is dumped (``FUNCOLL_TRACE_DIR``: one JSON file per rank and group, as
-NCCL's ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``) and the last entries are quoted in the error. On demand::
-
-    funcoll.flight_recorder.entries(group)         # [Call, ...], oldest first
-    funcoll.flight_recorder.dump(group)            # a JSON-able dict; dump(path=...) writes it
-    funcoll.flight_recorder.format(group)          # the table, one line per collective
-
-``FUNCOLL_TRACE_BUFFER_SIZE`` (default 256; 0 turns the recorder off) sets N.
+"""The flight recorder: the last ``FUNCOLL_TRACE_BUFFER_SIZE`` (default 256; 0: off) collectives of every funcoll
+group on this rank, like NCCL's trace buffer: one :class:`Call` each (sequence number, op, fingerprint, strategies,
+state ``issued`` -> ``completed``, or ``failed`` / ``invalid``, times). Point-to-point ops get their own counter
+(``p2p_seq``): they involve two ranks, not the group, so they do not advance the group's sequence number. Read with
+:func:`entries`, :func:`dump`, :func:`format`; dumped on a timeout (``FUNCOLL_TRACE_DIR``; torch's format with
+``TORCH_FR_DUMP_TEMP_FILE``, :func:`torch_dump`). docs/conformance.md, "Flight recorder", shows the table.
 """
 
 from __future__ import annotations
@@ -136,26 +126,21 @@ class NativeEntry:
 
 def describe(fp: dict) -> str:
     """``all_reduce(reduce_op=sum, float32[4])`` from a fingerprint (:mod:`funcoll.entry.fingerprint`)."""
-    parts = []
-    for key in ("reduce_op", "root", "peer", "tag"):
-        if fp.get(key) is not None:
-            parts.append(f"{key}={fp[key]}")
-    tensors = fp.get("tensors") or []
-    parts += [f"{d}{list(s)}" for d, s in tensors]
-    for key in ("outputs", "input_split_sizes", "output_split_sizes", "per_peer_in", "per_peer_out",
-                "root_outputs", "root_inputs", "root_output_numel"):
-        if fp.get(key) is not None:
-            parts.append(f"{key}={fp[key]}")
+    parts = [f"{key}={fp[key]}" for key in ("reduce_op", "root", "peer", "tag") if fp.get(key) is not None]
+    # a list all_to_all's tensors differ in shape per peer: its entry is the dtype alone (the shapes follow)
+    parts += [d if s is None else f"{d}{list(s)}" for d, s in fp.get("tensors") or []]
+    parts += [f"{key}={fp[key]}" for key in ("outputs", "input_split_sizes", "output_split_sizes", "per_peer_in",
+                                             "per_peer_out", "root_outputs", "root_inputs", "root_output_numel")
+              if fp.get(key) is not None]
     return f"{fp.get('op', '?')}({', '.join(parts)})"
 
 
 class GroupTrace:
     """The ring buffer of one group, and its two counters."""
 
-    def __init__(self, group: str, global_ranks: Sequence[int], rank: int, size: int, maxlen: Optional[int] = None,
-                 desc: str = ""):
+    def __init__(self, group: str, global_ranks: Sequence[int], rank: int, size: int, maxlen: Optional[int] = None):
         self.group = group
-        self.desc = desc
+        self.desc = ""  # the group's description (dist.new_group(group_desc=...)), set by the group
         self.global_ranks = tuple(global_ranks)
         self.rank = rank
         self.size = size
@@ -232,10 +217,6 @@ class GroupTrace:
             if self.enabled:
                 self.buffer.append(call)
         return call
-
-    def start(self, op: str, method: str, fingerprint: dict, p2p: bool = False, counted: bool = True) -> Call:
-        call = self.call(op, method, fingerprint)
-        return self.number(call, p2p) if counted else self.keep(call)
 
     def entries(self) -> List[Call]:
         with self.lock:
@@ -455,9 +436,7 @@ def _dump_at_exit() -> None:
 
 
 def _global_rank() -> Optional[int]:
-    for trace in all_traces():
-        return trace.global_ranks[trace.rank]
-    return None
+    return next((trace.global_ranks[trace.rank] for trace in all_traces()), None)
 
 
 def write_torch_dump(path: Optional[str] = None) -> Optional[str]:

@@ -2,18 +2,13 @@
 recorder trace (and so its sequence numbers), the debug and guard switches, the size guard's backend and buffers,
 the NaN check, the timeout, and whether its store is local (a virtual world in one process).
 
-The switches, per group (every rank of the group must do the same, between the same two collectives):
-
-* the debug mode (:func:`funcoll.entry.checks.store_check`): ``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
-  (``FUNCOLL_DEBUG=0`` turns it off under DETAIL), read when the group is created; :func:`set_debug`;
-* the size guard (:func:`funcoll.entry.checks.size_guard`): ``FUNCOLL_GUARD=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
-  (``FUNCOLL_GUARD=0`` keeps it off under DETAIL), ``funcoll.Options(guard=...)``, read when the group is created;
-  :func:`set_guard`;
-* the NaN check: ``TORCH_DIST_NAN_CHECK=1`` (torch's backend-agnostic check, which torch >= 2.15 attaches to every
-  group; funcoll runs it itself, on every torch version).
-
-Neither check runs on a group of one rank or on a local store (HashStore, FakeStore): there is nothing to compare.
-These functions are public as ``funcoll.debug``.
+The switches are per group, read when the group is created (docs/conformance.md): the debug mode
+(:func:`funcoll.entry.checks.store_check`; ``FUNCOLL_DEBUG``, :func:`set_debug`) and the size guard
+(:func:`funcoll.entry.checks.size_guard`; ``FUNCOLL_GUARD``, ``funcoll.Options(guard=...)``, :func:`set_guard`): 1 on,
+0 off, unset on only under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``; the NaN check, ``TORCH_DIST_NAN_CHECK=1`` (torch's
+backend-agnostic check, which funcoll runs itself on every torch version). Every rank of a group must switch alike,
+between the same two collectives. Neither check runs on a group of one rank or on a local store (HashStore,
+FakeStore): there is nothing to compare. These functions are public as ``funcoll.debug``.
 """
 
 from __future__ import annotations
@@ -34,13 +29,6 @@ _TRUE = ("1", "true", "yes", "on", "detail")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _detail() -> bool:
-    try:
-        return dist.get_debug_level() == dist.DebugLevel.DETAIL
-    except Exception:  # noqa: BLE001 - a torch without debug levels
-        return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
-
-
 def _switch(var: str) -> bool:
     """``var``: 1/true/yes/on turns it on, 0/false/no/off off; unset, torch's convention for cross-rank checks: on
     under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, off otherwise (a user's job pays for no check by default)."""
@@ -49,7 +37,7 @@ def _switch(var: str) -> bool:
         return True
     if v in _FALSE:
         return False
-    return _detail()
+    return dist.get_debug_level() == dist.DebugLevel.DETAIL
 
 
 def debug_from_env() -> bool:
@@ -60,18 +48,12 @@ def guard_from_env() -> bool:
     return _switch("FUNCOLL_GUARD")
 
 
-def _local_stores() -> tuple:
-    kinds: list = [dist.HashStore]
-    try:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
+try:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-        kinds.append(FakeStore)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(kinds)
-
-
-_LOCAL_STORES = _local_stores()
+    _LOCAL_STORES: tuple = (dist.HashStore, FakeStore)
+except ImportError:  # pragma: no cover
+    _LOCAL_STORES = (dist.HashStore,)
 
 
 def unwrap_store(store):
@@ -109,12 +91,6 @@ class GroupState:
     def set_timeout(self, timeout: timedelta) -> None:
         self.timeout, self.timeout_s = timeout, timeout.total_seconds()
 
-    def set_debug(self, enabled: bool) -> None:
-        self.debug = bool(enabled) and self._checkable
-
-    def set_guard(self, enabled: bool) -> None:
-        self.guard = bool(enabled) and self._checkable
-
 
 def _of(group) -> GroupState:
     st = getattr(group, "_state", None)
@@ -126,7 +102,8 @@ def _of(group) -> GroupState:
 def set_debug(group, enabled: bool = True) -> None:
     """Turns the debug mode's cross-rank check on or off for one group (every rank of the group must do the same,
     between the same two collectives)."""
-    _of(group).set_debug(enabled)
+    st = _of(group)
+    st.debug = bool(enabled) and st._checkable
 
 
 def debug_enabled(group) -> bool:
@@ -136,7 +113,8 @@ def debug_enabled(group) -> bool:
 def set_guard(group, enabled: bool = True) -> None:
     """Turns the size guard on or off for one group. Every rank of the group must do the same, between the same two
     collectives (a rank that guards and one that does not would pair a digest exchange with a collective)."""
-    _of(group).set_guard(enabled)
+    st = _of(group)
+    st.guard = bool(enabled) and st._checkable
 
 
 def guard_enabled(group) -> bool:

@@ -18,6 +18,7 @@ from typing import Dict, Iterable, List, Optional, Union
 
 import torch
 from torch._C._distributed_c10d import _register_work
+from torch.utils._pytree import tree_map_only
 
 from funcoll import algorithms, semantics
 from funcoll.algorithms.observe import on_install, on_uninstall
@@ -33,10 +34,13 @@ _libs: Dict[str, torch.library.Library] = {}
 _lock = threading.Lock()
 
 
-def _check_size(opname: str, tp, group_size: int, group_name: str) -> None:
+def _sized(opname: str, group_name: str, device, group_size: int):
+    """The transport of the group for ``device``, once ``group_size`` is checked against it."""
+    tp = transport_for(group_name, device)
     if group_size != tp.size:
         raise ValueError(f"funcoll.{opname}: group_size={group_size} but group {group_name!r} has "
                          f"{tp.size} ranks; pass the group's size")
+    return tp
 
 
 def _finish(pending: algorithms.Pending, outputs: List[torch.Tensor], tp) -> None:
@@ -106,8 +110,7 @@ def all_gather_into_tensor(input, group_size, group_name):
 
 
 def all_gather_into_tensor_out(input, group_size, group_name, *, out):
-    tp = transport_for(group_name, input.device)
-    _check_size("all_gather_into_tensor", tp, group_size, group_name)
+    tp = _sized("all_gather_into_tensor", group_name, input.device, group_size)
     _finish(algorithms.all_gather_into_tensor(tp, out, input), [out], tp)
     return out
 
@@ -115,16 +118,14 @@ def all_gather_into_tensor_out(input, group_size, group_name, *, out):
 def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
     if not inputs:
         return []
-    tp = transport_for(group_name, inputs[0].device)
-    _check_size("all_gather_into_tensor_coalesced", tp, group_size, group_name)
+    tp = _sized("all_gather_into_tensor_coalesced", group_name, inputs[0].device, group_size)
     outs = [_gather_out(t, group_size) for t in inputs]
     _finish(algorithms.all_gather_into_tensor_coalesced(tp, outs, list(inputs)), outs, tp)
     return outs
 
 
 def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
-    tp = transport_for(group_name, input.device)
-    _check_size("reduce_scatter_tensor", tp, group_size, group_name)
+    tp = _sized("reduce_scatter_tensor", group_name, input.device, group_size)
     shape = semantics.check_reduce_scatter("reduce_scatter_tensor", None, input, group_size)
     out = input.new_empty(shape)
     _finish(algorithms.reduce_scatter_tensor(tp, out, input, reduce_op), [out], tp)
@@ -134,8 +135,7 @@ def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
 def reduce_scatter_tensor_coalesced(inputs, reduce_op, group_size, group_name):
     if not inputs:
         return []
-    tp = transport_for(group_name, inputs[0].device)
-    _check_size("reduce_scatter_tensor_coalesced", tp, group_size, group_name)
+    tp = _sized("reduce_scatter_tensor_coalesced", group_name, inputs[0].device, group_size)
     outs = [t.new_empty(semantics.check_reduce_scatter("reduce_scatter_tensor_coalesced", None, t, group_size))
             for t in inputs]
     _finish(algorithms.reduce_scatter_tensor_coalesced(tp, outs, list(inputs), reduce_op), outs, tp)
@@ -185,32 +185,34 @@ _EXTRA: Dict[str, Dict[tuple, object]] = {}
 # c10d declares all_reduce_, all_reduce_coalesced_, broadcast_ and all_gather_into_tensor_out with alias
 # annotations and gives them no Functionalize kernel, so on a device whose tensors are functional wrappers
 # (torch_xla 2.9) calling them raises "Found a custom (non-ATen) operator whose output has alias annotations".
-# These kernels are the functional op plus a copy_ into the argument: functionalization records the mutation,
-# eagerly and when AOTAutograd traces a graph that contains them.
-def _functionalize_all_reduce_(input, reduce_op, group_name):
-    return input.copy_(torch.ops._c10d_functional.all_reduce(input, reduce_op, group_name))
+# These kernels are the functional op plus a copy_ into the argument it mutates (``_MUTATED``): functionalization
+# records the mutation, eagerly and when AOTAutograd traces a graph that contains them.
+_MUTATED: Dict[str, Union[int, str]] = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0,
+                                        "all_gather_into_tensor_out": "out"}
 
 
-def _functionalize_all_reduce_coalesced_(inputs, reduce_op, group_name):
-    for t, r in zip(inputs, torch.ops._c10d_functional.all_reduce_coalesced(inputs, reduce_op, group_name)):
-        t.copy_(r)
-    return inputs
+def _mutated(name: str, args, kwargs):
+    """The argument (a tensor or a list) the in-place/out variant ``name`` writes into."""
+    where = _MUTATED[name]
+    return kwargs["out"] if where == "out" else args[int(where)]
 
 
-def _functionalize_broadcast_(input, src, group_name):
-    return input.copy_(torch.ops._c10d_functional.broadcast(input, src, group_name))
+def _copy_into(dst, src):
+    for d, s in zip(dst, src) if isinstance(dst, (list, tuple)) else [(dst, src)]:
+        d.copy_(s)
+    return dst
 
 
-def _functionalize_all_gather_into_tensor_out(input, group_size, group_name, *, out):
-    return out.copy_(torch.ops._c10d_functional.all_gather_into_tensor(input, group_size, group_name))
+def _functionalize(name: str):
+    functional = getattr(torch.ops._c10d_functional, name.removesuffix("_out").rstrip("_"))
+
+    def kernel(*args, **kwargs):
+        return _copy_into(_mutated(name, args, kwargs), functional(*args, **{k: v for k, v in kwargs.items()
+                                                                              if k != "out"}))
+    return kernel
 
 
-FUNCTIONALIZE = {
-    "all_reduce_": _functionalize_all_reduce_,
-    "all_reduce_coalesced_": _functionalize_all_reduce_coalesced_,
-    "broadcast_": _functionalize_broadcast_,
-    "all_gather_into_tensor_out": _functionalize_all_gather_into_tensor_out,
-}
+FUNCTIONALIZE = {name: _functionalize(name) for name in _MUTATED}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -223,28 +225,24 @@ FUNCTIONALIZE = {
 # strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
 # kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
 # functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
-_MUTATED: Dict[str, Union[int, str]] = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0,
-                                        "all_gather_into_tensor_out": "out"}
 _DK = torch._C.DispatchKey
 
 
 def _to_functional(x):
-    if isinstance(x, torch.Tensor):
-        return x if torch._is_functional_tensor(x) else torch._to_functional_tensor(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_functional(t) for t in x)
-    return x
+    """``x`` (tensors, lists of them) with every tensor a functional wrapper."""
+    return tree_map_only(torch.Tensor, lambda t: t if torch._is_functional_tensor(t) else
+                         torch._to_functional_tensor(t), x)
+
+
+def _unwrap(t: torch.Tensor) -> torch.Tensor:
+    if not torch._is_functional_tensor(t):
+        return t
+    torch._sync(t)
+    return torch._from_functional_tensor(t)
 
 
 def _from_functional(x):
-    if isinstance(x, torch.Tensor):
-        if not torch._is_functional_tensor(x):
-            return x
-        torch._sync(x)
-        return torch._from_functional_tensor(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_from_functional(t) for t in x)
-    return x
+    return tree_map_only(torch.Tensor, _unwrap, x)
 
 
 @contextlib.contextmanager
@@ -259,22 +257,13 @@ def _functionalization():
 
 
 def _functionalized(name: str, fn):
-    where = _MUTATED.get(name)
-
     def kernel(*args, **kwargs):
-        fargs = [_to_functional(a) for a in args]
-        fkwargs = {k: _to_functional(v) for k, v in kwargs.items()}
+        fargs, fkwargs = _to_functional((args, kwargs))
         with _functionalization():
             res = fn(*fargs, **fkwargs)
-        if where is None:
+        if name not in _MUTATED:
             return _from_functional(res)
-        orig, fun = (kwargs["out"], fkwargs["out"]) if where == "out" else (args[int(where)], fargs[int(where)])
-        if isinstance(orig, torch.Tensor):
-            orig.copy_(_from_functional(fun))
-        else:
-            for o, f in zip(orig, fun):
-                o.copy_(_from_functional(f))
-        return orig
+        return _copy_into(_mutated(name, args, kwargs), _from_functional(_mutated(name, fargs, fkwargs)))
 
     kernel.__name__ = kernel.__qualname__ = f"xla_{name}"
     kernel.__doc__ = f"funcoll's ``_c10d_functional.{name}`` on the XLA key (functionalization re-entered)."
@@ -305,7 +294,6 @@ _EXTRA["xla"] = {
     ("wait_tensor", "XLA"): _wait_tensor,
     **{(name, "Functionalize"): fn for name, fn in FUNCTIONALIZE.items()},
 }
-
 
 
 def _present(device_type: str) -> bool:

@@ -11,6 +11,7 @@ called with every transport a group makes (:mod:`funcoll.probe` verifies it ther
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -57,6 +58,11 @@ class Options:
     guard: Optional[bool] = None
 
 
+def _red(opts):
+    """The reduce op of a method's options (or the op itself; none: sum)."""
+    return "sum" if opts is None else getattr(opts, "reduceOp", opts)
+
+
 # called as hook(group, device_type, transport) with every transport a funcoll group makes (funcoll.probe adds one)
 TRANSPORT_HOOKS: List[Callable] = []
 
@@ -98,8 +104,7 @@ class ProcessGroupFuncoll(ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
-    def name(self) -> str:
-        return BACKEND_NAME
+    name = getBackendName
 
     def _set_group_name(self, name: str) -> None:
         if self._group_name and self._group_name != name:
@@ -194,17 +199,12 @@ class ProcessGroupFuncoll(ProcessGroup):
     # -- collectives ----------------------------------------------------------------------------------
     @collective("allreduce")
     def allreduce(self, tensors, opts=None):
-        if isinstance(opts, (dist.ReduceOp, str)) or opts is None:
-            op = opts if opts is not None else "sum"
-        else:
-            op = opts.reduceOp
         t = self._one("all_reduce", tensors)
-        return self._work(algorithms.all_reduce(self._tp(t), t, op), tensors)
+        return self._work(algorithms.all_reduce(self._tp(t), t, _red(opts)), tensors)
 
     @collective("allreduce_coalesced")
     def allreduce_coalesced(self, tensors, opts=None):
-        op = opts.reduceOp if opts is not None else "sum"
-        return self._work(algorithms.all_reduce_coalesced(self._tp(tensors), list(tensors), op), tensors)
+        return self._work(algorithms.all_reduce_coalesced(self._tp(tensors), list(tensors), _red(opts)), tensors)
 
     @collective("_allgather_base")
     def _allgather_base(self, output, input, opts=None):
@@ -235,23 +235,20 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     @collective("_reduce_scatter_base")
     def _reduce_scatter_base(self, output, input, opts=None):
-        op = opts.reduceOp if opts is not None else "sum"
-        return self._work(algorithms.reduce_scatter_tensor(self._tp(input), output, input, op), [output])
+        return self._work(algorithms.reduce_scatter_tensor(self._tp(input), output, input, _red(opts)), [output])
 
     @collective("reduce_scatter")
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        op = opts.reduceOp if opts is not None else "sum"
         out = self._one("reduce_scatter", output_tensors)
         ins = input_tensors[0]
         if len(ins) != self.size():
             raise ValueError(f"funcoll.reduce_scatter: expected {self.size()} input tensors, got {len(ins)}")
-        return self._work(algorithms.reduce_scatter(self._tp(out), out, list(ins), op), [out])
+        return self._work(algorithms.reduce_scatter(self._tp(out), out, list(ins), _red(opts)), [out])
 
     @collective("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        op = opts.reduceOp if opts is not None else "sum"
-        return self._work(algorithms.reduce_scatter_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs), op),
-                          outputs)
+        return self._work(algorithms.reduce_scatter_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs),
+                                                                     _red(opts)), outputs)
 
     @collective("alltoall_base")
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -297,27 +294,16 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(algorithms.recv(self._tp(t), t, srcRank, tag), tensors)
 
     # -- the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones) ------
-    # Each is the same algorithm as its older twin; the C++ defaults would look for a per-device backend, which a
-    # Python process group does not have ("No backend type associated with device type cpu").
-    @collective("all_gather_single")
-    def all_gather_single(self, output, input, opts=None):
-        return self._allgather_base(output, input, opts)
-
-    @collective("all_gather_single_coalesced")
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
-
-    @collective("reduce_scatter_single")
-    def reduce_scatter_single(self, output, input, opts=None):
-        return self._reduce_scatter_base(output, input, opts)
-
-    @collective("reduce_scatter_single_coalesced")
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
-
-    @collective("all_to_all_single")
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+    # Each runs its older twin's body under its own name (fingerprint.ALIASES); the C++ defaults would look for a
+    # per-device backend, which a Python process group does not have ("No backend type associated with device type
+    # cpu").
+    all_gather_single = collective("all_gather_single")(inspect.unwrap(_allgather_base))
+    all_gather_single_coalesced = collective("all_gather_single_coalesced")(
+        inspect.unwrap(allgather_into_tensor_coalesced))
+    reduce_scatter_single = collective("reduce_scatter_single")(inspect.unwrap(_reduce_scatter_base))
+    reduce_scatter_single_coalesced = collective("reduce_scatter_single_coalesced")(
+        inspect.unwrap(reduce_scatter_tensor_coalesced))
+    all_to_all_single = collective("all_to_all_single")(inspect.unwrap(alltoall_base))
 
     @collective("gather_single")
     def gather_single(self, output, input, opts=None):
@@ -335,9 +321,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             outs = list(output.view((n,) + tuple(input.shape)).unbind(0))
         return self._work(algorithms.gather(self._tp(input), outs, input, root), [output])
 
-    @collective("gather_into_tensor")
-    def gather_into_tensor(self, output, input, opts=None):
-        return self.gather_single(output, input, opts)
+    gather_into_tensor = collective("gather_into_tensor")(inspect.unwrap(gather_single))
 
     @collective("recv_anysource")
     def recv_anysource(self, tensors, tag=0):
@@ -359,9 +343,9 @@ class ProcessGroupFuncoll(ProcessGroup):
         elif not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
         trace = self._state.trace
-        call = trace.start("monitored_barrier", "monitored_barrier",
-                           {"op": "monitored_barrier", "timeout_s": timeout.total_seconds(),
-                            "wait_all_ranks": bool(wait_all_ranks)}, counted=False)
+        call = trace.keep(trace.call("monitored_barrier", "monitored_barrier",
+                                     {"op": "monitored_barrier", "timeout_s": timeout.total_seconds(),
+                                      "wait_all_ranks": bool(wait_all_ranks)}))
         backend = getattr(self.transport("cpu"), "backend", None)
         if backend is None or not hasattr(backend, "monitored_barrier"):
             e = NotImplementedError(f"funcoll: monitored_barrier needs a gloo CPU transport on group "
@@ -392,11 +376,10 @@ class ProcessGroupFuncoll(ProcessGroup):
         if device is not None:
             self.transport(torch.device(device).type)
 
-    def _get_backend(self, device=None):
-        return self
-
     def get_backend(self, device=None):
         return self
+
+    _get_backend = get_backend
 
     @property
     def _device_types(self):
@@ -419,8 +402,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             if setter is not None:
                 setter(timeout)
 
-    def _set_default_timeout(self, timeout: timedelta) -> None:
-        self.set_timeout(timeout)
+    _set_default_timeout = set_timeout
 
     def _add_ephemeral_timeout(self, timeout: timedelta) -> None:
         for tp in list(self._transports.values()):

@@ -207,6 +207,10 @@ def test_fingerprints_of_process_group_methods():
     assert fp["input_split_sizes"] == [1, 3] and fp["output_split_sizes"] == [2, 2]
     assert flight_recorder.describe(fp).startswith("all_to_all_single(float32[2], outputs=[[2]]")
     assert fingerprint.fingerprint(PG(), "allreduce", (None,), {}) == {"op": "all_reduce", "malformed": True}
+    # a list all_to_all: one dtype, a shape per peer
+    fp = fingerprint.fingerprint(PG(), "alltoall", ([torch.empty(2), torch.empty(3)], [torch.ones(1), torch.ones(4)]),
+                                 {})
+    assert flight_recorder.describe(fp) == "all_to_all(float32, per_peer_in=[[1], [4]], per_peer_out=[[2], [3]])"
 
 
 def test_every_collective_method_runs_the_pipeline():
