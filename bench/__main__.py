@@ -32,9 +32,11 @@ def run(blocks: int = BLOCKS, write_docs: bool = True) -> list:
     from funcoll.launch import run_world
 
     rows = []
+    _LOAD[:] = [os.getloadavg()[0]]
     for n in (1, 2):
         _progress(f"CPU world of {n} rank(s)")
         rows += run_world("bench.overhead:rank_main", n, None, args=(blocks,), timeout=900)[0]
+        _LOAD.append(os.getloadavg()[0])
     from bench import training
 
     rows += training.run(max(2, blocks // 2))  # whole training steps take longer: half as many blocks
@@ -54,9 +56,15 @@ def run(blocks: int = BLOCKS, write_docs: bool = True) -> list:
     return rows
 
 
+# the 1-minute load average before and after each world's per-call rows (the box is shared: the rows' noise follows it)
+_LOAD: list = []
+
+
 def table(rows) -> str:
     w = max(len(r["case"]) for r in rows)
-    out = [f"funcoll bench: torch {torch.__version__}; ratio = funcoll / raw, median of per-block ratios [25%-75%]",
+    load = f"; load average {min(_LOAD):.1f}-{max(_LOAD):.1f}" if _LOAD else ""
+    out = [f"funcoll bench: torch {torch.__version__}; ratio = funcoll / raw, median of per-block ratios [25%-75%]"
+           + load,
            f"{'case':<{w}}  {'world':>5} {'raw':>10} {'funcoll':>10} {'ratio':>6} {'spread':>13} {'extra':>16}"]
     for r in rows:
         extra = ""

@@ -173,6 +173,45 @@ def _forward_only(group):
     return allreduce
 
 
+_FORWARDED = ("allreduce", "_allgather_base", "all_gather_single", "_reduce_scatter_base", "reduce_scatter_single",
+              "alltoall_base", "all_to_all_single", "broadcast", "allgather", "reduce_scatter", "gather", "scatter",
+              "barrier", "send", "recv")
+
+
+def _forwarding(group) -> dict:
+    """Methods of a Python ProcessGroup that only hand the call to the group's gloo backend: the floor of any Python
+    process group per op (c10d waits on the Work it gets, as on the stock path)."""
+    backend = group.transport("cpu").backend
+    out = {}
+    for name in _FORWARDED:
+        method = getattr(backend, name, None)
+        if method is not None:
+            out[name] = (lambda m: lambda *a, **k: m(*a, **k))(method)
+    return out
+
+
+def _with_methods(group, methods: dict, fn):
+    """``fn``, to be timed (:func:`_block_with`) with ``methods`` set on this ``group`` instance only."""
+
+    def run():
+        return fn()
+
+    run.methods = (group, methods)  # type: ignore[attr-defined]
+    return run
+
+
+def _block_with(fn, k) -> tuple:
+    """:func:`_block`, with the methods of :func:`_with_methods` set around the whole block, not timed."""
+    group, methods = getattr(fn, "methods", (None, {}))
+    if group is not None:
+        group.__dict__.update(methods)
+    try:
+        return _block(fn, k)
+    finally:
+        for name in methods:
+            group.__dict__.pop(name, None)
+
+
 def _stock_group(ours):
     """A stock c10d ProcessGroup over the very gloo backend funcoll's group ``ours`` uses, registered with c10d like
     any group of the world's ranks: the raw side of the per-op rows. Two gloo backends of the same ranks can differ by
@@ -243,6 +282,16 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
         ins, out = [torch.ones(numel) for _ in range(n)], torch.empty(numel)
         return lambda: dist.reduce_scatter(out, ins, group=group)
 
+    def gat(group, numel):  # dist.gather to rank 0
+        inp = torch.ones(numel)
+        outs = [torch.empty(numel) for _ in range(n)] if dist.get_rank(group) == 0 else None
+        return lambda: dist.gather(inp, outs, group_dst=0, group=group)
+
+    def sca(group, numel):  # dist.scatter from rank 0
+        out = torch.empty(numel)
+        ins = [torch.ones(numel) for _ in range(n)] if dist.get_rank(group) == 0 else None
+        return lambda: dist.scatter(out, ins, group_src=0, group=group)
+
     def bar(group, numel):
         return lambda: dist.barrier(group=group)
 
@@ -263,7 +312,7 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
     ops = [("all_reduce", ar, SIZES), ("all_gather_into_tensor", ag, OTHER_SIZES),
            ("reduce_scatter_tensor", rs, OTHER_SIZES), ("all_to_all_single", a2a, OTHER_SIZES),
            ("broadcast", bc, OTHER_SIZES), ("all_gather", agl, OTHER_SIZES), ("reduce_scatter", rsl, OTHER_SIZES),
-           ("barrier", bar, [0])]
+           ("gather", gat, OTHER_SIZES), ("scatter", sca, OTHER_SIZES), ("barrier", bar, [0])]
     if n == 2:
         ops.append(("send/recv round trip", p2p, OTHER_SIZES))
     for name, make, sizes in ops:
@@ -279,6 +328,12 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
         if len(mine) > 1:
             rows.append(pooled(f"pooled {name} {_label(sizes[0])}-{_label(sizes[-1])}"
                                f"{' (1 CPU)' if pinned else ''}", mine, n))
+        if n > 1:  # the floor of any Python process group for this op: methods that only forward to gloo
+            numel = max(1, sizes[0] // 4)
+            fwd = _forwarding(ours)
+            r = paired(make(stock, numel), _with_methods(ours, fwd, make(ours, numel)), blocks, timed=_block_with)
+            rows.append({"case": f"{name}{f' {_label(sizes[0])}' if sizes[0] else ''}, forward only",
+                         "bytes": sizes[0], "world": n, **r})
 
     if n == 1:  # the floor of any Python ProcessGroup, for reading the all_reduce rows
         if rank == 0:

@@ -26,7 +26,9 @@ from funcoll.algorithms.move import (
     native_all_to_all_request,
     native_barrier_request,
     native_broadcast_request,
+    native_gather_request,
     native_recv_request,
+    native_scatter_request,
     native_send_request,
     recv,
     scatter,
@@ -57,6 +59,6 @@ __all__ = [  # one function per op, named as the op
     "Native", "native_all_reduce", "native_all_reduce_request", "native_all_gather_request",
     "native_reduce_scatter_request", "native_all_to_all_request", "native_broadcast_request", "watched",
     "native_all_gather_list_request", "native_reduce_scatter_list_request", "native_send_request",
-    "native_recv_request", "native_barrier_request",
+    "native_recv_request", "native_barrier_request", "native_gather_request", "native_scatter_request",
     "R", "_recorders", "_forget",
 ]

@@ -104,7 +104,7 @@ def native_all_gather_list_request(tp: Transport, outs: Sequence[torch.Tensor],
                                    inp: torch.Tensor) -> Optional[Native]:
     """``ProcessGroup.allgather([outs], [inp], opts)`` (``dist.all_gather``) as one native call of the backend's
     ``allgather`` (its list form)."""
-    sig = tuple((o.dtype, o.shape) for o in outs)
+    sig = tuple([(o.dtype, o.shape) for o in outs])
     key = ("all_gather list", sig, None if outs[0].is_cpu else outs[0].device, inp.dtype, inp.shape,
            None if inp.is_cpu else inp.device)
     return tp.native_request(key, _all_gather_list_native, sig, inp)
@@ -130,6 +130,36 @@ def native_recv_request(tp: Transport, t: torch.Tensor, src, tag) -> Optional[Na
     """``ProcessGroup.recv([t], src, tag)`` as one native call of the backend's ``recv``."""
     key = ("recv", src, tag, t.dtype, t.shape, None if t.is_cpu else t.device)
     return tp.native_request(key, _p2p_native, "recv", t, src)
+
+
+def _rooted_list_native(tp: Transport, opname: str, root, sig: Optional[tuple], t: torch.Tensor) -> Optional[tuple]:
+    role = "dst" if opname == "gather" else "src"
+    semantics.check_root(opname, role, root, tp.size)
+    if tp.rank == root and (sig is None or len(sig) != tp.size
+                            or any(dtype != t.dtype or shape != t.shape for dtype, shape in sig)):
+        raise ValueError(f"funcoll.{opname}: the root's list differs from the tensor")  # the full path names it
+    caps = tp.caps
+    if t.numel() == 0 or not caps.has(opname) or not caps.moves(t.dtype):
+        return None
+    return (opname, "", t.dtype, opname)
+
+
+def native_gather_request(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Tensor,
+                          dst) -> Optional[Native]:
+    """``ProcessGroup.gather([outs] on the root, else [], [inp], opts)`` (``dist.gather``, group-local
+    ``dst = opts.rootRank``) as one native call of the backend's ``gather``."""
+    sig = tuple([(o.dtype, o.shape) for o in outs]) if outs is not None else None
+    key = ("gather", dst, sig, inp.dtype, inp.shape, None if inp.is_cpu else inp.device)
+    return tp.native_request(key, _rooted_list_native, "gather", dst, sig, inp)
+
+
+def native_scatter_request(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tensor]],
+                           src) -> Optional[Native]:
+    """``ProcessGroup.scatter([out], [inps] on the root, else [], opts)`` (``dist.scatter``, group-local
+    ``src = opts.rootRank``) as one native call of the backend's ``scatter``."""
+    sig = tuple([(i.dtype, i.shape) for i in inps]) if inps is not None else None
+    key = ("scatter", src, sig, out.dtype, out.shape, None if out.is_cpu else out.device)
+    return tp.native_request(key, _rooted_list_native, "scatter", src, sig, out)
 
 
 def _barrier_native(tp: Transport) -> Optional[tuple]:

@@ -81,13 +81,6 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
     return red
 
 
-def _op_key(op):
-    """A hashable key of a reduce op. A c10d ``ReduceOp`` (a new object per read of ``opts.reduceOp``, with a slow
-    __eq__) hashes as its RedOpType: keyed by that number. PREMUL_SUM's factor is not in it; no PREMUL_SUM is native
-    here."""
-    return hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op)
-
-
 def _all_reduce_native(tp: Transport, op, t: torch.Tensor) -> Optional[tuple]:
     red = _native_reduction(tp, op, t.dtype)
     if red is None or t.numel() == 0 or not tp.caps.moves(t.dtype):
@@ -98,7 +91,8 @@ def _all_reduce_native(tp: Transport, op, t: torch.Tensor) -> Optional[tuple]:
 def native_all_reduce_request(tp: Transport, op, t: torch.Tensor) -> Optional[Native]:
     """``ProcessGroup.allreduce([t], opts)`` with ``op = opts.reduceOp``, when it is one native call of the backend's
     ``allreduce`` with the same arguments; else None. The key: reduce op, dtype, shape, device."""
-    # _op_key inlined: this is the hot path of every eager all_reduce
+    # the reduce op's key: a c10d ReduceOp (a new object per read of ``opts.reduceOp``, with a slow __eq__) hashes as
+    # its RedOpType, so it is keyed by that number (PREMUL_SUM's factor is not in it: no PREMUL_SUM is native here)
     return tp.native_request(("all_reduce", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), t.dtype,
                               t.shape, None if t.is_cpu else t.device), _all_reduce_native, op, t)
 
@@ -119,8 +113,8 @@ def _reduce_scatter_native(tp: Transport, op, out: torch.Tensor, inp: torch.Tens
 def native_reduce_scatter_request(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
     """``ProcessGroup._reduce_scatter_base(out, inp, opts)`` as one native call of the backend's own (input in the
     concatenated shape)."""
-    key = ("reduce_scatter", _op_key(op), out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype,
-           inp.shape, None if inp.is_cpu else inp.device)
+    key = ("reduce_scatter", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), out.dtype, out.shape,
+           None if out.is_cpu else out.device, inp.dtype, inp.shape, None if inp.is_cpu else inp.device)
     return tp.native_request(key, _reduce_scatter_native, op, out, inp)
 
 
@@ -140,8 +134,9 @@ def native_reduce_scatter_list_request(tp: Transport, op, out: torch.Tensor,
                                        ins: Sequence[torch.Tensor]) -> Optional[Native]:
     """``ProcessGroup.reduce_scatter([out], [ins], opts)`` (``dist.reduce_scatter``) as one native call of the
     backend's ``reduce_scatter`` (its list form)."""
-    sig = tuple((t.dtype, t.shape) for t in ins)
-    key = ("reduce_scatter list", _op_key(op), out.dtype, out.shape, None if out.is_cpu else out.device, sig)
+    sig = tuple([(t.dtype, t.shape) for t in ins])
+    key = ("reduce_scatter list", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), out.dtype, out.shape,
+           None if out.is_cpu else out.device, sig)
     return tp.native_request(key, _reduce_scatter_list_native, op, out, sig)
 
 

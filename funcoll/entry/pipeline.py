@@ -8,8 +8,9 @@ its logger decorators. Per call:
    signature is validated in full, an invalid one never cached), the call is counted, numbered and recorded (a
    :class:`~funcoll.entry.flight_recorder.NativeEntry`; the signature's fingerprint made once) and the backend's own
    method is called with the caller's arguments. A blocking call is waited on here (a failure raises naming the
-   collective) and the backend's Work returned; an async one gets a :class:`~funcoll.entry.work.NativeWork`. Blocking
-   CPU calls of a group whose size guard is on take the full path, which runs the guard.
+   collective) and returns None, as a backend that has synchronized already does (c10d's blocking functions wait only
+   on a Work they get); an async one gets a :class:`~funcoll.entry.work.NativeWork`. Blocking CPU calls of a group
+   whose size guard is on take the full path, which runs the guard.
 2. **fingerprint and record**: the call's fingerprint (:mod:`funcoll.entry.fingerprint`) and its flight-recorder
    :class:`~funcoll.entry.flight_recorder.Call`;
 3. **layout and NaN**: a sparse tensor is refused for every op; with ``TORCH_DIST_NAN_CHECK=1`` a floating input
@@ -70,15 +71,10 @@ class _StrategyLog(list):
             list.append(self, item)
 
 
-# a native signature's fingerprint, made at its first call: the same for every call of it
-_described: dict = {}
-_DESCRIBED_MAX = 4096
-
-
 def _description(nat, pg, method: str, args) -> dict:
-    if len(_described) >= _DESCRIBED_MAX:
-        _described.clear()
-    fp = _described[nat] = fingerprint(pg, method, args, {})
+    """A native signature's fingerprint, made at its first call and kept in its :class:`Native` (``note``): the same
+    for every call of it."""
+    fp = nat.note = fingerprint(pg, method, args, {})
     return fp
 
 
@@ -92,6 +88,7 @@ def collective(method: str) -> Callable:
     op, p2p = spec.op, spec.p2p
     opts_kw = method == "barrier"  # c10d calls group.barrier(opts=opts)
     outputs = _OUTPUTS.get(method)
+    quiet = method in _WRITES_IN_WAIT  # the backend's Work writes the outputs in wait(): waited on with autograd off
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -112,7 +109,7 @@ def collective(method: str) -> Callable:
                 if nat is not None and not (blocking and nat.cpu and st.guard):
                     nat.tally.n += 1
                     rec = st.trace.native_record(op, method,
-                                                 _described.get(nat) or _description(nat, self, method, fargs), p2p)
+                                                 nat.note or _description(nat, self, method, fargs), p2p)
                     if not blocking:
                         try:
                             work = nat.issue(*fargs)
@@ -120,18 +117,21 @@ def collective(method: str) -> Callable:
                             call = st.trace.promote(rec)
                             call.failed(e)
                             raise CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}") from e
-                        return NativeWork(work, rec, st, fargs, outputs)
+                        return NativeWork(work, rec, st, fargs, outputs, quiet)
                     try:
                         work = nat.issue(*fargs)
-                        wait_quietly(work)
+                        if quiet:
+                            wait_quietly(work)
+                        else:
+                            work.wait()
                     except Exception as e:  # noqa: BLE001 - re-raised naming the collective
                         call = st.trace.promote(rec)
                         call.timeout = st.timeout_s
                         raise failure(call, st.trace, e) from e
                     rec.t_done = _now()
-                    # c10d waits on what it gets once more: a backend Work that writes its outputs in wait() (gloo's
-                    # reduce_scatter copies its slice) would copy them again; it gets a finished NativeWork instead
-                    return work if outputs is None else NativeWork(None, rec, st, fargs, outputs, True)
+                    # finished here: c10d's blocking dist.* functions take None as "the backend has synced" (no
+                    # second wait, no Work to build; a wait on gloo's reduce_scatter Work would copy its slice again)
+                    return None
             if _tls.depth:  # a method delegating to another: the outer call is the one recorded
                 return fn(self, *args, **kwargs)
             # 2. fingerprint and record
@@ -294,17 +294,20 @@ def _fast_broadcast(pg, args):
 
 
 def _same_device(ts, like) -> bool:
-    """Every tensor of ``ts`` dense, on ``like``'s device."""
+    """Every tensor of ``ts`` dense, of a plain class, on ``like``'s device."""
     if like.is_cpu:
-        return all(_dense(t) and t.is_cpu for t in ts)
+        for t in ts:
+            if t.__class__ not in _PLAIN or t.layout is not _STRIDED or not t.is_contiguous() or not t.is_cpu:
+                return False
+        return True
     dev = like.device
     return all(_dense(t) and t.device == dev for t in ts)
 
 
 def _one_and_list(args, opts_type, list_first: bool):
     """``(tensor, tensors)`` of a list-form request c10d passes as ``([[...]], [x], opts)`` (``list_first``: the
-    list all_gather) or ``([x], [[...]], opts)`` (the list reduce_scatter), one dense tensor and a list of plain
-    ones; else None."""
+    list all_gather) or ``([x], [[...]], opts)`` (the list reduce_scatter): one dense tensor and a list of dense ones
+    of plain classes on its device; else None."""
     if len(args) != 3 or type(args[2]) is not opts_type:
         return None
     a, b = args[0], args[1]
@@ -313,17 +316,13 @@ def _one_and_list(args, opts_type, list_first: bool):
     many, one = (a[0], b[0]) if list_first else (b[0], a[0])
     if type(many) is not list or not many or one.__class__ not in _PLAIN or not _dense(one):
         return None
-    return (one, many) if all(t.__class__ in _PLAIN for t in many) else None
+    return (one, many) if _same_device(many, one) else None
 
 
 def _fast_allgather(pg, args):
     req = _one_and_list(args, _C.AllgatherOptions, list_first=True)
     tp = _tp_of(pg, req[0]) if req is not None else None
-    if tp is None:
-        return None
-    inp, outs = req
-    nat = algorithms.native_all_gather_list_request(tp, outs, inp)
-    return nat if nat is not None and _same_device(outs, inp) else None
+    return algorithms.native_all_gather_list_request(tp, req[1], req[0]) if tp is not None else None  # type: ignore
 
 
 def _fast_reduce_scatter(pg, args):
@@ -331,9 +330,7 @@ def _fast_reduce_scatter(pg, args):
     tp = _tp_of(pg, req[0]) if req is not None else None
     if tp is None:
         return None
-    out, ins = req
-    nat = algorithms.native_reduce_scatter_list_request(tp, args[2].reduceOp, out, ins)
-    return nat if nat is not None and _same_device(ins, out) else None
+    return algorithms.native_reduce_scatter_list_request(tp, args[2].reduceOp, req[0], req[1])  # type: ignore
 
 
 def _p2p(lookup):
@@ -352,6 +349,52 @@ def _p2p(lookup):
     return adapter
 
 
+def _fast_gather(pg, args):
+    """``([outs] on the root, else [], [inp], GatherOptions)``."""
+    if len(args) != 3 or type(args[2]) is not _C.GatherOptions:
+        return None
+    outl, inl = args[0], args[1]
+    if type(outl) is not list or type(inl) is not list or len(inl) != 1 or len(outl) > 1:
+        return None
+    inp = inl[0]
+    if inp.__class__ not in _PLAIN or not _dense(inp):
+        return None
+    tp = _tp_of(pg, inp)
+    if tp is None:
+        return None
+    dst, outs = args[2].rootRank, None
+    if outl:  # the root's list (one elsewhere: the full path, which ignores it)
+        outs = outl[0]
+        if tp.rank != dst or type(outs) is not list:
+            return None
+        if not _same_device(outs, inp):
+            return None
+    return algorithms.native_gather_request(tp, outs, inp, dst)
+
+
+def _fast_scatter(pg, args):
+    """``([out], [inps] on the root, else [], ScatterOptions)``."""
+    if len(args) != 3 or type(args[2]) is not _C.ScatterOptions:
+        return None
+    outl, inl = args[0], args[1]
+    if type(outl) is not list or type(inl) is not list or len(outl) != 1 or len(inl) > 1:
+        return None
+    out = outl[0]
+    if out.__class__ not in _PLAIN or not _dense(out):
+        return None
+    tp = _tp_of(pg, out)
+    if tp is None:
+        return None
+    src, ins = args[2].rootRank, None
+    if inl:  # the root's list (one elsewhere: the full path, which ignores it)
+        ins = inl[0]
+        if tp.rank != src or type(ins) is not list:
+            return None
+        if not _same_device(ins, out):
+            return None
+    return algorithms.native_scatter_request(tp, out, ins, src)
+
+
 def _fast_barrier(pg, args):
     if len(args) != 1 or type(args[0]) is not _C.BarrierOptions:
         return None
@@ -365,7 +408,7 @@ FAST = {"allreduce": _fast_allreduce, "broadcast": _fast_broadcast,
         "alltoall_base": _fast_alltoall_base, "all_to_all_single": _fast_alltoall_base,
         "allgather": _fast_allgather, "reduce_scatter": _fast_reduce_scatter,
         "send": _p2p(algorithms.native_send_request), "recv": _p2p(algorithms.native_recv_request),
-        "barrier": _fast_barrier}
+        "gather": _fast_gather, "scatter": _fast_scatter, "barrier": _fast_barrier}
 
 
 def _first_list(args):
@@ -375,6 +418,10 @@ def _first_list(args):
 def _first_tensor(args):
     return [args[0]]
 
+
+# the methods whose gloo Work writes its outputs inside wait() on the waiting thread (reduce_scatter copies its slice
+# then): waited on with autograd off (funcoll.transport.wait_quietly); the other Works write on gloo's own threads
+_WRITES_IN_WAIT = frozenset({"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single"})
 
 # the outputs a Work's future completes with, for a method whose backend Work has no future and no result() (gloo's
 # send, recv and reduce_scatter): as c10d's Works complete theirs

@@ -205,6 +205,10 @@ class FuncollWork(Work):
             return self._fut
 
 
+def _plain_wait(h, timeout=None) -> None:
+    h.wait() if timeout is None else h.wait(timeout)
+
+
 _NATIVE_LOCK = threading.Lock()  # NativeWork's short critical sections (who waits on the backend's Work)
 
 
@@ -229,11 +233,12 @@ class NativeWork(FuncollWork):
     _role = False  # a thread waits on the backend's Work (the caller in wait(), or a background waiter)
     _ev: Optional[threading.Event] = None  # set when that wait has returned: made by whoever waits for it
     _nofut: Optional[bool] = None  # the backend's Work has no future (asked once, when it matters)
+    _wait_h = staticmethod(_plain_wait)  # how a caller's thread waits on the backend's Work (``quiet``: wait_quietly)
 
-    def __init__(self, handle, rec: NativeEntry, state, args=(), outputs=None, done: bool = False):  # noqa: D107
-        Work.__init__(self)  # (FuncollWork's __init__ is not run); ``done``: a blocking call the entry waited on
-        if done:
-            self._done = self._role = True
+    def __init__(self, handle, rec: NativeEntry, state, args=(), outputs=None, quiet: bool = True):  # noqa: D107
+        Work.__init__(self)  # (FuncollWork's __init__ is not run)
+        if quiet:  # the backend's Work writes the outputs in wait(): waited on with autograd off (wait_quietly)
+            self._wait_h = wait_quietly
         self._h = handle
         self._rec = rec  # the call's flight-recorder record (GroupTrace.native_record): a Call only when it fails
         self._st = state  # the group's funcoll.entry.group_state.GroupState
@@ -356,17 +361,36 @@ class NativeWork(FuncollWork):
         if self._done:
             return True
         limit = timeout if timeout and timeout > timedelta(0) else None
-        mine = self._claim()
+        with _NATIVE_LOCK:  # _claim, inlined (the path of every send and recv c10d waits on)
+            if self._done or self._exc is not None:
+                mine = None
+            elif not self._role:
+                self._role = mine = True
+            else:
+                mine = False
+                if self._ev is None:
+                    self._ev = threading.Event()
         if mine:
             try:
-                wait_quietly(self._h, limit)
+                self._wait_h(self._h, limit)
             except Exception as e:  # noqa: BLE001 - re-raised with the collective named
                 if limit is not None and is_wait_timeout(e):
                     self._release()
                     raise self._wait_timeout(e, limit) from e
                 self._finish(e)
                 raise self._failure(e) from e
-            self._finish(None)
+            self._done = True
+            if self._c is None:  # _finish(None), inlined
+                self._rec.t_done = _now()
+            else:
+                self._c.completed()
+            if self._ev is not None or self._fut is not None:
+                with _NATIVE_LOCK:
+                    ev, fut = self._ev, self._fut
+                if ev is not None:
+                    ev.set()
+                if fut is not None:
+                    self._settle(fut)
             return True
         if mine is False:  # another thread waits on the backend's Work: wait for its wait
             ev = self._ev
@@ -384,7 +408,7 @@ class NativeWork(FuncollWork):
         if self._h.is_completed():  # the data is in place: finish (the wait returns at once)
             if self._claim():
                 try:
-                    wait_quietly(self._h)
+                    self._wait_h(self._h)
                 except Exception as e:  # noqa: BLE001 - recorded in self._exc
                     self._finish(e)
                     return True

@@ -34,8 +34,8 @@ def test_bench_runs_and_reports_every_case(bench_run):
     for size in ("4 B", "64 B", "1 KiB", "16 KiB", "256 KiB", "1 MiB"):
         assert len(rows[f"all_reduce {size}"]) == 2, rows.keys()  # world 1 and world 2
     for case in ("all_gather_into_tensor 1 KiB", "reduce_scatter_tensor 1 KiB", "all_to_all_single 1 KiB",
-                 "broadcast 1 KiB", "all_gather 1 KiB", "reduce_scatter 1 KiB", "barrier", "async issue all_reduce 4 B",
-                 "pooled all_reduce 4 B-1 MiB", "pooled all_gather 4 B-1 MiB"):
+                 "broadcast 1 KiB", "all_gather 1 KiB", "reduce_scatter 1 KiB", "gather 1 KiB", "scatter 1 KiB",
+                 "barrier", "async issue all_reduce 4 B", "pooled all_reduce 4 B-1 MiB", "pooled all_gather 4 B-1 MiB"):
         assert len(rows[case]) == 2, case
         # the median per-call difference funcoll - raw, with its quartiles, then the calling thread's CPU difference
         assert all(re.search(r" [+-]\d+\.\dus \[[+-]\d+\.\.[+-]\d+\] cpu [+-]\d+\.\dus$", line)
@@ -43,6 +43,12 @@ def test_bench_runs_and_reports_every_case(bench_run):
     assert len(rows["send/recv round trip 1 KiB"]) == 1  # world 2 only
     assert len(rows["compiled step, 10 all_reduce 256 B"]) == 1
     assert len(rows["all_reduce 4 B-1 MiB, forward only"]) == 1  # world 1: the floor of a Python process group
+    for case in ("all_reduce 4 B", "all_gather_into_tensor 4 B", "reduce_scatter_tensor 4 B", "all_to_all_single 4 B",
+                 "broadcast 4 B", "all_gather 4 B", "reduce_scatter 4 B", "gather 4 B", "scatter 4 B", "barrier",
+                 "send/recv round trip 4 B"):  # world 2: the floor per op, with the caller's CPU difference
+        (line,) = rows[f"{case}, forward only"]
+        assert re.search(r" cpu [+-]\d+\.\dus$", line), line
+    assert re.search(r"; load average \d+\.\d-\d+\.\d$", lines[title[0]]), lines[title[0]]
     for case in ("all_reduce 4 B, profiler on", "all_reduce 4 B, record()"):  # the optional machinery, both worlds
         assert len(rows[case]) == 2, case
     for case in ("all_reduce 4 B, size guard", "all_reduce 4 B, debug check", "all_reduce 4 B, flight recorder off"):

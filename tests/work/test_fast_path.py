@@ -120,7 +120,8 @@ def _rank_results(rank, n):
 
 
 def _rank_more(rank, n):
-    """The list forms of all_gather and reduce_scatter, barrier, send and recv, blocking and async, twice each: results
+    """The list forms of all_gather and reduce_scatter, gather, scatter, barrier, send and recv, blocking and async,
+    twice each: results
     against references and against a raw gloo group of the same ranks; which path ran; the flight recorder; and how
     many background waiters the Works started (only for a future or a poll that needs one)."""
     import funcoll
@@ -133,7 +134,7 @@ def _rank_more(rank, n):
     dist.all_reduce(torch.ones(1))
     tp = g.transport("cpu")
     first = len(funcoll.flight_recorder.entries())
-    counts = _spy(("all_gather", "reduce_scatter", "barrier", "send", "recv"))
+    counts = _spy(("all_gather", "reduce_scatter", "gather", "scatter", "barrier", "send", "recv"))
     jobs = []
     orig_bg = work_mod.in_background
     work_mod.in_background = lambda job: (jobs.append(job), orig_bg(job))[1]
@@ -154,6 +155,30 @@ def _rank_more(rank, n):
         want = torch.stack([xs[r][rank] for r in range(n)])
         want = want.max(0).values if attempt else want.sum(0)
         got[f"reduce_scatter {attempt}"] = torch.equal(out, want) and torch.equal(out, raw_out)
+
+        root = (attempt + 1) % n  # gather to, and scatter from, rank 1 then rank 0 (rank 0 twice at n=1)
+        outs = [torch.full((4,), -1.0) for _ in range(n)] if rank == root else None
+        raw = [torch.full((4,), -1.0) for _ in range(n)] if rank == root else None
+        dist.gather(ins[rank], outs, dst=root)
+        dist.gather(ins[rank], raw, dst=root, group=gloo)
+        got[f"gather {attempt}"] = (outs is None and raw is None) or all(
+            torch.equal(o, x) and torch.equal(o, r) for o, x, r in zip(outs, ins, raw))
+        parts = [torch.arange(3.0) * (j + 1) + 7 * root + attempt for j in range(n)]  # the root's list
+        out, raw_out = torch.full((3,), -1.0), torch.full((3,), -1.0)
+        dist.scatter(out, parts if rank == root else None, src=root)
+        dist.scatter(raw_out, parts if rank == root else None, src=root, group=gloo)
+        got[f"scatter {attempt}"] = torch.equal(out, parts[rank]) and torch.equal(out, raw_out)
+        outs = [torch.full((4,), -1.0) for _ in range(n)] if rank == root else None
+        w = dist.gather(ins[rank], outs, dst=root, async_op=True)
+        value = w.get_future().wait()  # gloo's gather Work has a future: the root's outputs, [] elsewhere
+        got[f"async gather {attempt}"] = (type(w) is NativeWork, w.wait(), w.is_success(),
+                                          (outs is None and value == []) or (
+                                              all(v is o for v, o in zip(value, outs)) and len(value) == n
+                                              and all(torch.equal(o, x) for o, x in zip(outs, ins))))
+        out = torch.full((3,), -1.0)
+        w = dist.scatter(out, parts if rank == root else None, src=root, async_op=True)
+        got[f"async scatter {attempt}"] = (type(w) is NativeWork, w.wait(), w.is_completed(),
+                                           torch.equal(out, parts[rank]))
 
         dist.barrier()
         w = dist.barrier(async_op=True)
@@ -290,8 +315,11 @@ def _rank_validation(rank, n):
     bo = C.BroadcastOptions()
     bo.rootRank = n + 3
     errs["bcast src"] = err(lambda: g.broadcast([torch.ones(3)], bo))
+    errs["gather list"] = err(lambda: dist.gather(torch.ones(3), [torch.empty(3)] * (n + 1), dst=0))
+    errs["gather list again"] = err(lambda: dist.gather(torch.ones(3), [torch.empty(3)] * (n + 1), dst=0))
+    errs["scatter list"] = err(lambda: dist.scatter(torch.empty(3), [torch.ones(2)] * n, src=0))
     seq1 = funcoll.flight_recorder.trace_of(g).seq
-    states = [c.state for c in funcoll.flight_recorder.entries()[-7:]]
+    states = [c.state for c in funcoll.flight_recorder.entries()[-10:]]
     # non-contiguous: the full path (a contiguous copy), right result
     base = torch.arange(12.0).view(3, 4) * (rank + 1)
     nc = base.t()
@@ -380,7 +408,7 @@ def test_native_requests_take_the_fast_path_with_right_results_and_records(n):
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_list_forms_barrier_and_point_to_point_take_the_fast_path(n):
+def test_list_forms_gather_scatter_barrier_and_point_to_point_take_the_fast_path(n):
     for r in run_world("tests.work.test_fast_path:_rank_more", n, None, timeout=180, coll_timeout=30):
         got = r["got"]
         for attempt in (0, 1):
@@ -388,10 +416,11 @@ def test_list_forms_barrier_and_point_to_point_take_the_fast_path(n):
                 assert got.pop(f"isend/irecv waited {attempt}") == (True, True, True, (r["rank"] - 1) % n), got
         assert all(v is True or (isinstance(v, tuple) and all(x is True for x in v)) for v in got.values()), got
         # none through the full path's algorithms; every one a native backend call, counted
-        assert r["counts"] == {name: 0 for name in ("all_gather", "reduce_scatter", "barrier", "send", "recv")}
+        assert r["counts"] == {name: 0 for name in ("all_gather", "reduce_scatter", "gather", "scatter", "barrier",
+                                                    "send", "recv")}
         f32 = torch.float32
         want = {("all_gather", "", f32): 4, ("reduce_scatter", "sum", f32): 3, ("reduce_scatter", "max", f32): 1,
-                ("barrier", "", None): 4 + 2 * (n > 1)}
+                ("gather", "", f32): 4, ("scatter", "", f32): 4, ("barrier", "", None): 4 + 2 * (n > 1)}
         if n > 1:
             want[("send_recv", "", f32)] = 2 * (2 + 2 + 2)  # blocking, async waited, async polled: one send, one recv
         assert r["calls"] == want, r["calls"]
@@ -405,9 +434,10 @@ def test_list_forms_barrier_and_point_to_point_take_the_fast_path(n):
         coll = [e for e in r["entries"] if e[2] is None]
         p2p = [e for e in r["entries"] if e[2] is not None]
         assert [e[1] for e in coll] == list(range(coll[0][1], coll[0][1] + len(coll))), coll
-        assert len(coll) == 2 * (6 + (n > 1))  # per attempt: 2 all_gather, 2 reduce_scatter, 2 barrier (+1 at n=2)
+        # per attempt: 2 all_gather, 2 reduce_scatter, 2 gather, 2 scatter, 2 barrier (+1 at n=2)
+        assert len(coll) == 2 * (10 + (n > 1))
         assert all(e[3] == "completed" and e[4] == ["native"] for e in r["entries"]), r["entries"]
-        assert {e[0] for e in coll} == {"all_gather", "reduce_scatter", "barrier"}
+        assert {e[0] for e in coll} == {"all_gather", "reduce_scatter", "gather", "scatter", "barrier"}
         if n > 1:
             assert [e[2] for e in p2p] == list(range(12)) and {e[0] for e in p2p} == {"send", "recv"}, p2p
 
@@ -434,8 +464,12 @@ def test_every_new_signature_is_validated_and_bad_requests_raise_the_full_paths_
     assert e["gather shape"][0] == "ValueError" and "output has shape" in e["gather shape"][1]
     assert e["rs shape"][0] == "ValueError" and "output has shape (2,), expected (3,)" in e["rs shape"][1]
     assert e["bcast src"][0] == "ValueError" and "src=4 is outside the group" in e["bcast src"][1]
+    assert e["gather list"] == e["gather list again"]
+    assert e["gather list"] == ("ValueError", "funcoll.gather: the destination rank needs a list of 1 output tensors, "
+                                              "got 2")
+    assert e["scatter list"][0] == "ValueError" and "input[0] has shape (2,), expected (3,)" in e["scatter list"][1]
     assert r["seq"][0] == r["seq"][1]  # nothing was sent: no sequence number used
-    assert r["states"] == ["invalid"] * 7
+    assert r["states"] == ["invalid"] * 10
     assert r["noncontig"]
 
 
