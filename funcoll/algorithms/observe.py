@@ -33,8 +33,7 @@ import torch.autograd.profiler as _prof
 
 from funcoll.semantics import dtype_name, ranks_text
 
-__all__ = ["LOG", "Scope", "profiling", "on_install", "on_uninstall",
-           "group_label"]
+__all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label"]
 
 LOG = logging.getLogger("funcoll")
 
@@ -57,11 +56,6 @@ def _register_torch_log() -> None:
 _register_torch_log()
 _RF = torch._C._profiler._RecordFunctionFast
 _lock = threading.Lock()
-
-
-def profiling() -> bool:
-    """Whether a ``torch.profiler`` (or ``emit_nvtx``/``emit_itt``) session is recording now."""
-    return _prof._is_profiler_enabled
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -133,11 +133,8 @@ def _count_dtype(caps, primitive, size, op) -> Optional[torch.dtype]:
     return None
 
 
+# a table, not torch.empty(..).real: planning makes no tensor
 _REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
-
-
-def _real_dtype(dtype: torch.dtype) -> torch.dtype:
-    return _REAL_OF[dtype]  # a table, not torch.empty(..).real: planning makes no tensor
 
 
 _COUNT_KIND = {R.SUM: BOOL_ANY, R.MAX: BOOL_ANY, R.BOR: BOOL_ANY, R.PRODUCT: BOOL_ALL, R.MIN: BOOL_ALL,
@@ -160,7 +157,7 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
     steps = []
     # canonical forms: complex as its real view, bool as a logical op or a uint8 view
     if dtype.is_complex:
-        dtype = _real_dtype(dtype)
+        dtype = _REAL_OF[dtype]
         steps.append(Step(REAL_VIEW, op, dtype, "complex reduced as its real view"))
     elif dtype == torch.bool:
         logical = BOOL_LOGICAL.get(op)

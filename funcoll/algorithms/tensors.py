@@ -4,6 +4,7 @@ Nothing here sends."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Dict, Sequence
 
@@ -169,8 +170,4 @@ def _identity(dtype: torch.dtype):
 
 
 def _offsets(splits):
-    offs, o = [], 0
-    for s in splits:
-        offs.append(o)
-        o += s
-    return offs
+    return list(itertools.accumulate(splits, initial=0))[:-1]

@@ -62,11 +62,6 @@ R = ReduceOp
 _XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "min", R.MAX: "max"}
 
 
-def _xla_op(red: Reduction) -> str:
-    return _XLA_OP[red.op]
-
-
-
 # ---------------------------------------------------------------------------------------------------
 # capabilities
 # ---------------------------------------------------------------------------------------------------
@@ -85,10 +80,6 @@ def capabilities(profile_name: Optional[str] = None) -> Capabilities:
 # ---------------------------------------------------------------------------------------------------
 # devices (seed 004: never build xla:{LOCAL_RANK}; a process addresses only its own devices)
 # ---------------------------------------------------------------------------------------------------
-def _addressable() -> List[torch.device]:
-    return list(torch_xla.devices())
-
-
 def device_index(device: Union[None, int, str, torch.device]) -> int:
     """The index, among this process's addressable XLA devices, named by ``device``.
 
@@ -121,7 +112,7 @@ def device_index(device: Union[None, int, str, torch.device]) -> int:
     else:
         raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got "
                         f"{type(device).__name__}")
-    count = len(_addressable())
+    count = len(torch_xla.devices())
     if not 0 <= idx < count:
         raise ValueError(
             f"funcoll.xla: xla:{idx} is not addressable in this process (it has {count} XLA device"
@@ -265,7 +256,7 @@ class XlaTransport(Transport):
     def all_reduce_functional(self, t, red: Reduction):
         """The all-reduce as a new lazy tensor, as torch_xla's own kernel builds it (no clone, no copy back)."""
         # only called with a request the planner found native (algorithms.native_all_reduce): no second check
-        tally, op = self._all_reduce_form(red, t.dtype, _xla_op)
+        tally, op = self._all_reduce_form(red, t.dtype, lambda r: _XLA_OP[r.op])
         tally.n += 1
         return self._reduce_all(t, op, self.replica_groups()), DONE
 
@@ -317,22 +308,8 @@ class XlaTransport(Transport):
         t.copy_(self._permute(t, [[self.global_ranks[src], self.global_ranks[self.rank]]]))
         return DONE
 
-    # The caps never list these (the xla profile has no broadcast/reduce/gather/scatter/barrier): algorithms build
-    # them from all_reduce / all_gather, without a graph sync.
-    def _broadcast(self, t, src):  # pragma: no cover - not a capability
-        raise NotImplementedError
-
-    def _reduce(self, t, dst, red):  # pragma: no cover - not a capability
-        raise NotImplementedError
-
-    def _gather(self, outs, inp, dst):  # pragma: no cover - not a capability
-        raise NotImplementedError
-
-    def _scatter(self, out, inps, src):  # pragma: no cover - not a capability
-        raise NotImplementedError
-
-    def _barrier(self):  # pragma: no cover - not a capability
-        raise NotImplementedError
+    # No _broadcast/_reduce/_gather/_scatter/_barrier: the xla profile lists none of them, and
+    # the algorithms build them from all_reduce / all_gather, without a graph sync.
 
     # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
     @property
