@@ -67,8 +67,9 @@ OPS = (
     "barrier",  # eager only
 )
 
-_ALIASES = {"mul": ReduceOp.PRODUCT, "prod": ReduceOp.PRODUCT, "and": ReduceOp.BAND, "or": ReduceOp.BOR,
-            "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
+# the names a string op may take: every op's own, and the aliases
+_BY_NAME = {**{o.value: o for o in ReduceOp}, "mul": ReduceOp.PRODUCT, "prod": ReduceOp.PRODUCT, "and": ReduceOp.BAND,
+            "or": ReduceOp.BOR, "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
 
 
 @dataclass(frozen=True)
@@ -92,18 +93,13 @@ def parse_reduction(op, opname: str) -> Reduction:
     or a ``Reduction``."""
     if isinstance(op, Reduction):
         return op
+    red = None
     if isinstance(op, ReduceOp):
         red = Reduction(op)
     elif isinstance(op, str):
         key = op.lower()
-        if key in _ALIASES:
-            return Reduction(_ALIASES[key])
-        try:
-            red = Reduction(ReduceOp(key))
-        except ValueError:
-            raise ValueError(
-                f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}"
-            ) from None
+        if key in _BY_NAME:
+            red = Reduction(_BY_NAME[key])
     else:
         import torch.distributed as dist
 
@@ -115,10 +111,8 @@ def parse_reduction(op, opname: str) -> Reduction:
                 state = op.__getstate__()  # type: ignore[attr-defined]  # (RedOpType.PREMUL_SUM, factor)
                 factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
             red = Reduction(ReduceOp(kind.name.lower()), factor)
-        else:
-            raise ValueError(
-                f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}"
-            )
+    if red is None:
+        raise ValueError(f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}")
     if red.op is ReduceOp.PREMUL_SUM and red.factor is None:
         raise ValueError(
             f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
@@ -288,10 +282,7 @@ def check_all_to_all(opname: str, out: torch.Tensor, inp: torch.Tensor, output_s
             f"funcoll.{opname}: output shape {tuple(out.shape)} and input shape {tuple(inp.shape)} "
             f"must agree after dim 0"
         )
-    if out.dtype != inp.dtype:
-        raise TypeError(f"funcoll.{opname}: output has dtype {out.dtype}, expected {inp.dtype} (the input's dtype)")
-    if out.device != inp.device:
-        raise ValueError(f"funcoll.{opname}: output is on {out.device}, expected {inp.device} (the input's device)")
+    check_same_tensor(opname, "output", out, inp, out.shape)  # the dtype and device (the shape was checked above)
     return outs, ins
 
 
