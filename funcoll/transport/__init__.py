@@ -557,39 +557,16 @@ class Transport:
         self._calls[("barrier", "", None)] += 1
         return self._barrier()
 
-    # -- to implement ----------------------------------------------------------------------------
-    def _all_reduce(self, t, red):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _all_reduce_coalesced(self, ts, red):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _all_gather(self, out, inp):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _reduce_scatter(self, out, inp, red):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _all_to_all(self, out, inp, out_splits, in_splits):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _broadcast(self, t, src):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _reduce(self, t, dst, red):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _gather(self, outs, inp, dst):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _scatter(self, out, inps, src):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _send(self, t, dst, tag):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _recv(self, t, src, tag):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _barrier(self):  # pragma: no cover - interface
-        raise NotImplementedError
+    # -- implemented by each transport, and called only for what its capabilities list ---------------------
+    _all_reduce: Callable[..., Handle]
+    _all_reduce_coalesced: Callable[..., Handle]
+    _all_gather: Callable[..., Handle]
+    _reduce_scatter: Callable[..., Handle]
+    _all_to_all: Callable[..., Handle]
+    _broadcast: Callable[..., Handle]
+    _reduce: Callable[..., Handle]
+    _gather: Callable[..., Handle]
+    _scatter: Callable[..., Handle]
+    _send: Callable[..., Handle]
+    _recv: Callable[..., Handle]
+    _barrier: Callable[..., Handle]
