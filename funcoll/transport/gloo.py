@@ -9,6 +9,7 @@ handed in place, then sums (gloo has no PREMUL_SUM): the misbehaviour a reduce_s
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
 from typing import Optional
@@ -47,86 +48,34 @@ def _allreduce_options(red: Reduction) -> C.AllreduceOptions:
 # Work is waited on by a background thread from the moment it is issued, which completes a future (the Work's
 # result, or its error) and a flag.
 #
-# The threads are NOT daemons, on purpose: a daemon thread blocked in a C++ wait with the GIL released, whose wait
-# returns while the interpreter finalizes (a pending receive failing as the peer process exits, a send completing),
-# re-takes the GIL in a destructor, where CPython 3.11 ends the thread with pthread_exit: the forced unwind through
-# that noexcept destructor is std::terminate ("terminate called without an active exception", SIGABRT). So at
-# interpreter exit (threading's shutdown hook, before finalization) idle threads leave, and busy ones finish their
-# wait first -- a pending operation completes, fails as its peer exits, or fails at the group's timeout.
-class _Waiters:
-    """A pool of threads running jobs; a new thread starts when none is idle (a job may block for long)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._idle = 0
-        self._jobs: list = []
-        self._cv = threading.Condition(self._lock)
-        self._closing = False
-        self._hooked = False
-
-    def submit(self, job) -> None:
-        with self._lock:
-            if self._idle and not self._closing:
-                self._idle -= 1  # reserved for this job
-                self._jobs.append(job)
-                self._cv.notify()
-                return
-            if not self._hooked:
-                self._hooked = True
-                _at_threading_exit(self.close)
-        threading.Thread(target=self._run, args=(job,), name="funcoll-waiter", daemon=False).start()
-
-    def close(self) -> None:
-        """Idle threads leave (busy ones after their job): called before the interpreter joins its threads."""
-        with self._lock:
-            self._closing = True
-            self._cv.notify_all()
-
-    def _run(self, job) -> None:
-        torch.set_grad_enabled(False)  # for good on this thread: see wait_quietly (a Work may write in wait())
-        while True:
-            job()
-            job = None
-            with self._lock:
-                self._idle += 1
-                while not self._jobs and not self._closing:
-                    self._cv.wait()
-                if not self._jobs:
-                    self._idle -= 1
-                    return
-                job = self._jobs.pop(0)
+# The threads are concurrent.futures' (a new one when none is idle: a job may block for long), NOT daemons, on
+# purpose: a daemon thread blocked in a C++ wait with the GIL released, whose wait returns while the interpreter
+# finalizes (a pending receive failing as the peer process exits, a send completing), re-takes the GIL in a destructor,
+# where CPython 3.11 ends the thread with pthread_exit: the forced unwind through that noexcept destructor is
+# std::terminate ("terminate called without an active exception", SIGABRT). The pool's own exit hook (threading's,
+# before finalization) lets idle threads leave and busy ones finish their wait first -- a pending operation completes,
+# fails as its peer exits, or fails at the group's timeout.
 
 
-def _at_threading_exit(fn) -> None:
-    """Runs ``fn`` when the interpreter starts to exit, before it joins non-daemon threads (what concurrent.futures
-    uses); atexit where that hook is missing."""
-    hook = getattr(threading, "_register_atexit", None)
-    try:
-        if hook is not None:
-            hook(fn)
-            return
-    except RuntimeError:  # already shutting down
-        fn()
-        return
-    import atexit
-
-    atexit.register(fn)
-
-
-_WAITERS = _Waiters()
+_WAITERS = ThreadPoolExecutor(1 << 16, "funcoll-waiter", initializer=torch.set_grad_enabled, initargs=(False,))
 
 
 def in_background(job) -> None:
-    """Runs ``job()`` on one of the waiter threads (autograd off there): a wait on a backend Work that must not block
-    the caller (funcoll.entry.work.NativeWork, for a Work without a future of its own)."""
-    _WAITERS.submit(job)
+    """Runs ``job()`` on one of the waiter threads (autograd off there: see wait_quietly, a Work may write in wait()):
+    a wait on a backend Work that must not block the caller (funcoll.entry.work.NativeWork, for a Work without a
+    future of its own)."""
+    try:
+        _WAITERS.submit(job)
+    except RuntimeError:  # the interpreter is exiting: the pool takes no more jobs, the job gets a thread of its own
+        threading.Thread(target=lambda: (torch.set_grad_enabled(False), job()), name="funcoll-waiter").start()
+
 
 # Futures with Python callbacks that a backend's own C++ threads will run (FuncollWork.get_future chains the finishing
 # steps on the backend's futures): a callback run while the interpreter finalizes takes the GIL on a C++ thread and
-# ends as above. At exit the ones still pending get a bounded grace period to complete first.
+# ends as above. At exit (threading's hook, as the pool's) the ones still pending get a bounded grace period to
+# complete first.
 _CALLBACKS: list = []
 _CALLBACK_GRACE_S = 10.0
-_callbacks_hooked: list = []
 
 
 def track_callbacks(fut) -> None:
@@ -134,9 +83,6 @@ def track_callbacks(fut) -> None:
     if len(_CALLBACKS) > 256:
         _CALLBACKS[:] = [f for f in _CALLBACKS if not f.done()]
     _CALLBACKS.append(fut)
-    if not _callbacks_hooked:
-        _callbacks_hooked.append(True)
-        _at_threading_exit(_drain_callbacks)
 
 
 def _drain_callbacks() -> None:
@@ -147,11 +93,14 @@ def _drain_callbacks() -> None:
         time.sleep(0.005)
 
 
+threading._register_atexit(_drain_callbacks)  # type: ignore[attr-defined]
+
+
 class WaitedWork(C.Work):
     """A backend Work with c10d's whole contract: ``wait([timeout])`` (past a timeout: "Operation timed out!", the
     operation stays pending, as c10d's), ``is_completed()`` True once the data is in place, ``get_future()`` completed
     with the Work's result or error, ``exception()``, ``result()``, ``_source_rank()``. The backend's Work is waited on
-    by a background thread (:class:`_Waiters`) from construction on."""
+    by a background thread (:func:`in_background`) from construction on."""
 
     def __init__(self, work, result=None):
         super().__init__()
@@ -160,7 +109,7 @@ class WaitedWork(C.Work):
         self._event = threading.Event()
         self._error: Optional[BaseException] = None
         self._fut: torch.futures.Future = torch.futures.Future()
-        _WAITERS.submit(self._wait_backend)
+        in_background(self._wait_backend)
 
     def _wait_backend(self) -> None:
         try:
