@@ -52,9 +52,7 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
         if caps.moves(cand):
             _note(f"{t.dtype} moved as {cand}")
             return t.view(cand)
-    if not caps.moves(torch.uint8):  # pragma: no cover - every backend moves bytes
-        raise NotImplementedError(f"funcoll: the {caps.name} transport moves no dtype that can carry {t.dtype}")
-    _note(f"{t.dtype} moved as bytes")
+    _note(f"{t.dtype} moved as bytes")  # every backend moves bytes
     # rows of bytes, one per element of dim 0 (also of 0 elements, also of a 1-D tensor): split sizes still count rows
     return t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8)
 
@@ -167,6 +165,14 @@ def _identity(dtype: torch.dtype):
         return False
     return -0.0 if dtype.is_floating_point else 0
 
+
+
+def _unflatten(flat: torch.Tensor, ts: Sequence[torch.Tensor]) -> None:
+    """Copies consecutive pieces of ``flat`` along its last dim into ``ts``, each reshaped to its tensor's shape: a
+    flat buffer of several tensors, or its ``[n, -1]`` view (piece j is then every rank's part of ``ts[j]``)."""
+    rows = flat.numel() // flat.shape[-1]
+    for t, piece in zip(ts, flat.split([t.numel() // rows for t in ts], dim=-1)):
+        t.copy_(piece.reshape(t.shape))
 
 
 def _offsets(splits):
