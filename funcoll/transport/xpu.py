@@ -28,7 +28,7 @@ from funcoll.transport import PRIMITIVES, Capabilities, Version, VersionedCapabi
 from funcoll.transport import parse_version as _parse_version
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.gloo import C10dTransport
-from funcoll.transport.registry import GroupContext, register_device
+from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
 __all__ = ["XCCL_FACTS", "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
            "stack_versions", "build_version", "parse_override", "parse_topology", "measure_topology", "torch_row",
@@ -383,6 +383,10 @@ def parse_topology(topology) -> str:
     return t
 
 
+_OVERRIDE_WORDS = {**dict.fromkeys(("native", "on", "1", "true"), True),
+                   **dict.fromkeys(("strategy", "off", "0", "false", "broken"), False)}
+
+
 def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
                    oneccl_build=None) -> Dict[str, bool]:
     """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}. Unknown facts, and facts that
@@ -411,14 +415,10 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
             why = "is not a fact" if key not in XCCL_FACTS else _not_overridable_why(key, topology, row, build)
             raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts on {topology}: "
                              f"{', '.join(allowed)}")
-        if isinstance(val, bool):
-            out[key] = val
-        elif str(val).lower() in ("native", "on", "1", "true"):
-            out[key] = True
-        elif str(val).lower() in ("strategy", "off", "0", "false", "broken"):
-            out[key] = False
-        else:
+        flip = val if isinstance(val, bool) else _OVERRIDE_WORDS.get(str(val).lower())
+        if flip is None:
             raise ValueError(f"funcoll.xpu: override {key}={val!r}: use {key}=native or {key}=strategy")
+        out[key] = flip
     return out
 
 
@@ -452,21 +452,15 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
     refused = {(op, d) for op in (R.AVG,) for d in _XCCL_INTS | {torch.bool}}  # avg_int
     refused_on = {("reduce", R.AVG)}  # avg_reduce
-    if native("avg") or native("avg_reduce_scatter"):
-        reduce_ops.add(R.AVG)
-        if not native("avg"):
-            refused_on.add(("all_reduce", R.AVG))
-        if not native("avg_reduce_scatter"):
-            refused_on.add(("reduce_scatter", R.AVG))
-    premul_ar, premul_rs = native("premul_sum"), native("premul_sum_reduce_scatter")
-    if premul_ar or premul_rs:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12); never reduce
-        reduce_ops.add(R.PREMUL_SUM)
-        refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - _FLOATS}
-        refused_on.add(("reduce", R.PREMUL_SUM))
-        if not premul_ar:
-            refused_on.add(("all_reduce", R.PREMUL_SUM))
-        if not premul_rs:
-            refused_on.add(("reduce_scatter", R.PREMUL_SUM))
+    # AVG and PREMUL_SUM: native per primitive, each by its own facts, never on reduce
+    for op, on_ar, on_rs in ((R.AVG, native("avg"), native("avg_reduce_scatter")),
+                             (R.PREMUL_SUM, native("premul_sum"), native("premul_sum_reduce_scatter"))):
+        if on_ar or on_rs:
+            reduce_ops.add(op)
+            refused_on |= {(p, op) for p, ok in (("all_reduce", on_ar), ("reduce_scatter", on_rs), ("reduce", False))
+                           if not ok}
+            if op is R.PREMUL_SUM:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12)
+                refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - _FLOATS}
     if not native("int_minmax"):
         refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_INTS | {torch.bool}}
     primitives = set(PRIMITIVES) - {"all_reduce_coalesced"}
@@ -514,12 +508,11 @@ def _oneccl_from_torch() -> Optional[str]:
     """``torch._C._distributed_c10d.get_xccl_version()``: onecclGetVersion of the oneCCL library loaded (xccl.h:71-84),
     in XPU builds of torch (the upstream tests compare the flight recorder's version with it)."""
     try:
-        from torch._C import _distributed_c10d as C
+        from torch._C._distributed_c10d import get_xccl_version  # type: ignore[attr-defined]
 
-        fn = getattr(C, "get_xccl_version", None)
-        v = fn() if fn is not None else None
+        v = get_xccl_version()
         return v if v and v[0].isdigit() else None
-    except Exception:
+    except Exception:  # not an XPU build of torch
         return None
 
 
@@ -539,12 +532,9 @@ def _oneccl_from_flight_recorder() -> Optional[str]:
     try:
         import pickle
 
-        from torch._C import _distributed_c10d as C
+        from torch._C._distributed_c10d import _dump_xccl_trace  # type: ignore[attr-defined]
 
-        dump = getattr(C, "_dump_xccl_trace", None)
-        if dump is None:
-            return None
-        v = pickle.loads(dump()).get("comm_lib_version")
+        v = pickle.loads(_dump_xccl_trace()).get("comm_lib_version")
         return v if v and v[0].isdigit() else None
     except Exception:
         return None
@@ -570,16 +560,14 @@ def stack_versions(backend_created: bool = False) -> Tuple[str, Optional[str], s
     env = os.environ.get(ENV_ONECCL_VERSION, "").strip()
     if env:
         return torch.__version__, env, ENV_ONECCL_VERSION
-    v = _oneccl_from_torch()
-    if v:
-        return torch.__version__, v, "torch._C._distributed_c10d.get_xccl_version()"
-    v = _oneccl_from_metadata()
-    if v:
-        return torch.__version__, v, "pip metadata of package 'oneccl'"
+    sources = [(_oneccl_from_torch, "torch._C._distributed_c10d.get_xccl_version()"),
+               (_oneccl_from_metadata, "pip metadata of package 'oneccl'")]
     if backend_created:
-        v = _oneccl_from_flight_recorder()
+        sources.append((_oneccl_from_flight_recorder, "ProcessGroupXCCL flight recorder"))
+    for read, where in sources:
+        v = read()
         if v:
-            return torch.__version__, v, "ProcessGroupXCCL flight recorder"
+            return torch.__version__, v, where
     return torch.__version__, None, "unknown (conservative: every version-gated fact uses its strategy)"
 
 
@@ -605,12 +593,10 @@ def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_ve
     """
     src = "given"
     if torch_version is None or oneccl_version is None:
-        tv, ov, src = stack_versions(_backend_created)
-        torch_version = torch_version if torch_version is not None else tv
+        tv, ov, found = stack_versions(_backend_created)
+        torch_version = tv if torch_version is None else torch_version
         if oneccl_version is None:
-            oneccl_version = ov
-        else:
-            src = "given"
+            oneccl_version, src = ov, found
     build_src = "given"
     if oneccl_build is None:
         oneccl_build, build_src = build_version()
@@ -639,10 +625,7 @@ def measure_topology(store, rank: int, size: int, timeout=None) -> str:
     host = socket.gethostname()
     store.set(f"funcoll-topology/{rank}", host)
     keys = [f"funcoll-topology/{r}" for r in range(size)]
-    if timeout is not None:
-        store.wait(keys, timeout)
-    else:
-        store.wait(keys)
+    store.wait(keys, *([timeout] if timeout is not None else []))
     hosts = {store.get(k).decode() for k in keys}
     return SCALE_UP if hosts == {host} else SCALE_OUT
 
@@ -717,21 +700,11 @@ def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
     return XcclTransport(backend, capabilities(topology=topology, _backend_created=True), None)
 
 
-def _c10d_xpu(pg, device) -> XcclTransport:
+def _c10d_xpu(pg, device):
     """The XPU backend of a group made with another backend ("xccl", "cpu:gloo,xpu:xccl")."""
-    try:
-        backend = pg._get_backend(torch.device("xpu"))
-    except RuntimeError:
-        raise ValueError(f"funcoll: group {pg.group_name!r} has no XPU backend; create it with "
-                         f"init_process_group('xccl') or 'cpu:gloo,xpu:xccl' (or backend 'funcoll')") from None
-    own = getattr(backend, "funcoll_transport", None)  # the XPU leg is a funcoll group itself
-    if own is not None:
-        return own("xpu")
-    cls = _xccl_class()
-    if not isinstance(backend, cls):
-        raise ValueError(f"funcoll: the XPU backend of group {pg.group_name!r} is {type(backend).__name__}; "
-                         "funcoll drives ProcessGroupXCCL on XPU")
-    return XcclTransport(backend, capabilities(_backend_created=True), device)
+    return c10d_leg(pg, "xpu", "XPU", "init_process_group('xccl') or 'cpu:gloo,xpu:xccl' (or backend 'funcoll')",
+                    lambda b: isinstance(b, _xccl_class()), "ProcessGroupXCCL on XPU",
+                    lambda b: XcclTransport(b, capabilities(_backend_created=True), device))
 
 
 register_device("xpu", funcoll=_funcoll_xpu, c10d=_c10d_xpu)
