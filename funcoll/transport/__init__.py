@@ -442,12 +442,12 @@ class Transport:
         return None
 
     # -- checks, shared by every transport -------------------------------------------------------
-    def _native(self, primitive: str, dtype: torch.dtype, op: Optional[ReduceOp] = None,
+    def _native(self, primitive: str, dtype: Optional[torch.dtype], op: Optional[ReduceOp] = None,
                 uneven: bool = False) -> None:
         caps = self.caps
-        ok = caps.has(primitive) and caps.moves(dtype)
+        ok = caps.has(primitive) and (dtype is None or caps.moves(dtype))
         if ok and op is not None:
-            ok = caps.reduces(primitive, op, dtype)
+            ok = caps.reduces(primitive, op, dtype)  # type: ignore[arg-type]  # a reducing primitive has a dtype
         if ok and uneven:
             ok = caps.uneven_all_to_all
         if not ok:
@@ -528,9 +528,13 @@ class Transport:
         without running a collective (a virtual XLA world whose ranks funcoll.replicas runs), else None."""
         return None
 
+    def _like(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``t`` made where ``like`` is (its device; XLA: also a functional tensor when ``like`` is one)."""
+        return t.to(like.device)
+
     def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
         """A bool vector of the group's size, True at this rank only, on ``like``'s device."""
-        return torch.tensor([r == self.rank for r in range(self.size)]).to(like.device)
+        return self._like(torch.tensor([r == self.rank for r in range(self.size)]), like)
 
     def rank_is(self, root: int, like: torch.Tensor) -> torch.Tensor:
         """A bool scalar, True on group rank ``root`` only, on ``like``'s device."""
@@ -538,7 +542,7 @@ class Transport:
 
     def rank_index(self, like: torch.Tensor) -> torch.Tensor:
         """``[rank]`` (int64), on ``like``'s device: selects this rank's block without a rank constant."""
-        return torch.tensor([self.rank]).to(like.device)
+        return self._like(torch.tensor([self.rank]), like)
 
     def split_bound(self) -> Optional[int]:
         """A bound on every split size of an uneven all_to_all that every rank has promised (XLA's
@@ -551,10 +555,7 @@ class Transport:
         collective its peers wait for."""
 
     def barrier(self) -> Handle:
-        if not self.caps.has("barrier"):
-            raise NativeRefused(f"funcoll internal error: {self.caps.name} transport has no native barrier")
-        _run_before_send()
-        self._calls[("barrier", "", None)] += 1
+        self._native("barrier", None)
         return self._barrier()
 
     # -- implemented by each transport, and called only for what its capabilities list ---------------------

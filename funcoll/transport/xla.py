@@ -1,15 +1,10 @@
 """The XLA transport: funcoll's primitives as torch_xla lazy collectives with explicit replica groups.
 
-Every primitive builds one lazy XLA collective (``all-reduce``, ``all-gather``, ``reduce-scatter``,
-``all-to-all``, ``collective-permute``) through ``torch_xla._XLAC`` with the replica groups funcoll's group
-registry gives for the group (:func:`funcoll.groups.replica_groups`): the whole partition when the group is a
-block of one (DeviceMesh dims, ``new_subgroups``, ``split_group``), else the group padded with singletons.
-The whole world is never implied: even the world group is spelled out.
-
-Ranks and world size come from the process group (the :class:`~funcoll.transport.registry.GroupContext` or the c10d
-group), never from ``torch_xla.runtime.world_size()``. A funcoll world of any size can therefore be built in
-one process (``init_process_group("funcoll", store=dist.HashStore(), rank=r, world_size=8)``) to read the HLO
-that rank of an 8-chip job would compile; :func:`funcoll.testing.xla_collectives` prints its collectives readably.
+Every primitive builds one lazy XLA collective (``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all``,
+``collective-permute``) through ``torch_xla._XLAC``, with the replica groups of funcoll's group registry
+(:func:`funcoll.groups.blocks_for`; docs/xla.md, "groups"). Ranks and world size come from the process group, never
+from the runtime, so a funcoll world of any size can be built in one process to read the HLO each of its ranks would
+compile (:func:`funcoll.testing.xla_collectives` prints its collectives readably).
 
 Rules every primitive follows (all found by experiment on torch_xla 2.9, see docs/xla.md):
 
@@ -35,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
@@ -89,29 +84,24 @@ def device_index(device: Union[None, int, str, torch.device]) -> int:
     """
     if device is None:
         return torch_xla.device().index or 0
-    if isinstance(device, bool):
-        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got {device!r}")
-    if isinstance(device, int):
-        idx = device
-    elif isinstance(device, (str, torch.device)):
-        text = str(device).strip()
-        if text.isdigit():
-            idx = int(text)
-        else:
-            try:
-                dev = torch.device(text)
-            except RuntimeError:
-                raise ValueError(f"funcoll.xla: cannot read a device from {device!r}; pass an int, "
-                                 f"'xla:N' or a torch.device") from None
-            if dev.type != "xla":
-                raise ValueError(f"funcoll.xla: {device!r} is not an XLA device; pass 'xla', 'xla:N' or an "
-                                 f"index of one of this process's XLA devices")
-            if dev.index is None:
-                return torch_xla.device().index or 0
-            idx = dev.index
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        got = repr(device) if isinstance(device, bool) else type(device).__name__
+        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got {got}")
+    text = str(device).strip()
+    if isinstance(device, int) or text.isdigit():
+        idx = int(text)
     else:
-        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got "
-                        f"{type(device).__name__}")
+        try:
+            dev = torch.device(text)
+        except RuntimeError:
+            raise ValueError(f"funcoll.xla: cannot read a device from {device!r}; pass an int, "
+                             f"'xla:N' or a torch.device") from None
+        if dev.type != "xla":
+            raise ValueError(f"funcoll.xla: {device!r} is not an XLA device; pass 'xla', 'xla:N' or an "
+                             f"index of one of this process's XLA devices")
+        if dev.index is None:
+            return torch_xla.device().index or 0
+        idx = dev.index
     count = len(torch_xla.devices())
     if not 0 <= idx < count:
         raise ValueError(
@@ -158,7 +148,7 @@ class XlaTransport(Transport):
     device_type = "xla"
     dtype_views = False  # view.dtype is a CPU fallback with a sync on torch_xla 2.9 (the module's rules)
     staging_bytes = None  # one collective per request: XLA's compiler plans the temporaries
-    _caps_cache: Optional[Tuple[int, Capabilities]] = None
+    _groups_cache: Optional[tuple] = None
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
                  device=None, caps: Optional[Capabilities] = None, pin_layout: bool = True):
@@ -178,38 +168,52 @@ class XlaTransport(Transport):
         import torch_xla.runtime as xr
 
         self.virtual = self.world_size > xr.world_size()
-        # (partitions version, replica groups, uniform replica groups or None)
-        self._groups_cache: Optional[Tuple[int, List[List[int]], Optional[List[List[int]]]]] = None
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
                 f"ranks={list(self.global_ranks)}, world={self.world_size}, device={self.control_device})")
 
-    # -- replica groups ------------------------------------------------------------------------------
-    def replica_groups(self) -> List[List[int]]:
-        """The replica groups for a collective over this group, as every rank of the world emits them
-        (:func:`funcoll.groups.blocks_for`, cached until a partition is registered: a partition may be registered
-        after the group was created), with this group's block in group-rank order. The whole world in rank order is
-        ``[]`` (HLO ``replica_groups={}``: every replica, in replica order), as torch_xla's own kernels and
-        ``xm.all_reduce`` emit it: the same graph, and building it costs the same at any world size (a spelled-out
-        group of 256 ranks costs torch_xla ~16 us more per collective)."""
+    # -- replica groups, and the capabilities they allow ----------------------------------------------------
+    def _groups(self) -> tuple:
+        """(partitions version, replica groups, uniform replica groups or None, capabilities), made again when a
+        partition is registered (a partition may be registered after the group was created)."""
         key = groups.partitions_version()
         cached = self._groups_cache
         if cached is None or cached[0] != key:
             if self.global_ranks == tuple(range(self.world_size)):
-                cached = self._groups_cache = (key, [], [])
-                return cached[1]
-            blocks = groups.blocks_for(self.global_ranks, self.world_size)
-            # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
-            mine = set(self.global_ranks)
-            replica = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
-            cached = self._groups_cache = (key, replica, _uniform(replica, self.size, self.world_size))
-        return cached[1]
+                replica: List[List[int]] = []
+                uniform: Optional[List[List[int]]] = []
+            else:
+                blocks = groups.blocks_for(self.global_ranks, self.world_size)
+                # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
+                mine = set(self.global_ranks)
+                replica = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
+                uniform = _uniform(replica, self.size, self.world_size)
+            caps = self._caps
+            if uniform is None:  # XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size
+                caps = replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
+            cached = self._groups_cache = (key, replica, uniform, caps)
+        return cached
+
+    def replica_groups(self) -> List[List[int]]:
+        """The replica groups for a collective over this group, as every rank of the world emits them
+        (:func:`funcoll.groups.blocks_for`), with this group's block in group-rank order. The whole world in rank order
+        is ``[]`` (HLO ``replica_groups={}``: every replica, in replica order), as torch_xla's own kernels and
+        ``xm.all_reduce`` emit it: the same graph, and building it costs the same at any world size (a spelled-out
+        group of 256 ranks costs torch_xla ~16 us more per collective)."""
+        return self._groups()[1]
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
-        self.replica_groups()
-        assert self._groups_cache is not None
-        return self._groups_cache[2]
+        return self._groups()[2]
+
+    @property
+    def caps(self) -> Capabilities:
+        return self._groups()[3]
+
+    @caps.setter
+    def caps(self, value: Capabilities) -> None:
+        self._caps = value
+        self._groups_cache = None
 
     # -- helpers -------------------------------------------------------------------------------------
     def _token(self):
@@ -228,12 +232,6 @@ class XlaTransport(Transport):
         # moved as one element, then made 0-dim: torch_xla shares one parameter between 0-dim tensors of equal value,
         # so two masks that agree on one rank (both False) and not on another would give the ranks different modules
         return self._like(torch.tensor([self.rank == root]), like).reshape(())
-
-    def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
-        return self._like(torch.tensor([r == self.rank for r in range(self.size)]), like)
-
-    def rank_index(self, like: torch.Tensor) -> torch.Tensor:
-        return self._like(torch.tensor([self.rank]), like)
 
     def split_bound(self) -> Optional[int]:
         return promised_split_bound()
@@ -310,23 +308,6 @@ class XlaTransport(Transport):
 
     # No _broadcast/_reduce/_gather/_scatter/_barrier: the xla profile lists none of them, and
     # the algorithms build them from all_reduce / all_gather, without a graph sync.
-
-    # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
-    @property
-    def caps(self) -> Capabilities:
-        key = groups.partitions_version()
-        cached = self._caps_cache
-        if cached is None or cached[0] != key:
-            caps = self._caps
-            if self._uniform_groups() is None:
-                caps = replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
-            cached = self._caps_cache = (key, caps)
-        return cached[1]
-
-    @caps.setter
-    def caps(self, value: Capabilities) -> None:
-        self._caps = value
-        self._caps_cache = None
 
 
 def _operand(t: torch.Tensor) -> torch.Tensor:
