@@ -1,24 +1,8 @@
-"""What funcoll did, where a user looks: ``torch.profiler`` ranges and the ``funcoll`` torch log.
-
-Profiler ranges (only while a profiler runs; the check is one attribute read, the one Inductor uses for its kernel
-ranges): every collective funcoll runs is a range
-
-* ``funcoll::<op>`` (e.g. ``funcoll::all_reduce``) around the whole algorithm call, with the group, the shapes,
-  the dtypes, the reduce op / root / splits and the transport's capability table as event args;
-* inside it, ``funcoll::<op> <strategy>`` (e.g. ``funcoll::all_reduce avg=sum+scale``) for each gap-filling
-  strategy, opened where the algorithm chooses it and closed with the collective, so the steps the strategy runs
-  are nested inside it;
-* inside those, ``funcoll::native <primitive>`` around each call of the transport's native primitive (the
-  backend's own events, e.g. gloo's ``gloo:all_reduce`` on its worker thread, follow from it).
-
-A strategy is only known once the algorithm has chosen it (some choices need a collective first: uneven
-all_to_all agrees on the split sizes), so the outer range cannot carry it in its name: a ``funcoll::<op>`` range
-with no strategy range inside ran natively.
-
-The log: ``TORCH_LOGS="+funcoll"`` (DEBUG) logs each strategy decision once per signature; ``TORCH_LOGS=funcoll``
-(INFO) logs group creation, the transport each group uses for each device type, ``install``/``uninstall`` and the
-probe (:mod:`funcoll.probe`). Nothing is logged by default, except the probe's warning when a native result was
-wrong. The logger is the standard ``logging.getLogger("funcoll")``, registered as the torch log ``funcoll``.
+"""What funcoll did, where a user looks (docs/observability.md describes both): ``torch.profiler`` ranges, only while
+a profiler runs (``funcoll::<op>`` around each algorithm call, a nested ``funcoll::<op> <strategy>`` for each
+gap-filling strategy where the algorithm chooses it, ``funcoll::native <primitive>`` around each native call), and
+the ``funcoll`` torch log (``TORCH_LOGS="+funcoll"``: each strategy decision once per signature; INFO: groups, their
+transports, ``install``/``uninstall``, the probe), the standard ``logging.getLogger("funcoll")``.
 """
 
 from __future__ import annotations

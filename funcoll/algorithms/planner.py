@@ -115,13 +115,9 @@ class Plan:
 
 
 def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
-    for cand in WIDER.get(dtype, ()):
-        if caps.reduces(primitive, op, cand):
-            return cand
-    for cand in WIDER.get(dtype, ()):
-        if cand in caps.reduce_dtypes:
-            return cand
-    return None
+    wider = WIDER.get(dtype, ())  # the narrowest that reduces the op, else the narrowest the transport reduces at all
+    return (next((w for w in wider if caps.reduces(primitive, op, w)), None)
+            or next((w for w in wider if w in caps.reduce_dtypes), None))
 
 
 def _count_dtype(caps, primitive, size, op) -> Optional[torch.dtype]:

@@ -19,7 +19,6 @@ __all__ = [
     "OPS",
     "parse_reduction",
     "check_reduction",
-    "all_gather_shape",
     "check_all_gather",
     "check_reduce_scatter",
     "check_all_to_all",
@@ -83,10 +82,6 @@ class Reduction:
         return str(self.op)
 
 
-def _names() -> str:
-    return ", ".join(o.value for o in ReduceOp)
-
-
 def parse_reduction(op, opname: str) -> Reduction:
     """Accepts a string ("sum", "avg", ...), a ``torch.distributed.ReduceOp`` (including one made by
     ``torch.distributed._make_nccl_premul_sum(factor)``), a ``ReduceOp.RedOpType``, a funcoll ``ReduceOp``
@@ -112,7 +107,8 @@ def parse_reduction(op, opname: str) -> Reduction:
                 factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
             red = Reduction(ReduceOp(kind.name.lower()), factor)
     if red is None:
-        raise ValueError(f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}")
+        raise ValueError(f"funcoll.{opname}: unknown reduce op {op!r}; use one of "
+                         f"{', '.join(o.value for o in ReduceOp)}")
     if red.op is ReduceOp.PREMUL_SUM and red.factor is None:
         raise ValueError(
             f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
@@ -216,15 +212,10 @@ def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor,
         )
 
 
-def all_gather_shape(inp: torch.Tensor, group_size: int) -> tuple:
-    """The output of an all-gather: the inputs concatenated along dim 0 (a 0-dim input counts as one row)."""
-    return (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
-
-
 def check_all_gather(opname: str, out: torch.Tensor, inp: torch.Tensor, group_size: int) -> tuple:
     """The output is the concatenation along dim 0 or, as upstream accepts too, the stack ``[group_size, *shape]``
-    (the same memory when contiguous). Returns the concatenated shape."""
-    shape = all_gather_shape(inp, group_size)
+    (the same memory when contiguous). Returns the concatenated shape (a 0-dim input counts as one row)."""
+    shape = (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
     stacked = (group_size,) + tuple(inp.shape)
     check_same_tensor(opname, "output", out, inp, stacked if tuple(out.shape) == stacked else shape)
     return shape

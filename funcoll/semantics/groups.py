@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
-           "partition_of", "regular_partition", "blocks_for", "partitions_version", "replica_groups", "to_global",
+           "regular_partition", "blocks_for", "partitions_version", "replica_groups", "to_global",
            "to_group", "new_subgroups", "split_group", "clear"]
 
 
@@ -127,11 +127,6 @@ def register_mesh(mesh) -> None:
         register_partition(blocks)
 
 
-def partition_of(name: str) -> Optional[Tuple[Tuple[int, ...], ...]]:
-    info = lookup(name)
-    return _partitions.get(frozenset(info.ranks))
-
-
 def regular_partition(ranks: Sequence[int], world_size: int) -> Optional[Tuple[Tuple[int, ...], ...]]:
     """The partition a "regular" block belongs to, as every rank of it can infer alone: ranks ``a, a+k, ...,
     a+(s-1)k`` (stride k >= 1, s >= 2 ranks) with ``s*k`` dividing the world and ``a mod s*k < k``, are one block of
@@ -193,14 +188,6 @@ def to_group(name: str, global_rank: int) -> int:
 
 
 # -- partition-aware group creation ------------------------------------------------------------------
-def new_subgroups_by_enumeration(ranks_per_subgroup_list, **kwargs):
-    """``torch.distributed.new_subgroups_by_enumeration`` that also registers the partition."""
-    import torch.distributed as dist
-
-    register_partition(ranks_per_subgroup_list)
-    return dist.new_subgroups_by_enumeration(ranks_per_subgroup_list, **kwargs)
-
-
 def new_subgroups(group_size: Optional[int] = None, **kwargs):
     """``torch.distributed.new_subgroups`` that also registers the partition."""
     import torch.distributed as dist
