@@ -75,9 +75,8 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
     shapes, dtypes, extra, red = [], [], [], ""
     items = list(zip(_params(fn), args[1:])) + list(kwargs.items())
     for name, val in items:
-        ts = val if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor) else None
-        if isinstance(val, torch.Tensor):
-            ts = [val]
+        ts = ([val] if isinstance(val, torch.Tensor) else
+              val if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor) else None)
         if ts is not None:
             for t in ts:
                 shapes.append(list(t.shape))
@@ -193,9 +192,8 @@ class Scope(list):
 
     def close(self, args) -> None:
         ranges, self._ranges = self._ranges, None
-        if ranges:
-            for rf in reversed(ranges):
-                rf.__exit__(None, None, None)
+        for rf in reversed(ranges or ()):
+            rf.__exit__(None, None, None)
         if LOG.isEnabledFor(logging.DEBUG) and args:
             try:
                 self._log(args)

@@ -75,13 +75,10 @@ class Pending(Handle):
             for h in self._handles:
                 if isinstance(h, Pending):
                     futs.append(h.future())
-                elif hasattr(h, "get_future"):
-                    try:
-                        futs.append(h.get_future())
-                    except RuntimeError:  # a backend Work without a future ("Work::getFuture not implemented")
-                        from funcoll.transport.gloo import WaitedWork
+                elif hasattr(h, "get_future"):  # a backend Work: one without a future of its own is given one
+                    from funcoll.transport.gloo import waited
 
-                        futs.append(WaitedWork(h).get_future())
+                    futs.append(waited(h).get_future())
             self._handles = []
             if not futs:
                 self._run_thens()
@@ -139,10 +136,7 @@ def record():
 
 def _forget(log: list) -> None:
     """Removes ``log`` itself from the recorders (by identity: another recorder may hold equal contents)."""
-    for i, other in enumerate(_recorders):
-        if other is log:
-            del _recorders[i]
-            return
+    _recorders[:] = [other for other in _recorders if other is not log]
 
 
 def _note(strategy: str) -> None:

@@ -19,7 +19,6 @@ from funcoll.algorithms.tensors import (
     _by_dtype,
     _by_dtype_pairs,
     _contig_in,
-    _count_to_bool,
     _count_to_bool_,
     _factor,
     _flat,
@@ -151,9 +150,12 @@ def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
     return _run(tp, t, t, red, planner.plan(tp.caps, "all_reduce", red.op, t.dtype, tp.size).steps)
 
 
-# a step that reduces in a wider dtype (AVG in float32 or int64, WIDEN): its result, back in the request's dtype
+# a step that reduces in another dtype (AVG in float32 or int64, WIDEN, a count of every rank's Trues): its result
+# ``w`` of ``n`` ranks, back in the request's dtype (the count: the bool result of any / all / parity)
 _NARROW: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
-    planner.AVG_FLOAT32: lambda w, n: w.div_(n), planner.AVG_INT: _trunc_div, planner.WIDEN: lambda w, n: w}
+    planner.AVG_FLOAT32: lambda w, n: w.div_(n), planner.AVG_INT: _trunc_div, planner.WIDEN: lambda w, n: w,
+    planner.BOOL_ANY: lambda w, n: w != 0, planner.BOOL_ALL: lambda w, n: w == n,
+    planner.BOOL_PARITY: lambda w, n: w.bitwise_and(1) != 0}
 
 
 def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
@@ -190,13 +192,11 @@ def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, st
     if kind == planner.SIGNED_FLIP:
         wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
         return run(wo, wo.bitwise_xor_(bit) if ar else inp.view(step.dtype) ^ bit, lambda: wo.bitwise_xor_(bit))
-    if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
-        if ar and step.dtype == torch.uint8 and out.is_contiguous() and tp.dtype_views:
-            # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place
-            w = out.view(torch.uint8)
-            return run(w, w, lambda: _count_to_bool_(kind, w, n))
-        wo, wi = both(lambda x: x.to(step.dtype))
-        return run(wo, wi, lambda: out.copy_(_count_to_bool(kind, wo, n)))
+    if (kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY) and ar and step.dtype == torch.uint8
+            and out.is_contiguous() and tp.dtype_views):
+        # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place
+        w = out.view(torch.uint8)
+        return run(w, w, lambda: _count_to_bool_(kind, w, n))
     if kind in _NARROW:
         wo, wi = both(lambda x: x.to(step.dtype))
         return run(wo, wi, lambda: out.copy_(_NARROW[kind](wo, n)))

@@ -77,17 +77,9 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return acc
 
 
-def _count_to_bool(kind: str, count: torch.Tensor, n: int) -> torch.Tensor:
-    """A count of the Trues of every rank, back to the bool result of any / all / parity."""
-    if kind == planner.BOOL_ANY:
-        return count != 0
-    if kind == planner.BOOL_ALL:
-        return count == n
-    return count.bitwise_and(1) != 0
-
-
 def _count_to_bool_(kind: str, count: torch.Tensor, n: int) -> None:
-    """:func:`_count_to_bool` in place, on a uint8 count that is the bool tensor's own bytes (0/1 afterwards)."""
+    """A count of every rank's Trues back to the bool result of any / all / parity, in place, on a uint8 count that is
+    the bool tensor's own bytes (0/1 afterwards)."""
     if kind == planner.BOOL_ANY:
         count.clamp_(max=1)
     elif kind == planner.BOOL_ALL:

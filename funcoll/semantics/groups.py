@@ -155,12 +155,8 @@ def blocks_for(ranks: Sequence[int], world_size: int) -> List[List[int]]:
 @functools.lru_cache(maxsize=1024)
 def _blocks_for(ranks: Tuple[int, ...], world_size: int, version: int) -> Tuple[Tuple[int, ...], ...]:
     part = _partitions.get(frozenset(ranks)) or regular_partition(ranks, world_size)
-    if part is not None:
-        blocks = [tuple(b) for b in part]
-        covered = {r for b in part for r in b}
-    else:
-        blocks = [ranks]
-        covered = set(ranks)
+    blocks = list(part) if part is not None else [ranks]
+    covered = {r for b in blocks for r in b}
     blocks += [(r,) for r in range(world_size) if r not in covered]
     return tuple(sorted(blocks, key=min))
 

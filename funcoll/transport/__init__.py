@@ -18,8 +18,8 @@ import contextlib
 import os
 import re
 import threading
-from dataclasses import dataclass, field, fields
-from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -43,6 +43,9 @@ ALL_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8
 
 class NativeRefused(RuntimeError):
     """Raised by a transport asked for something its capabilities do not list (a funcoll bug)."""
+
+
+_Caps = TypeVar("_Caps", bound="Capabilities")
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,11 @@ class Capabilities:
         return (primitive in self.primitives and op in self.reduce_ops and dtype in self.reduce_dtypes
                 and (op, dtype) not in self.refused_pairs and (primitive, op) not in self.refused_on)
 
-    def restrict(self, other: "Capabilities") -> "Capabilities":
-        """What both can do natively (a transport run under another backend's profile)."""
-        return Capabilities(
+    def restrict(self: _Caps, other: "Capabilities") -> _Caps:
+        """What both can do natively (a transport run under another backend's profile); the rest is ``self``'s (its
+        ``is_async``, a fact table's versions)."""
+        return replace(
+            self,
             name=f"{self.name}[{other.name}]" if other.name != self.name else self.name,
             primitives=self.primitives & other.primitives,
             reduce_ops=self.reduce_ops & other.reduce_ops,
@@ -86,7 +91,6 @@ class Capabilities:
             reduce_dtypes=self.reduce_dtypes & other.reduce_dtypes,
             refused_pairs=self.refused_pairs | other.refused_pairs,
             uneven_all_to_all=self.uneven_all_to_all and other.uneven_all_to_all,
-            is_async=self.is_async,
             p2p_any_shape=self.p2p_any_shape and other.p2p_any_shape,
             sources={**self.sources, **other.sources},
             refused_on=self.refused_on | other.refused_on,
@@ -101,9 +105,6 @@ class VersionedCapabilities(Capabilities):
     """Capabilities plus the versions (and topology) a fact table derived them for (XCCL, TorchTPU)."""
 
     versions: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def restrict(self, other: Capabilities) -> "VersionedCapabilities":
-        return VersionedCapabilities(**vars(Capabilities.restrict(self, other)), versions=self.versions)
 
     def plain(self, **changes) -> Capabilities:
         """The same capabilities without the versions (a profile), with ``changes``."""
@@ -125,11 +126,8 @@ def parse_version(v, what: str = "funcoll: cannot read a version", example: str 
 
 def in_force(by_row: Sequence[Tuple[str, str]], row: str) -> str:
     """A fact table's text for ``row``: the last ``(first row, text)`` entry whose first row is not after it."""
-    text = ""
-    for first, what in by_row:
-        if parse_version(first) <= parse_version(row):  # type: ignore[operator]
-            text = what
-    return text
+    v = parse_version(row)
+    return next((what for first, what in reversed(by_row) if parse_version(first) <= v), "")  # type: ignore[operator]
 
 
 def _pairs(ops: Iterable[ReduceOp], dtypes: Iterable[torch.dtype]) -> frozenset:
@@ -165,12 +163,8 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
                               "all_to_all", "send_recv"}),
         reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR}),
-        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
-                          torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
-                          torch.uint16, torch.uint32, torch.uint64}),
-        reduce_dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                                 torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                                 torch.uint16, torch.uint32, torch.uint64, torch.bool}),
+        dtypes=_INTS | _FLOATS | {torch.bool},  # every dtype but float8
+        reduce_dtypes=_INTS | _FLOATS | {torch.bool},
         refused_pairs=_pairs([R.BAND, R.BOR], _FLOATS | _INTS),
         uneven_all_to_all=False,
         is_async=False,

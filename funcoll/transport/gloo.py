@@ -34,6 +34,14 @@ def c10d_op(red: Reduction):
     return _C10D_OP[red.op]
 
 
+def _options(cls, **fields):
+    """A c10d options object of class ``cls`` with ``fields`` set."""
+    o = cls()
+    for name, value in fields.items():
+        setattr(o, name, value)
+    return o
+
+
 def _allreduce_options(red: Reduction) -> C.AllreduceOptions:
     o = C.AllreduceOptions()
     o.reduceOp = c10d_op(red)
@@ -252,34 +260,24 @@ class C10dTransport(Transport):
     def _reduce_scatter(self, out, inp, red):
         if red.op is ReduceOp.PREMUL_SUM:
             red = self._premul(inp, red)
-        o = C.ReduceScatterOptions()
-        o.reduceOp = c10d_op(red)
+        o = _options(C.ReduceScatterOptions, reduceOp=c10d_op(red))
         return waited(self.backend._reduce_scatter_base(out, inp, o), [out])
 
     def _all_to_all(self, out, inp, out_splits, in_splits):
         return self.backend.alltoall_base(out, inp, out_splits or [], in_splits or [], C.AllToAllOptions())
 
     def _broadcast(self, t, src):
-        o = C.BroadcastOptions()
-        o.rootRank = src
-        o.rootTensor = 0
-        return self.backend.broadcast([t], o)
+        return self.backend.broadcast([t], _options(C.BroadcastOptions, rootRank=src, rootTensor=0))
 
     def _reduce(self, t, dst, red):
-        o = C.ReduceOptions()
-        o.reduceOp = c10d_op(red)
-        o.rootRank = dst
-        o.rootTensor = 0
-        return self.backend.reduce([t], o)
+        return self.backend.reduce([t], _options(C.ReduceOptions, reduceOp=c10d_op(red), rootRank=dst, rootTensor=0))
 
     def _gather(self, outs, inp, dst):
-        o = C.GatherOptions()
-        o.rootRank = dst
+        o = _options(C.GatherOptions, rootRank=dst)
         return self.backend.gather([list(outs)] if outs is not None else [], [inp], o)
 
     def _scatter(self, out, inps, src):
-        o = C.ScatterOptions()
-        o.rootRank = src
+        o = _options(C.ScatterOptions, rootRank=src)
         return self.backend.scatter([out], [list(inps)] if inps is not None else [], o)
 
     def _send(self, t, dst, tag):

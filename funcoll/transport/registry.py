@@ -7,13 +7,13 @@ dispatch-key kernels). Tensors of a device type with no funcoll transport are ne
 
 from __future__ import annotations
 
-import functools
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+from torch.distributed.distributed_c10d import _world  # c10d's group registry
 
 from funcoll.semantics.groups import resolve
 from funcoll.transport import Transport
@@ -83,21 +83,13 @@ def _ensure_loaded(device_type: str) -> None:
 _by_name: Dict[Tuple[str, str], Tuple[Any, Transport]] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _c10d_world():
-    """c10d's group registry (imported once: the kernels ask for it on every collective)."""
-    from torch.distributed.distributed_c10d import _world
-
-    return _world
-
-
 def transport_for(group, device) -> Transport:
     """The transport that serves ``group`` (a ProcessGroup or a group name) for tensors on ``device``."""
     if not isinstance(group, str):
         return _transport_for(group, device)
     key = (group, device.type if type(device) is torch.device else torch.device(device).type)
     hit = _by_name.get(key)
-    if hit is not None and _c10d_world().pg_names.get(hit[0]) == group:
+    if hit is not None and _world.pg_names.get(hit[0]) == group:
         return hit[1]
     try:
         pg = resolve(group)

@@ -107,9 +107,6 @@ class Fact:
     unknown: str = ""
     info: bool = False
 
-    def since(self, topology: str) -> Optional[Version]:
-        return self.native_since if topology == SCALE_UP else self.scale_out_since
-
     def at(self, row: Optional[str]) -> str:
         """What ProcessGroupXCCL does on torch ``row`` (the ``by_torch`` entry in force there; "" if none)."""
         if row is None:
@@ -446,7 +443,7 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
             return False
         if key == "premul_sum":  # the torch row decides: ProcessGroupXCCL's own scale + SUM from 2.12
             return row is not None and _row_key(row) >= _row_key(_PREMUL_NATIVE_AR)
-        since = fact.since(topo)
+        since = fact.native_since if topo == SCALE_UP else fact.scale_out_since
         return since is not None and ov is not None and ov >= since
 
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
@@ -482,7 +479,6 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
         reduce_dtypes=_XCCL_DTYPES,
         refused_pairs=frozenset(refused),
         uneven_all_to_all=native("uneven_all_to_all"),
-        is_async=True,
         refused_on=frozenset(refused_on),
         sources={f"xccl.{k}": f"{label(k)}: {f.source}" for k, f in XCCL_FACTS.items()},
         versions={"torch": tstr, "oneccl": _vstr(ov), "oneccl_build": _vstr(build), "topology": topo,
