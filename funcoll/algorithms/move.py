@@ -177,10 +177,7 @@ def all_gather_into_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor]
 # ---------------------------------------------------------------------------------------------------
 def _agree(tp: Transport, values: Sequence[int]) -> torch.Tensor:
     """Gathers a few int64 values from every rank: returns an [n, len(values)] tensor (CPU)."""
-    mine = torch.tensor(list(values), dtype=torch.int64)
-    dev = getattr(tp, "control_device", None)
-    if dev is not None:
-        mine = mine.to(dev)
+    mine = torch.tensor(list(values), dtype=torch.int64, device=getattr(tp, "control_device", None))
     g = mine.new_empty((tp.size * mine.numel(),))
     _ag(tp, g, mine).wait()
     return g.view(tp.size, -1).cpu()
@@ -250,18 +247,11 @@ def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
     handles = []
     for k in range(1, n):
         dst, src = (r + k) % n, (r - k) % n
-
-        def send(dst=dst):
-            if in_splits[dst]:
-                handles.append(tp.send(_bits(inp[ioff[dst]:ioff[dst] + in_splits[dst]], caps), dst, _A2A_TAG))
-
-        def recv(src=src):
-            if out_splits[src]:
-                handles.append(tp.recv(_bits(out[ooff[src]:ooff[src] + out_splits[src]], caps), src, _A2A_TAG))
-
-        first, second = (send, recv) if _sends_first(r, k, n) else (recv, send)
-        first()
-        second()
+        both = [(tp.send, inp[ioff[dst]:ioff[dst] + in_splits[dst]], dst),
+                (tp.recv, out[ooff[src]:ooff[src] + out_splits[src]], src)]
+        for issue, rows, peer in both if _sends_first(r, k, n) else both[::-1]:
+            if rows.shape[0]:  # nothing to send or receive: no message
+                handles.append(issue(_bits(rows, caps), peer, _A2A_TAG))
     return Pending(handles)
 
 
@@ -391,8 +381,7 @@ def barrier(tp: Transport) -> Pending:
     if tp.caps.has("barrier"):
         return Pending([tp.barrier()])
     _note("barrier=all_reduce of one element")
-    dev = getattr(tp, "control_device", None) or "cpu"
-    one = torch.zeros(1, dtype=torch.int32, device=dev)
+    one = torch.zeros(1, dtype=torch.int32, device=getattr(tp, "control_device", None) or "cpu")
     p = _ar(tp, one, Reduction(R.SUM))
     tp.retain(one)
     return p

@@ -7,6 +7,7 @@ transports, ``install``/``uninstall``, the probe), the standard ``logging.getLog
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
@@ -15,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.autograd.profiler as _prof
 
-from funcoll.semantics import dtype_name, ranks_text
+from funcoll.semantics import dtype_name, parse_reduction, ranks_text
 
 __all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label"]
 
@@ -45,18 +46,9 @@ _lock = threading.Lock()
 # ---------------------------------------------------------------------------------------------------
 # describing a collective
 # ---------------------------------------------------------------------------------------------------
-_params_cache: Dict[object, Tuple[str, ...]] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _params(fn) -> Tuple[str, ...]:
-    names = _params_cache.get(fn)
-    if names is None:
-        try:
-            names = tuple(inspect.signature(fn).parameters)[1:]  # after the transport
-        except (TypeError, ValueError):  # pragma: no cover
-            names = ()
-        _params_cache[fn] = names
-    return names
+    return tuple(inspect.signature(fn).parameters)[1:]  # after the transport
 
 
 def group_label(tp) -> str:
@@ -87,8 +79,6 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
         if val is None or (isinstance(val, (list, tuple)) and not val):
             continue
         if name == "op":
-            from funcoll.semantics import parse_reduction
-
             try:
                 red = str(parse_reduction(val, op))
             except Exception:
@@ -96,7 +86,6 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
             extra.append(f"op={red}")
         else:
             extra.append(f"{name}={val}")
-    ranks = tp.global_ranks
     desc = {
         "group": group_label(tp),
         "rank": int(tp.rank),
@@ -105,8 +94,8 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
         "shapes": str(shapes),
         "dtypes": ",".join(dict.fromkeys(dtypes)),
     }
-    if ranks:  # unknown for a transport lent by another backend's group
-        desc["global_ranks"] = ranks_text(ranks)
+    if tp.global_ranks:  # unknown for a transport lent by another backend's group
+        desc["global_ranks"] = ranks_text(tp.global_ranks)
     if extra:
         desc["args"] = " ".join(extra)
     return desc, tuple(dict.fromkeys(dtypes)), red
@@ -135,10 +124,8 @@ class _Traced:
         tp = self._tp
 
         def call(*args, **kwargs):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            for a in args:
-                if isinstance(a, (list, tuple)):
-                    tensors += [t for t in a if isinstance(t, torch.Tensor)]
+            tensors = [a for a in args if isinstance(a, torch.Tensor)] + [
+                t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
             info = {"transport": tp.caps.name, "dtypes": ",".join(dict.fromkeys(dtype_name(t.dtype) for t in tensors)),
                     "shapes": str([list(t.shape) for t in tensors])}
             red = next((a for a in args if type(a).__name__ == "Reduction"), None)

@@ -136,7 +136,10 @@ def record():
 
 def _forget(log: list) -> None:
     """Removes ``log`` itself from the recorders (by identity: another recorder may hold equal contents)."""
-    _recorders[:] = [other for other in _recorders if other is not log]
+    for i, other in enumerate(_recorders):
+        if other is log:
+            del _recorders[i]
+            return
 
 
 def _note(strategy: str) -> None:

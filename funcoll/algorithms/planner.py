@@ -122,10 +122,8 @@ def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
 def _count_dtype(caps, primitive, size, op) -> Optional[torch.dtype]:
     """The narrowest integer that counts up to ``size`` Trues exactly and the transport sums (parity needs no more
     than uint8 at any size: 256 is even)."""
-    for cand in (torch.uint8, torch.int32, torch.int64):
-        if (size < 256 or cand != torch.uint8 or op is R.BXOR) and caps.reduces(primitive, R.SUM, cand):
-            return cand
-    return None
+    return next((c for c in (torch.uint8, torch.int32, torch.int64)
+                 if (size < 256 or c != torch.uint8 or op is R.BXOR) and caps.reduces(primitive, R.SUM, c)), None)
 
 
 # a table, not torch.empty(..).real: planning makes no tensor

@@ -158,6 +158,12 @@ _NARROW: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     planner.BOOL_PARITY: lambda w, n: w.bitwise_and(1) != 0}
 
 
+def _alike(f: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor, inp: torch.Tensor) -> tuple:
+    """``f`` of a request's output and input (an all_reduce's one tensor, converted once)."""
+    o = f(out)
+    return o, (o if inp is out else f(inp))
+
+
 def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
     """Runs the plan ``steps``: an all_reduce of ``out`` in place (``inp is out``) or a reduce_scatter of ``inp`` into
     ``out`` (contiguous, validated). A transform step changes the request (its tensors, its op) and runs the rest of
@@ -170,36 +176,29 @@ def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, st
     if kind == planner.NATIVE:
         return Pending([tp.all_reduce(out, r) if ar else tp.reduce_scatter(out, inp, r)])
 
-    def run(o: torch.Tensor, i: torch.Tensor, then: Optional[Callable[[], object]] = None) -> Pending:
-        p = _run(tp, o, i, r, rest)
-        return p if then is None else p.and_then(then)
-
-    def both(f: Callable[[torch.Tensor], torch.Tensor]) -> tuple:  # the request's tensors converted alike
-        o = f(out)
-        return o, (o if ar else f(inp))
-
     if kind == planner.REAL_VIEW:
-        return run(*both(lambda x: torch.view_as_real(_flat(x))))
+        return _run(tp, *_alike(lambda x: torch.view_as_real(_flat(x)), out, inp), r, rest)
     if kind == planner.BOOL_OP:
-        return run(out, inp)
+        return _run(tp, out, inp, r, rest)
     if kind in (planner.BOOL_UINT8, planner.SIGNED):
-        return run(*both(lambda x: x.view(step.dtype)))
+        return _run(tp, *_alike(lambda x: x.view(step.dtype), out, inp), r, rest)
     if kind == planner.AVG_FLOAT:
-        return run(out, inp, lambda: out.div_(n))
+        return _run(tp, out, inp, r, rest).and_then(lambda: out.div_(n))
     if kind == planner.PREMUL:
-        f = _factor(red, out)
-        return run(out, out.mul_(f) if ar else inp * f)  # a reduce_scatter's input is the caller's: scaled as a copy
+        f = _factor(red, out)  # a reduce_scatter's input is the caller's: scaled as a copy
+        return _run(tp, out, out.mul_(f) if ar else inp * f, r, rest)
     if kind == planner.SIGNED_FLIP:
         wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
-        return run(wo, wo.bitwise_xor_(bit) if ar else inp.view(step.dtype) ^ bit, lambda: wo.bitwise_xor_(bit))
+        wi = wo.bitwise_xor_(bit) if ar else inp.view(step.dtype) ^ bit
+        return _run(tp, wo, wi, r, rest).and_then(lambda: wo.bitwise_xor_(bit))
     if (kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY) and ar and step.dtype == torch.uint8
             and out.is_contiguous() and tp.dtype_views):
         # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place
         w = out.view(torch.uint8)
-        return run(w, w, lambda: _count_to_bool_(kind, w, n))
+        return _run(tp, w, w, r, rest).and_then(lambda: _count_to_bool_(kind, w, n))
     if kind in _NARROW:
-        wo, wi = both(lambda x: x.to(step.dtype))
-        return run(wo, wi, lambda: out.copy_(_NARROW[kind](wo, n)))
+        wo, wi = _alike(lambda x: x.to(step.dtype), out, inp)
+        return _run(tp, wo, wi, r, rest).and_then(lambda: out.copy_(_NARROW[kind](wo, n)))
     if kind == planner.RS_AG_LOCAL:
         # all_to_all (this rank receives every rank's copy of its block), reduce the block locally in rank order,
         # all_gather the blocks straight into the result: 2(n-1)/n of the tensor sent, one extra buffer

@@ -59,7 +59,8 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
 
 _IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {
     R.SUM: torch.Tensor.add_, R.PRODUCT: torch.Tensor.mul_, R.BAND: torch.Tensor.bitwise_and_,
-    R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_}
+    R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_,
+    R.MIN: lambda a, b: torch.minimum(a, b, out=a), R.MAX: lambda a, b: torch.maximum(a, b, out=a)}
 
 
 def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
@@ -68,12 +69,7 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     rows = g.unbind(0)
     acc = rows[0]
     for row in rows[1:]:
-        if op is R.MIN:
-            torch.minimum(acc, row, out=acc)
-        elif op is R.MAX:
-            torch.maximum(acc, row, out=acc)
-        else:
-            _IN_PLACE[op](acc, row)
+        _IN_PLACE[op](acc, row)
     return acc
 
 

@@ -46,8 +46,6 @@ class ReduceOp(str, enum.Enum):
         return self.value
 
 
-BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
-
 # The collectives funcoll implements (docs/design.md section 5). Eager-only ones are marked.
 OPS = (
     "all_reduce",
@@ -159,7 +157,7 @@ def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
     if kind == "float8":
         bad = (f"funcoll.{opname}: {dtype} tensors cannot be reduced (float8 is supported by "
                "non-reducing ops only); upcast to bfloat16 or float32 before reducing")
-    elif kind == "float" and op in BITWISE:
+    elif kind == "float" and op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
         bad = (f"funcoll.{opname}: reduce op {op} needs an integer or bool tensor, got {dtype}; "
                "use sum/avg/product/min/max, or view the tensor as an integer dtype")
     elif kind == "complex" and op not in (ReduceOp.SUM, ReduceOp.AVG):

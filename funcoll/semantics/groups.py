@@ -69,11 +69,7 @@ def clear() -> None:
 
 def lookup(name: str) -> GroupInfo:
     """The group's info; a ValueError naming the fix when funcoll does not know it."""
-    info = _groups.get(name)
-    if info is not None:
-        return info
-    # A group created by torch.distributed with another backend: learn it from c10d.
-    info = _from_c10d(name)
+    info = _groups.get(name) or _from_c10d(name)  # a group made by torch.distributed with another backend: c10d's
     if info is None:
         known = ", ".join(sorted(_groups)) or "none"
         raise ValueError(

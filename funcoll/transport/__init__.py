@@ -6,9 +6,8 @@ is a bug in funcoll, and the transport raises :class:`NativeRefused` instead of 
 
 Capability facts live in one table per device, each with its source: gloo's and XLA's here (``PROFILES``), XCCL's
 in :mod:`funcoll.transport.xpu` (``PROFILES["xccl"]`` is derived from it), TorchTPU's in :mod:`funcoll.transport.tpu`
-(``PROFILES["torchtpu"]``). ``FUNCOLL_PROFILE=<name>``
-intersects the running transport's own capabilities with a named profile, so that, e.g., the XCCL
-gap-filling paths run for real over gloo on any CPU machine.
+(``PROFILES["torchtpu"]``). ``FUNCOLL_PROFILE=<name>`` intersects the running transport's own capabilities with a
+named profile, so that, e.g., the XCCL gap-filling paths run for real over gloo on any CPU machine.
 """
 
 from __future__ import annotations
@@ -190,9 +189,8 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
 
 
 class _Profiles(Mapping):
-    """name -> Capabilities. ``"xccl"`` is derived on first use from the XCCL fact table
-    (:func:`funcoll.transport.xpu.conservative_profile`: the running torch's row for an unknown oneCCL on the scale-out
-    path), so that XCCL's facts have one source; importing that module touches no XPU runtime."""
+    """name -> Capabilities; ``"xccl"`` and ``"torchtpu"`` are derived on first use from their fact tables (each
+    module's ``conservative_profile``; importing them touches no device runtime)."""
 
     _DERIVED = {"xccl": ("funcoll.transport.xpu", "conservative_profile"),
                 "torchtpu": ("funcoll.transport.tpu", "conservative_profile")}

@@ -21,11 +21,7 @@ import torch.distributed as dist
 from funcoll.semantics import ReduceOp, Reduction
 from funcoll.transport import Capabilities, Native, Transport, _run_before_send, active_profile_name, profile
 
-_C10D_OP = {
-    ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
-    ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.BAND: dist.ReduceOp.BAND,
-    ReduceOp.BOR: dist.ReduceOp.BOR, ReduceOp.BXOR: dist.ReduceOp.BXOR,
-}
+_C10D_OP = {op: getattr(dist.ReduceOp, op.name) for op in ReduceOp if op is not ReduceOp.PREMUL_SUM}
 
 
 def c10d_op(red: Reduction):
@@ -39,12 +35,6 @@ def _options(cls, **fields):
     o = cls()
     for name, value in fields.items():
         setattr(o, name, value)
-    return o
-
-
-def _allreduce_options(red: Reduction) -> C.AllreduceOptions:
-    o = C.AllreduceOptions()
-    o.reduceOp = c10d_op(red)
     return o
 
 
@@ -224,7 +214,7 @@ class C10dTransport(Transport):
     def _all_reduce(self, t, red):
         if red.op is ReduceOp.PREMUL_SUM:
             red = self._premul(t, red)
-        return self.backend.allreduce([t], _allreduce_options(red))
+        return self.backend.allreduce([t], _options(C.AllreduceOptions, reduceOp=c10d_op(red)))
 
     def all_reduce_functional(self, t, red: Reduction):
         """The compiled kernels' native all_reduce: only called with a request the planner found native
@@ -232,7 +222,7 @@ class C10dTransport(Transport):
         options are made once per (op, dtype) (the options are read by the backend when called, never kept)."""
         if type(self)._all_reduce is not C10dTransport._all_reduce or red.op is ReduceOp.PREMUL_SUM:
             return super().all_reduce_functional(t, red)  # a subclass's own primitive, or a factor per call
-        tally, opts = self._all_reduce_form(red, t.dtype, _allreduce_options)
+        tally, opts = self._all_reduce_form(red, t.dtype, lambda r: _options(C.AllreduceOptions, reduceOp=c10d_op(r)))
         out = t.clone(memory_format=torch.contiguous_format)
         _run_before_send()
         tally.n += 1

@@ -145,10 +145,9 @@ def c10d_leg(pg, device_type: str, label: str, create: str, accepts: Callable[[A
 def forget(group_name: str) -> None:
     """Drops cached transports of a destroyed group."""
     with _lock:
-        for key in [k for k in _c10d_cache if k[0] == group_name]:
-            del _c10d_cache[key]
-        for key in [k for k in _by_name if k[0] == group_name]:
-            del _by_name[key]
+        for cache in (_c10d_cache, _by_name):
+            for key in [k for k in cache if k[0] == group_name]:
+                del cache[key]
 
 
 # -- the CPU reference transport ---------------------------------------------------------------------

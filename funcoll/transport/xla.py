@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
@@ -148,7 +148,7 @@ class XlaTransport(Transport):
     device_type = "xla"
     dtype_views = False  # view.dtype is a CPU fallback with a sync on torch_xla 2.9 (the module's rules)
     staging_bytes = None  # one collective per request: XLA's compiler plans the temporaries
-    _groups_cache: Optional[tuple] = None
+    _caps_cache: Optional[Tuple[int, Capabilities]] = None
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
                  device=None, caps: Optional[Capabilities] = None, pin_layout: bool = True):
@@ -168,52 +168,36 @@ class XlaTransport(Transport):
         import torch_xla.runtime as xr
 
         self.virtual = self.world_size > xr.world_size()
+        # (partitions version, replica groups, uniform replica groups or None)
+        self._groups_cache: Optional[Tuple[int, List[List[int]], Optional[List[List[int]]]]] = None
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
                 f"ranks={list(self.global_ranks)}, world={self.world_size}, device={self.control_device})")
 
-    # -- replica groups, and the capabilities they allow ----------------------------------------------------
-    def _groups(self) -> tuple:
-        """(partitions version, replica groups, uniform replica groups or None, capabilities), made again when a
-        partition is registered (a partition may be registered after the group was created)."""
+    # -- replica groups ------------------------------------------------------------------------------
+    def replica_groups(self) -> List[List[int]]:
+        """The replica groups for a collective over this group, as every rank of the world emits them
+        (:func:`funcoll.groups.blocks_for`, cached until a partition is registered), this group's block in group-rank
+        order; ``[]`` (HLO ``replica_groups={}``) for the whole world in rank order, as torch_xla's kernels emit it
+        (docs/xla.md, docs/performance.md: the same graph, at the same cost at any world size)."""
         key = groups.partitions_version()
         cached = self._groups_cache
         if cached is None or cached[0] != key:
             if self.global_ranks == tuple(range(self.world_size)):
-                replica: List[List[int]] = []
-                uniform: Optional[List[List[int]]] = []
-            else:
-                blocks = groups.blocks_for(self.global_ranks, self.world_size)
-                # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
-                mine = set(self.global_ranks)
-                replica = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
-                uniform = _uniform(replica, self.size, self.world_size)
-            caps = self._caps
-            if uniform is None:  # XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size
-                caps = replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
-            cached = self._groups_cache = (key, replica, uniform, caps)
-        return cached
-
-    def replica_groups(self) -> List[List[int]]:
-        """The replica groups for a collective over this group, as every rank of the world emits them
-        (:func:`funcoll.groups.blocks_for`), with this group's block in group-rank order. The whole world in rank order
-        is ``[]`` (HLO ``replica_groups={}``: every replica, in replica order), as torch_xla's own kernels and
-        ``xm.all_reduce`` emit it: the same graph, and building it costs the same at any world size (a spelled-out
-        group of 256 ranks costs torch_xla ~16 us more per collective)."""
-        return self._groups()[1]
+                cached = self._groups_cache = (key, [], [])
+                return cached[1]
+            blocks = groups.blocks_for(self.global_ranks, self.world_size)
+            # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
+            mine = set(self.global_ranks)
+            replica = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
+            cached = self._groups_cache = (key, replica, _uniform(replica, self.size, self.world_size))
+        return cached[1]
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
-        return self._groups()[2]
-
-    @property
-    def caps(self) -> Capabilities:
-        return self._groups()[3]
-
-    @caps.setter
-    def caps(self, value: Capabilities) -> None:
-        self._caps = value
-        self._groups_cache = None
+        self.replica_groups()
+        assert self._groups_cache is not None
+        return self._groups_cache[2]
 
     # -- helpers -------------------------------------------------------------------------------------
     def _token(self):
@@ -308,6 +292,23 @@ class XlaTransport(Transport):
 
     # No _broadcast/_reduce/_gather/_scatter/_barrier: the xla profile lists none of them, and
     # the algorithms build them from all_reduce / all_gather, without a graph sync.
+
+    # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
+    @property
+    def caps(self) -> Capabilities:
+        key = groups.partitions_version()
+        cached = self._caps_cache
+        if cached is None or cached[0] != key:
+            caps = self._caps
+            if self._uniform_groups() is None:
+                caps = replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
+            cached = self._caps_cache = (key, caps)
+        return cached[1]
+
+    @caps.setter
+    def caps(self, value: Capabilities) -> None:
+        self._caps = value
+        self._caps_cache = None
 
 
 def _operand(t: torch.Tensor) -> torch.Tensor:

@@ -392,18 +392,13 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
     if not override:
         return {}
     if isinstance(override, Mapping):
-        items = [(k, v) for k, v in override.items()]
+        items = list(override.items())
     else:
-        items = []
-        for part in str(override).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            key, sep, val = part.partition("=")
-            if not sep:
-                raise ValueError(f"funcoll.xpu: override entry {part!r} must be <fact>=native or "
-                                 f"<fact>=strategy")
-            items.append((key.strip(), val.strip()))
+        parts = [p.strip() for p in str(override).split(",") if p.strip()]
+        for part in parts:
+            if "=" not in part:
+                raise ValueError(f"funcoll.xpu: override entry {part!r} must be <fact>=native or <fact>=strategy")
+        items = [(k.strip(), v.strip()) for k, v in (p.split("=", 1) for p in parts)]
     row, build = torch_row(torch_version), parse_version(oneccl_build)
     out = {}
     allowed = sorted(k for k in XCCL_FACTS if topology in overridable(k, row, build))
@@ -462,9 +457,6 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
         refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_INTS | {torch.bool}}
     primitives = set(PRIMITIVES) - {"all_reduce_coalesced"}
 
-    def label(k: str) -> str:
-        return "info" if XCCL_FACTS[k].info else ("native" if native(k) else "strategy")
-
     if row is not None and _row_key(row) >= _row_key(_GRAPH_CAPTURE_ROW):
         capture = ("unknown (oneCCL unknown at run time)" if ov is None else
                    "allowed" if ov >= _GRAPH_CAPTURE_ONECCL else "refused (NotImplementedError): oneCCL < 2022.0")
@@ -480,7 +472,8 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
         refused_pairs=frozenset(refused),
         uneven_all_to_all=native("uneven_all_to_all"),
         refused_on=frozenset(refused_on),
-        sources={f"xccl.{k}": f"{label(k)}: {f.source}" for k, f in XCCL_FACTS.items()},
+        sources={f"xccl.{k}": f"{'info' if f.info else 'native' if native(k) else 'strategy'}: {f.source}"
+                 for k, f in XCCL_FACTS.items()},
         versions={"torch": tstr, "oneccl": _vstr(ov), "oneccl_build": _vstr(build), "topology": topo,
                   "graph_capture": capture},
     )
@@ -593,11 +586,8 @@ def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_ve
         torch_version = tv if torch_version is None else torch_version
         if oneccl_version is None:
             oneccl_version, src = ov, found
-    build_src = "given"
-    if oneccl_build is None:
-        oneccl_build, build_src = build_version()
-    if override is None:
-        override = os.environ.get(ENV_OVERRIDE, "")
+    oneccl_build, build_src = build_version() if oneccl_build is None else (oneccl_build, "given")
+    override = os.environ.get(ENV_OVERRIDE, "") if override is None else override
     topo_src = "given"
     if topology is None:
         topology = os.environ.get(ENV_TOPOLOGY, "").strip() or None
@@ -670,29 +660,25 @@ def _xccl_class():
     return cls
 
 
-def _new_xccl_backend(store, rank: int, size: int, timeout, group_name: str, global_ranks):
-    cls = _xccl_class()
-    try:
-        opts = cls.Options()
-    except Exception:  # very old bindings: no Options
-        return cls(store, rank, size)
-    for attr, val in (("global_ranks_in_group", list(global_ranks)), ("group_name", group_name),
-                      ("_timeout", timeout)):
-        try:
-            setattr(opts, attr, val)
-        except Exception:
-            pass
-    return cls(store, rank, size, opts)
-
-
 def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
     """A ProcessGroupXCCL of its own for one funcoll group (every rank of the group creates it)."""
     from torch.distributed import PrefixStore
 
     topology = os.environ.get(ENV_TOPOLOGY, "").strip() or measure_topology(
         PrefixStore("funcoll-xccl-topology/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
-    backend = _new_xccl_backend(PrefixStore("funcoll-xccl/", ctx.store), ctx.rank, ctx.size, ctx.timeout,
-                                f"funcoll-{ctx.name}", ctx.global_ranks)
+    cls, store = _xccl_class(), PrefixStore("funcoll-xccl/", ctx.store)
+    try:
+        opts = cls.Options()
+    except Exception:  # very old bindings: no Options
+        backend = cls(store, ctx.rank, ctx.size)
+    else:
+        for attr, val in (("global_ranks_in_group", list(ctx.global_ranks)), ("group_name", f"funcoll-{ctx.name}"),
+                          ("_timeout", ctx.timeout)):
+            try:
+                setattr(opts, attr, val)
+            except Exception:
+                pass
+        backend = cls(store, ctx.rank, ctx.size, opts)
     return XcclTransport(backend, capabilities(topology=topology, _backend_created=True), None)
 
 
