@@ -7,7 +7,7 @@ fast paths' question "is this request's plan one native call?" (:meth:`funcoll.t
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -158,7 +158,8 @@ _NARROW: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     planner.BOOL_PARITY: lambda w, n: w.bitwise_and(1) != 0}
 
 
-def _alike(f: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor, inp: torch.Tensor) -> tuple:
+def _alike(f: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor,
+           inp: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """``f`` of a request's output and input (an all_reduce's one tensor, converted once)."""
     o = f(out)
     return o, (o if inp is out else f(inp))
