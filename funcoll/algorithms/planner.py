@@ -45,9 +45,10 @@ import torch
 
 from funcoll.semantics import ReduceOp
 
-__all__ = ["Step", "Plan", "plan"]
+__all__ = ["Step", "Plan", "plan", "REDUCING"]
 
 R = ReduceOp
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")  # the primitives plan() takes
 
 # bool as uint8: sum/max/bor = max, product/min/band = min, bxor = bxor
 BOOL_AS_UINT8 = {R.SUM: R.MAX, R.MAX: R.MAX, R.BOR: R.MAX, R.PRODUCT: R.MIN, R.MIN: R.MIN, R.BAND: R.MIN,
