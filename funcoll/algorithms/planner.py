@@ -48,7 +48,7 @@ from funcoll.semantics import ReduceOp
 __all__ = ["Step", "Plan", "plan", "REDUCING"]
 
 R = ReduceOp
-REDUCING = ("all_reduce", "reduce_scatter", "reduce")  # the primitives plan() takes
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
 # bool as uint8: sum/max/bor = max, product/min/band = min, bxor = bxor
 BOOL_AS_UINT8 = {R.SUM: R.MAX, R.MAX: R.MAX, R.BOR: R.MAX, R.PRODUCT: R.MIN, R.MIN: R.MIN, R.BAND: R.MIN,
@@ -145,6 +145,9 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
             return Plan("reduce", (Step(NATIVE, op, dtype),))
         inner = plan(caps, "all_reduce", op, dtype, size)
         return Plan("reduce", (Step(VIA_ALL_REDUCE, op, dtype, "reduce=all_reduce"),) + inner.steps)
+    if primitive not in ("all_reduce", "reduce_scatter"):
+        raise ValueError(f"funcoll.algorithms.planner: {primitive!r} is not a reducing primitive; "
+                         f"use one of {REDUCING}")
     steps = []
     # canonical forms: complex as its real view, bool as a logical op or a uint8 view
     if dtype.is_complex:

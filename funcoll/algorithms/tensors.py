@@ -149,9 +149,7 @@ def _summable(t: torch.Tensor, caps) -> torch.Tensor:
 def _identity(dtype: torch.dtype):
     """The value that, summed with any x (or-ed, for bool), gives x back bit for bit: -0.0 for floats (+0.0 would
     turn -0.0 into +0.0), 0 for integers, False for bool."""
-    if dtype == torch.bool:
-        return False
-    return -0.0 if dtype.is_floating_point else 0
+    return False if dtype == torch.bool else -0.0 if dtype.is_floating_point else 0
 
 
 

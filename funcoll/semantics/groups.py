@@ -119,8 +119,7 @@ def register_mesh(mesh) -> None:
     """Registers every dimension of a ``torch.distributed.DeviceMesh`` as a partition."""
     t = mesh.mesh
     for dim in range(t.dim()):
-        blocks = t.transpose(dim, -1).reshape(-1, t.size(dim)).tolist()
-        register_partition(blocks)
+        register_partition(t.transpose(dim, -1).reshape(-1, t.size(dim)).tolist())
 
 
 def regular_partition(ranks: Sequence[int], world_size: int) -> Optional[Tuple[Tuple[int, ...], ...]]:

@@ -68,11 +68,8 @@ def torch_row(torch_version) -> Optional[str]:
     tv = parse_version(torch_version)
     if tv is None or len(tv) < 2:
         return None
-    if tv[:2] < (2, 9):
-        return "2.9"
-    if tv[:2] > (2, 15):
-        return "2.15"
-    return f"{tv[0]}.{tv[1]}"
+    v = min(max(tv[:2], (2, 9)), (2, 15))  # torch 2.8 takes the 2.9 row, a torch newer than 2.15 the 2.15 row
+    return f"{v[0]}.{v[1]}"
 
 
 def _row_key(row: str) -> Version:
