@@ -34,6 +34,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
+import torch_xla.core.xla_model as xm  # both imported by torch_xla itself
+import torch_xla.runtime as xr
 
 from funcoll.semantics import ReduceOp, Reduction, groups
 from funcoll.transport import (
@@ -165,8 +167,6 @@ class XlaTransport(Transport):
         self.pin_layout = pin_layout
         # A virtual world (more funcoll ranks than the XLA runtime has replicas, built in one process to read the
         # HLO a larger job would compile) can build collectives but never run one.
-        import torch_xla.runtime as xr
-
         self.virtual = self.world_size > xr.world_size()
         # (partitions version, replica groups, uniform replica groups or None)
         self._groups_cache: Optional[Tuple[int, List[List[int]], Optional[List[List[int]]]]] = None
@@ -322,8 +322,6 @@ def _operand(t: torch.Tensor) -> torch.Tensor:
 
 def _keep_until_step(t: torch.Tensor) -> None:
     """Keeps ``t`` alive until the next ``torch_xla.sync()`` / ``xm.mark_step()``, which then runs it."""
-    import torch_xla.core.xla_model as xm
-
     xm.add_step_closure(lambda _t: None, args=(t,))
 
 
@@ -334,8 +332,6 @@ def _check_runtime(rank_global: int, world_size: int) -> None:
     """In a real job (the funcoll world has the runtime's size) funcoll's global rank must be the XLA replica
     id of this process, or the replica groups would name the wrong chips. A larger funcoll world in one
     process is a virtual one, built to read HLO; then nothing is checked."""
-    import torch_xla.runtime as xr
-
     if xr.is_spmd():
         raise RuntimeError("funcoll.xla: collectives with replica groups do not apply under SPMD "
                            "(torch_xla.runtime.use_spmd()); use a CPU group, or no SPMD")
