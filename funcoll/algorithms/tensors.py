@@ -156,7 +156,7 @@ def _identity(dtype: torch.dtype):
 def _unflatten(flat: torch.Tensor, ts: Sequence[torch.Tensor]) -> None:
     """Copies consecutive pieces of ``flat`` along its last dim into ``ts``, each reshaped to its tensor's shape: a
     flat buffer of several tensors, or its ``[n, -1]`` view (piece j is then every rank's part of ``ts[j]``)."""
-    rows = flat.numel() // flat.shape[-1]
+    rows = flat.shape[0] if flat.dim() == 2 else 1
     for t, piece in zip(ts, flat.split([t.numel() // rows for t in ts], dim=-1)):
         t.copy_(piece.reshape(t.shape))
 
