@@ -1,16 +1,12 @@
 """The collectives that move data without reducing it: all_gather (tensor, coalesced and list forms), all_to_all
-(even, uneven: pairwise send/recv, padded to a promised bound or to the largest split agreed on; list form),
-broadcast, gather, scatter, send, recv and barrier, each filled from the primitives the transport has
-(:mod:`funcoll.algorithms.planner` lists the strategies). The even all_gather and all_to_all themselves
-(:func:`~funcoll.algorithms.reduce._ag`, ``_a2a_even``) live in :mod:`funcoll.algorithms.reduce`: the all_reduce
-fills build on them, and all_gather's own fill is a masked all_reduce.
-
-``native_*_request`` answer the eager fast path's one question, "is this request's plan one native call?"; the
-transport caches the answer and hands back the backend's own callable
-(:meth:`funcoll.transport.Transport.native_request`)."""
+(even, uneven, list form), broadcast, gather, scatter, send, recv and barrier, each filled from the primitives the
+transport has (:mod:`funcoll.algorithms.planner` lists the strategies); the even all_gather and all_to_all are in
+:mod:`funcoll.algorithms.reduce`. ``native_*_request`` answer the eager fast path's one question, as there.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -26,6 +22,7 @@ from funcoll.algorithms.tensors import (
     _flat,
     _offsets,
     _summable,
+    _unflatten,
     _with_contig_out,
 )
 from funcoll.semantics import ReduceOp, Reduction
@@ -201,14 +198,7 @@ def all_gather_into_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor]
         _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
         flat = torch.cat([i.reshape(-1) for i in ins])
         g = flat.new_empty((n * flat.numel(),))
-
-        def unflatten(ins=ins, os_=os_, g=g):
-            rows, off = g.view(n, -1), 0
-            for i, o in zip(ins, os_):
-                o.copy_(rows[:, off:off + i.numel()].reshape(o.shape))
-                off += i.numel()
-
-        pendings.append(_ag(tp, g, flat).and_then(unflatten))
+        pendings.append(_ag(tp, g, flat).and_then(functools.partial(_unflatten, g.view(n, -1), os_)))
     return Pending(pendings)
 
 
@@ -290,18 +280,11 @@ def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
     handles = []
     for k in range(1, n):
         dst, src = (r + k) % n, (r - k) % n
-
-        def send(dst=dst):
-            if in_splits[dst]:
-                handles.append(tp.send(_bits(inp[ioff[dst]:ioff[dst] + in_splits[dst]], caps), dst, _A2A_TAG))
-
-        def recv(src=src):
-            if out_splits[src]:
-                handles.append(tp.recv(_bits(out[ooff[src]:ooff[src] + out_splits[src]], caps), src, _A2A_TAG))
-
-        first, second = (send, recv) if _sends_first(r, k, n) else (recv, send)
-        first()
-        second()
+        both = [(tp.send, inp[ioff[dst]:ioff[dst] + in_splits[dst]], dst),
+                (tp.recv, out[ooff[src]:ooff[src] + out_splits[src]], src)]
+        for issue, rows, peer in both if _sends_first(r, k, n) else both[::-1]:
+            if rows.shape[0]:  # nothing to send or receive: no message
+                handles.append(issue(_bits(rows, caps), peer, _A2A_TAG))
     return Pending(handles)
 
 
@@ -382,16 +365,11 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
     _note("gather=all_gather")
     flat = _flat(inp)
     g = flat.new_empty((tp.size * flat.shape[0],) + tuple(flat.shape[1:]))
-
-    def place():
-        if tp.rank == dst:
-            for o, row in zip(outs, g.view((tp.size,) + tuple(flat.shape)).unbind(0)):
-                o.copy_(row.view(o.shape))
-
     p = _ag(tp, g, flat)
     if tp.rank != dst:
         tp.retain(g)  # nobody reads it here, but the collective must run on this rank too
-    return p.and_then(place)
+        return p
+    return p.and_then(lambda: _unflatten(g.view(-1), outs))
 
 
 @_entry
@@ -436,8 +414,7 @@ def barrier(tp: Transport) -> Pending:
     if tp.caps.has("barrier"):
         return Pending([tp.barrier()])
     _note("barrier=all_reduce of one element")
-    dev = getattr(tp, "control_device", None) or "cpu"
-    one = torch.zeros(1, dtype=torch.int32, device=dev)
+    one = torch.zeros(1, dtype=torch.int32, device=getattr(tp, "control_device", None) or "cpu")
     p = _ar(tp, one, Reduction(R.SUM))
     tp.retain(one)
     return p
@@ -455,12 +432,7 @@ def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -
         semantics.check_same_tensor("all_gather", f"output[{i}]", o, inp, inp.shape)
     flat = _flat(_contig_in(inp)).reshape(-1)
     g = flat.new_empty((tp.size * flat.numel(),))
-
-    def place():
-        for o, row in zip(outs, g.view(tp.size, -1).unbind(0)):
-            o.copy_(row.view(o.shape))
-
-    return _ag(tp, g, flat).and_then(place)
+    return _ag(tp, g, flat).and_then(lambda: _unflatten(g, outs))
 
 
 @_entry
@@ -478,9 +450,4 @@ def all_to_all(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch
     out_splits = [o.numel() for o in outs]
     flat_out = flat_in.new_empty((sum(out_splits),))
     in_splits = [t.numel() for t in inps]
-
-    def place():
-        for o, off, s in zip(outs, _offsets(out_splits), out_splits):
-            o.copy_(flat_out[off:off + s].view(o.shape))
-
-    return _a2a(tp, flat_out, flat_in, out_splits, in_splits, True).and_then(place)
+    return _a2a(tp, flat_out, flat_in, out_splits, in_splits, True).and_then(lambda: _unflatten(flat_out, outs))

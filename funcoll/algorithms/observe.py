@@ -1,28 +1,13 @@
-"""What funcoll did, where a user looks: ``torch.profiler`` ranges and the ``funcoll`` torch log.
-
-Profiler ranges (only while a profiler runs; the check is one attribute read, the one Inductor uses for its kernel
-ranges): every collective funcoll runs is a range
-
-* ``funcoll::<op>`` (e.g. ``funcoll::all_reduce``) around the whole algorithm call, with the group, the shapes,
-  the dtypes, the reduce op / root / splits and the transport's capability table as event args;
-* inside it, ``funcoll::<op> <strategy>`` (e.g. ``funcoll::all_reduce avg=sum+scale``) for each gap-filling
-  strategy, opened where the algorithm chooses it and closed with the collective, so the steps the strategy runs
-  are nested inside it;
-* inside those, ``funcoll::native <primitive>`` around each call of the transport's native primitive (the
-  backend's own events, e.g. gloo's ``gloo:all_reduce`` on its worker thread, follow from it).
-
-A strategy is only known once the algorithm has chosen it (some choices need a collective first: uneven
-all_to_all agrees on the split sizes), so the outer range cannot carry it in its name: a ``funcoll::<op>`` range
-with no strategy range inside ran natively.
-
-The log: ``TORCH_LOGS="+funcoll"`` (DEBUG) logs each strategy decision once per signature; ``TORCH_LOGS=funcoll``
-(INFO) logs group creation, the transport each group uses for each device type, ``install``/``uninstall`` and the
-probe (:mod:`funcoll.probe`). Nothing is logged by default, except the probe's warning when a native result was
-wrong. The logger is the standard ``logging.getLogger("funcoll")``, registered as the torch log ``funcoll``.
+"""What funcoll did, where a user looks (docs/observability.md describes both): ``torch.profiler`` ranges, only while
+a profiler runs (``funcoll::<op>`` around each algorithm call, a nested ``funcoll::<op> <strategy>`` for each
+gap-filling strategy where the algorithm chooses it, ``funcoll::native <primitive>`` around each native call), and
+the ``funcoll`` torch log (``TORCH_LOGS="+funcoll"``: each strategy decision once per signature; INFO: groups, their
+transports, ``install``/``uninstall``, the probe), the standard ``logging.getLogger("funcoll")``.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
@@ -31,10 +16,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.autograd.profiler as _prof
 
-from funcoll.semantics import dtype_name, ranks_text
+from funcoll.semantics import dtype_name, parse_reduction, ranks_text
 
-__all__ = ["LOG", "Scope", "profiling", "on_install", "on_uninstall",
-           "group_label"]
+__all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label"]
 
 LOG = logging.getLogger("funcoll")
 
@@ -59,26 +43,12 @@ _RF = torch._C._profiler._RecordFunctionFast
 _lock = threading.Lock()
 
 
-def profiling() -> bool:
-    """Whether a ``torch.profiler`` (or ``emit_nvtx``/``emit_itt``) session is recording now."""
-    return _prof._is_profiler_enabled
-
-
 # ---------------------------------------------------------------------------------------------------
 # describing a collective
 # ---------------------------------------------------------------------------------------------------
-_params_cache: Dict[object, Tuple[str, ...]] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _params(fn) -> Tuple[str, ...]:
-    names = _params_cache.get(fn)
-    if names is None:
-        try:
-            names = tuple(inspect.signature(fn).parameters)[1:]  # after the transport
-        except (TypeError, ValueError):  # pragma: no cover
-            names = ()
-        _params_cache[fn] = names
-    return names
+    return tuple(inspect.signature(fn).parameters)[1:]  # after the transport
 
 
 def group_label(tp) -> str:
@@ -97,9 +67,8 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
     shapes, dtypes, extra, red = [], [], [], ""
     items = list(zip(_params(fn), args[1:])) + list(kwargs.items())
     for name, val in items:
-        ts = val if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor) else None
-        if isinstance(val, torch.Tensor):
-            ts = [val]
+        ts = ([val] if isinstance(val, torch.Tensor) else
+              val if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor) else None)
         if ts is not None:
             for t in ts:
                 shapes.append(list(t.shape))
@@ -110,8 +79,6 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
         if val is None or (isinstance(val, (list, tuple)) and not val):
             continue
         if name == "op":
-            from funcoll.semantics import parse_reduction
-
             try:
                 red = str(parse_reduction(val, op))
             except Exception:
@@ -119,7 +86,6 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
             extra.append(f"op={red}")
         else:
             extra.append(f"{name}={val}")
-    ranks = tp.global_ranks
     desc = {
         "group": group_label(tp),
         "rank": int(tp.rank),
@@ -128,8 +94,8 @@ def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, objec
         "shapes": str(shapes),
         "dtypes": ",".join(dict.fromkeys(dtypes)),
     }
-    if ranks:  # unknown for a transport lent by another backend's group
-        desc["global_ranks"] = ranks_text(ranks)
+    if tp.global_ranks:  # unknown for a transport lent by another backend's group
+        desc["global_ranks"] = ranks_text(tp.global_ranks)
     if extra:
         desc["args"] = " ".join(extra)
     return desc, tuple(dict.fromkeys(dtypes)), red
@@ -158,10 +124,8 @@ class _Traced:
         tp = self._tp
 
         def call(*args, **kwargs):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            for a in args:
-                if isinstance(a, (list, tuple)):
-                    tensors += [t for t in a if isinstance(t, torch.Tensor)]
+            tensors = [a for a in args if isinstance(a, torch.Tensor)] + [
+                t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
             info = {"transport": tp.caps.name, "dtypes": ",".join(dict.fromkeys(dtype_name(t.dtype) for t in tensors)),
                     "shapes": str([list(t.shape) for t in tensors])}
             red = next((a for a in args if type(a).__name__ == "Reduction"), None)
@@ -215,9 +179,8 @@ class Scope(list):
 
     def close(self, args) -> None:
         ranges, self._ranges = self._ranges, None
-        if ranges:
-            for rf in reversed(ranges):
-                rf.__exit__(None, None, None)
+        for rf in reversed(ranges or ()):
+            rf.__exit__(None, None, None)
         if LOG.isEnabledFor(logging.DEBUG) and args:
             try:
                 self._log(args)

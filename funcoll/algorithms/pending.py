@@ -75,13 +75,10 @@ class Pending(Handle):
             for h in self._handles:
                 if isinstance(h, Pending):
                     futs.append(h.future())
-                elif hasattr(h, "get_future"):
-                    try:
-                        futs.append(h.get_future())
-                    except RuntimeError:  # a backend Work without a future ("Work::getFuture not implemented")
-                        from funcoll.transport.gloo import WaitedWork
+                elif hasattr(h, "get_future"):  # a backend Work: one without a future of its own is given one
+                    from funcoll.transport.gloo import waited
 
-                        futs.append(WaitedWork(h).get_future())
+                    futs.append(waited(h).get_future())
             self._handles = []
             if not futs:
                 self._run_thens()

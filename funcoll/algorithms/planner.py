@@ -115,29 +115,20 @@ class Plan:
 
 
 def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
-    for cand in WIDER.get(dtype, ()):
-        if caps.reduces(primitive, op, cand):
-            return cand
-    for cand in WIDER.get(dtype, ()):
-        if cand in caps.reduce_dtypes:
-            return cand
-    return None
+    wider = WIDER.get(dtype, ())  # the narrowest that reduces the op, else the narrowest the transport reduces at all
+    return (next((w for w in wider if caps.reduces(primitive, op, w)), None)
+            or next((w for w in wider if w in caps.reduce_dtypes), None))
 
 
 def _count_dtype(caps, primitive, size, op) -> Optional[torch.dtype]:
     """The narrowest integer that counts up to ``size`` Trues exactly and the transport sums (parity needs no more
     than uint8 at any size: 256 is even)."""
-    for cand in (torch.uint8, torch.int32, torch.int64):
-        if (size < 256 or cand != torch.uint8 or op is R.BXOR) and caps.reduces(primitive, R.SUM, cand):
-            return cand
-    return None
+    return next((c for c in (torch.uint8, torch.int32, torch.int64)
+                 if (size < 256 or c != torch.uint8 or op is R.BXOR) and caps.reduces(primitive, R.SUM, c)), None)
 
 
+# a table, not torch.empty(..).real: planning makes no tensor
 _REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
-
-
-def _real_dtype(dtype: torch.dtype) -> torch.dtype:
-    return _REAL_OF[dtype]  # a table, not torch.empty(..).real: planning makes no tensor
 
 
 _COUNT_KIND = {R.SUM: BOOL_ANY, R.MAX: BOOL_ANY, R.BOR: BOOL_ANY, R.PRODUCT: BOOL_ALL, R.MIN: BOOL_ALL,
@@ -160,7 +151,7 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
     steps = []
     # canonical forms: complex as its real view, bool as a logical op or a uint8 view
     if dtype.is_complex:
-        dtype = _real_dtype(dtype)
+        dtype = _REAL_OF[dtype]
         steps.append(Step(REAL_VIEW, op, dtype, "complex reduced as its real view"))
     elif dtype == torch.bool:
         logical = BOOL_LOGICAL.get(op)

@@ -1,16 +1,13 @@
 """The reducing collectives: all_reduce (and its coalesced form), reduce_scatter (tensor, coalesced and list forms)
-and reduce, each run as the planner's plan (:mod:`funcoll.algorithms.planner` lists the strategies: AVG as SUM
-then scale, PREMUL_SUM as scale then SUM, bool, complex, unsigned and narrow dtypes, local reductions in rank
-order). The even all_gather and all_to_all the plans build on live here too (:func:`_ag`, :func:`_a2a_even`): the
-all_reduce fills use them, and all_gather's own fill is a masked all_reduce.
-
-``native_*`` answer the eager and compiled fast paths' one question, "is this request's plan one native call?";
-the transport caches the answer and hands back the backend's own callable
-(:meth:`funcoll.transport.Transport.native_request`)."""
+and reduce, each run as the planner's plan (:mod:`funcoll.algorithms.planner` lists the strategies). The even
+all_gather and all_to_all the plans build on live here too (:func:`_ag`, :func:`_a2a_even`). ``native_*`` answer the
+fast paths' question "is this request's plan one native call?" (:meth:`funcoll.transport.Transport.native_request`).
+"""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+import functools
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,7 +19,6 @@ from funcoll.algorithms.tensors import (
     _by_dtype,
     _by_dtype_pairs,
     _contig_in,
-    _count_to_bool,
     _count_to_bool_,
     _factor,
     _flat,
@@ -31,6 +27,7 @@ from funcoll.algorithms.tensors import (
     _padded_flat,
     _summable,
     _trunc_div,
+    _unflatten,
     _with_contig_out,
 )
 from funcoll.semantics import ReduceOp, Reduction
@@ -145,66 +142,76 @@ def native_reduce_scatter_list_request(tp: Transport, op, out: torch.Tensor,
 # ---------------------------------------------------------------------------------------------------
 def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
     """In-place all_reduce of contiguous ``t`` (already validated): the planner's plan for the request, run."""
-    return _run_ar(tp, t, red, planner.plan(tp.caps, "all_reduce", red.op, t.dtype, tp.size).steps)
+    return _run(tp, t, t, red, planner.plan(tp.caps, "all_reduce", red.op, t.dtype, tp.size).steps)
 
 
-def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
-    step, rest, n = steps[0], steps[1:], tp.size
+# a step that reduces in another dtype (AVG in float32 or int64, WIDEN, a count of every rank's Trues): its result
+# ``w`` of ``n`` ranks, back in the request's dtype (the count: the bool result of any / all / parity)
+_NARROW: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    planner.AVG_FLOAT32: lambda w, n: w.div_(n), planner.AVG_INT: _trunc_div, planner.WIDEN: lambda w, n: w,
+    planner.BOOL_ANY: lambda w, n: w != 0, planner.BOOL_ALL: lambda w, n: w == n,
+    planner.BOOL_PARITY: lambda w, n: w.bitwise_and(1) != 0}
+
+
+def _alike(f: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor,
+           inp: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``f`` of a request's output and input (an all_reduce's one tensor, converted once)."""
+    o = f(out)
+    return o, (o if inp is out else f(inp))
+
+
+def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
+    """Runs the plan ``steps``: an all_reduce of ``out`` in place (``inp is out``) or a reduce_scatter of ``inp`` into
+    ``out`` (contiguous, validated). A transform step changes the request (its tensors, its op) and runs the rest of
+    the plan on it, then its finishing step; a terminal step sends."""
+    step, rest, n, ar = steps[0], steps[1:], tp.size, inp is out
     if step.note:
         _note(step.note)
     kind = step.kind
+    r = red if step.op is red.op else Reduction(step.op)
     if kind == planner.NATIVE:
-        return Pending([tp.all_reduce(t, red if step.op is red.op else Reduction(step.op))])
+        return Pending([tp.all_reduce(out, r) if ar else tp.reduce_scatter(out, inp, r)])
+
     if kind == planner.REAL_VIEW:
-        return _run_ar(tp, torch.view_as_real(_flat(t)), red, rest)
+        return _run(tp, *_alike(lambda x: torch.view_as_real(_flat(x)), out, inp), r, rest)
     if kind == planner.BOOL_OP:
-        return _run_ar(tp, t, Reduction(step.op), rest)
-    if kind == planner.BOOL_UINT8:
-        return _run_ar(tp, t.view(torch.uint8), Reduction(step.op), rest)
-    if kind == planner.AVG_FLOAT32:
-        w = t.float()
-        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(w.div_(n)))
+        return _run(tp, out, inp, r, rest)
+    if kind in (planner.BOOL_UINT8, planner.SIGNED):
+        return _run(tp, *_alike(lambda x: x.view(step.dtype), out, inp), r, rest)
     if kind == planner.AVG_FLOAT:
-        return _run_ar(tp, t, Reduction(R.SUM), rest).and_then(lambda: t.div_(n))
-    if kind == planner.AVG_INT:
-        w = t.to(torch.int64)
-        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_trunc_div(w, n)))
+        return _run(tp, out, inp, r, rest).and_then(lambda: out.div_(n))
     if kind == planner.PREMUL:
-        t.mul_(_factor(red, t))
-        return _run_ar(tp, t, Reduction(R.SUM), rest)
+        f = _factor(red, out)  # a reduce_scatter's input is the caller's: scaled as a copy
+        return _run(tp, out, out.mul_(f) if ar else inp * f, r, rest)
     if kind == planner.SIGNED_FLIP:
-        w, bit = t.view(step.dtype), planner.SIGN_BIT[step.dtype]
-        w.bitwise_xor_(bit)
-        return _run_ar(tp, w, red, rest).and_then(lambda: w.bitwise_xor_(bit))
-    if kind == planner.SIGNED:
-        return _run_ar(tp, t.view(step.dtype), red, rest)
-    if kind == planner.WIDEN:
-        w = t.to(step.dtype)
-        return _run_ar(tp, w, red, rest).and_then(lambda: t.copy_(w))
-    if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
-        if step.dtype == torch.uint8 and t.is_contiguous() and tp.dtype_views:
-            # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place
-            w = t.view(torch.uint8)
-            return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: _count_to_bool_(kind, w, n))
-        w = t.to(step.dtype)
-        return _run_ar(tp, w, Reduction(R.SUM), rest).and_then(lambda: t.copy_(_count_to_bool(kind, w, n)))
+        wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
+        wi = wo.bitwise_xor_(bit) if ar else inp.view(step.dtype) ^ bit
+        return _run(tp, wo, wi, r, rest).and_then(lambda: wo.bitwise_xor_(bit))
+    if (kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY) and ar and step.dtype == torch.uint8
+            and out.is_contiguous() and tp.dtype_views):
+        # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place
+        w = out.view(torch.uint8)
+        return _run(tp, w, w, r, rest).and_then(lambda: _count_to_bool_(kind, w, n))
+    if kind in _NARROW:
+        wo, wi = _alike(lambda x: x.to(step.dtype), out, inp)
+        return _run(tp, wo, wi, r, rest).and_then(lambda: out.copy_(_NARROW[kind](wo, n)))
     if kind == planner.RS_AG_LOCAL:
         # all_to_all (this rank receives every rank's copy of its block), reduce the block locally in rank order,
         # all_gather the blocks straight into the result: 2(n-1)/n of the tensor sent, one extra buffer
-        flat = _padded_flat(t, n)
+        flat = _padded_flat(out, n)
         recv = torch.empty_like(flat)
         _a2a_even(tp, recv, flat).wait()
         block = _local_reduce(recv.view(n, -1), step.op)
         p = _ag(tp, flat, block)
-        if flat.numel() == t.numel():  # no padding: flat is a view of t, the all_gather wrote into t itself
+        if flat.numel() == out.numel():  # no padding: flat is a view of out, the all_gather wrote into out itself
             return p
-        return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
+        return p.and_then(lambda: out.view(-1).copy_(flat[:out.numel()]))
     if kind == planner.AVG_RS_AG:
         # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and rounds
-        # its block to t's dtype, all_gather in t's dtype: 1.5x the bytes of a native all_reduce instead of 2x. In
+        # its block to out's dtype, all_gather in out's dtype: 1.5x the bytes of a native all_reduce instead of 2x. In
         # pieces of tp.staging_bytes of float32 (each piece's blocks gathered back into the piece, in place): the
         # float32 copy and the transport's own temporaries stay bounded, not twice the tensor and more
-        flat = _padded_flat(t, n)
+        flat = _padded_flat(out, n)
         piece = flat.numel() if tp.staging_bytes is None else max(n, tp.staging_bytes // 4 // n * n)
         for lo in range(0, flat.numel(), piece):
             part = flat[lo:lo + piece]
@@ -212,17 +219,26 @@ def _run_ar(tp: Transport, t: torch.Tensor, red: Reduction, steps) -> Pending:
             block = wide.new_empty((part.numel() // n,))
             _rs(tp, block, wide, Reduction(R.SUM)).wait()
             del wide
-            p = _ag(tp, part, block.div_(n).to(t.dtype))
+            p = _ag(tp, part, block.div_(n).to(out.dtype))
             if lo + piece < flat.numel():
                 p.wait()
-        if flat.numel() == t.numel():  # no padding (a view of t), as above
+        if flat.numel() == out.numel():  # no padding (a view of out), as above
             return p
-        return p.and_then(lambda: t.view(-1).copy_(flat[:t.numel()]))
+        return p.and_then(lambda: out.view(-1).copy_(flat[:out.numel()]))
     if kind == planner.GATHER_LOCAL:
-        flat = t.reshape(-1)
+        flat = out.reshape(-1)
         g = flat.new_empty((n * flat.numel(),))
         return _ag(tp, g, flat).and_then(lambda: flat.copy_(_local_reduce(g.view(n, -1), step.op)))
-    raise NotImplementedError(f"funcoll.all_reduce: the {tp.caps.name} transport cannot reduce {t.dtype}")
+    if kind == planner.A2A_LOCAL:
+        buf = torch.empty_like(inp)
+        return _a2a_even(tp, buf, inp).and_then(
+            lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
+    if kind == planner.ALL_REDUCE_SLICE:  # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
+        w = inp.clone()
+        return _ar(tp, w, r).and_then(lambda: out.copy_(
+            w.view((n,) + tuple(out.shape)).index_select(0, tp.rank_index(w)).view(out.shape)))
+    raise NotImplementedError(f"funcoll.{'all_reduce' if ar else 'reduce_scatter_tensor'}: the {tp.caps.name} "
+                              f"transport cannot reduce {inp.dtype}")
 
 
 @_entry
@@ -260,14 +276,7 @@ def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum
             continue
         _note(f"flat buffer of {len(ts)} {ts[0].dtype} tensors")
         flat = torch.cat([t.reshape(-1) for t in ts])
-
-        def unflatten(ts=ts, flat=flat):
-            off = 0
-            for t in ts:
-                t.copy_(flat[off:off + t.numel()].view(t.shape))
-                off += t.numel()
-
-        pendings.append(_ar(tp, flat, red).and_then(unflatten))
+        pendings.append(_ar(tp, flat, red).and_then(functools.partial(_unflatten, flat, ts)))
     return Pending(pendings)
 
 
@@ -316,55 +325,7 @@ def _a2a_even(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
 # ---------------------------------------------------------------------------------------------------
 def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Pending:
     """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated): the planner's plan, run."""
-    return _run_rs(tp, out, inp, red, planner.plan(tp.caps, "reduce_scatter", red.op, inp.dtype, tp.size).steps)
-
-
-def _run_rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
-    step, rest, n = steps[0], steps[1:], tp.size
-    if step.note:
-        _note(step.note)
-    kind = step.kind
-    if kind == planner.NATIVE:
-        return Pending([tp.reduce_scatter(out, inp, red if step.op is red.op else Reduction(step.op))])
-    if kind == planner.REAL_VIEW:
-        return _run_rs(tp, torch.view_as_real(_flat(out)), torch.view_as_real(_flat(inp)), red, rest)
-    if kind == planner.BOOL_OP:
-        return _run_rs(tp, out, inp, Reduction(step.op), rest)
-    if kind == planner.BOOL_UINT8:
-        return _run_rs(tp, out.view(torch.uint8), inp.view(torch.uint8), Reduction(step.op), rest)
-    if kind == planner.AVG_FLOAT32:
-        wo = out.float()
-        return _run_rs(tp, wo, inp.float(), Reduction(R.SUM), rest).and_then(lambda: out.copy_(wo.div_(n)))
-    if kind == planner.AVG_FLOAT:
-        return _run_rs(tp, out, inp, Reduction(R.SUM), rest).and_then(lambda: out.div_(n))
-    if kind == planner.AVG_INT:
-        wo = out.to(torch.int64)
-        return _run_rs(tp, wo, inp.to(torch.int64), Reduction(R.SUM), rest).and_then(
-            lambda: out.copy_(_trunc_div(wo, n)))
-    if kind == planner.PREMUL:
-        return _run_rs(tp, out, inp * _factor(red, inp), Reduction(R.SUM), rest)
-    if kind == planner.SIGNED_FLIP:
-        wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
-        return _run_rs(tp, wo, inp.view(step.dtype) ^ bit, red, rest).and_then(lambda: wo.bitwise_xor_(bit))
-    if kind == planner.SIGNED:
-        return _run_rs(tp, out.view(step.dtype), inp.view(step.dtype), red, rest)
-    if kind == planner.WIDEN:
-        wo = out.to(step.dtype)
-        return _run_rs(tp, wo, inp.to(step.dtype), red, rest).and_then(lambda: out.copy_(wo))
-    if kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY):
-        wo = out.to(step.dtype)
-        return _run_rs(tp, wo, inp.to(step.dtype), Reduction(R.SUM), rest).and_then(
-            lambda: out.copy_(_count_to_bool(kind, wo, n)))
-    if kind == planner.A2A_LOCAL:
-        buf = torch.empty_like(inp)
-        return _a2a_even(tp, buf, inp).and_then(
-            lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
-    if kind == planner.ALL_REDUCE_SLICE:  # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
-        w = inp.clone()
-        return _ar(tp, w, Reduction(step.op, red.factor)).and_then(lambda: out.copy_(
-            w.view((n,) + tuple(out.shape)).index_select(0, tp.rank_index(w)).view(out.shape)))
-    raise NotImplementedError(f"funcoll.reduce_scatter_tensor: the {tp.caps.name} transport cannot reduce "
-                              f"{inp.dtype}")
+    return _run(tp, out, inp, red, planner.plan(tp.caps, "reduce_scatter", red.op, inp.dtype, tp.size).steps)
 
 
 @_entry
@@ -398,14 +359,7 @@ def reduce_scatter_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor],
         _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
         flat = torch.cat([i.reshape(n, -1) for i in ins], dim=1).reshape(-1)
         res = flat.new_empty((flat.numel() // n,))
-
-        def unflatten(os_=os_, res=res):
-            off = 0
-            for o in os_:
-                o.copy_(res[off:off + o.numel()].view(o.shape))
-                off += o.numel()
-
-        pendings.append(_rs(tp, res, flat, red).and_then(unflatten))
+        pendings.append(_rs(tp, res, flat, red).and_then(functools.partial(_unflatten, res, os_)))
     return Pending(pendings)
 
 
@@ -421,16 +375,17 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     if tensor.numel() == 0:
         return Pending()  # nothing to send: complete at once
     steps = planner.plan(tp.caps, "reduce", red.op, tensor.dtype, tp.size).steps
-    if steps[0].kind == planner.NATIVE:
-        if tp.rank == dst:
-            return _with_contig_out(tensor, lambda t: Pending([tp.reduce(t, dst, red)]))
-        return Pending([tp.reduce(tensor.contiguous().clone() if not tensor.is_contiguous() else tensor.clone(),
-                                  dst, red)])
-    _note(steps[0].note)  # reduce=all_reduce: the all_reduce plan, the result kept on dst
+    native = steps[0].kind == planner.NATIVE
+    if not native:
+        _note(steps[0].note)  # reduce=all_reduce: the all_reduce plan, the result kept on dst
+
+    def run(t: torch.Tensor) -> Pending:
+        return Pending([tp.reduce(t, dst, red)]) if native else _run(tp, t, t, red, steps[1:])
+
     if tp.rank == dst:
-        return _with_contig_out(tensor, lambda t: _run_ar(tp, t, red, steps[1:]))
-    work = tensor.clone(memory_format=torch.contiguous_format)
-    p = _run_ar(tp, work, red, steps[1:])
+        return _with_contig_out(tensor, run)
+    work = tensor.clone(memory_format=torch.contiguous_format)  # the backend may write into it: never the caller's
+    p = run(work)
     tp.retain(work)  # nobody reads it here, but the collective must run on this rank too
     return p
 

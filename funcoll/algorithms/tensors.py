@@ -4,6 +4,7 @@ Nothing here sends."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Dict, Sequence
 
@@ -51,16 +52,15 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
         if caps.moves(cand):
             _note(f"{t.dtype} moved as {cand}")
             return t.view(cand)
-    if not caps.moves(torch.uint8):  # pragma: no cover - every backend moves bytes
-        raise NotImplementedError(f"funcoll: the {caps.name} transport moves no dtype that can carry {t.dtype}")
-    _note(f"{t.dtype} moved as bytes")
+    _note(f"{t.dtype} moved as bytes")  # every backend moves bytes
     # rows of bytes, one per element of dim 0 (also of 0 elements, also of a 1-D tensor): split sizes still count rows
     return t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8)
 
 
 _IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {
     R.SUM: torch.Tensor.add_, R.PRODUCT: torch.Tensor.mul_, R.BAND: torch.Tensor.bitwise_and_,
-    R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_}
+    R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_,
+    R.MIN: lambda a, b: torch.minimum(a, b, out=a), R.MAX: lambda a, b: torch.maximum(a, b, out=a)}
 
 
 def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
@@ -69,26 +69,13 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     rows = g.unbind(0)
     acc = rows[0]
     for row in rows[1:]:
-        if op is R.MIN:
-            torch.minimum(acc, row, out=acc)
-        elif op is R.MAX:
-            torch.maximum(acc, row, out=acc)
-        else:
-            _IN_PLACE[op](acc, row)
+        _IN_PLACE[op](acc, row)
     return acc
 
 
-def _count_to_bool(kind: str, count: torch.Tensor, n: int) -> torch.Tensor:
-    """A count of the Trues of every rank, back to the bool result of any / all / parity."""
-    if kind == planner.BOOL_ANY:
-        return count != 0
-    if kind == planner.BOOL_ALL:
-        return count == n
-    return count.bitwise_and(1) != 0
-
-
 def _count_to_bool_(kind: str, count: torch.Tensor, n: int) -> None:
-    """:func:`_count_to_bool` in place, on a uint8 count that is the bool tensor's own bytes (0/1 afterwards)."""
+    """A count of every rank's Trues back to the bool result of any / all / parity, in place, on a uint8 count that is
+    the bool tensor's own bytes (0/1 afterwards)."""
     if kind == planner.BOOL_ANY:
         count.clamp_(max=1)
     elif kind == planner.BOOL_ALL:
@@ -162,15 +149,17 @@ def _summable(t: torch.Tensor, caps) -> torch.Tensor:
 def _identity(dtype: torch.dtype):
     """The value that, summed with any x (or-ed, for bool), gives x back bit for bit: -0.0 for floats (+0.0 would
     turn -0.0 into +0.0), 0 for integers, False for bool."""
-    if dtype == torch.bool:
-        return False
-    return -0.0 if dtype.is_floating_point else 0
+    return False if dtype == torch.bool else -0.0 if dtype.is_floating_point else 0
 
+
+
+def _unflatten(flat: torch.Tensor, ts: Sequence[torch.Tensor]) -> None:
+    """Copies consecutive pieces of ``flat`` along its last dim into ``ts``, each reshaped to its tensor's shape: a
+    flat buffer of several tensors, or its ``[n, -1]`` view (piece j is then every rank's part of ``ts[j]``)."""
+    rows = flat.shape[0] if flat.dim() == 2 else 1
+    for t, piece in zip(ts, flat.split([t.numel() // rows for t in ts], dim=-1)):
+        t.copy_(piece.reshape(t.shape))
 
 
 def _offsets(splits):
-    offs, o = [], 0
-    for s in splits:
-        offs.append(o)
-        o += s
-    return offs
+    return list(itertools.accumulate(splits, initial=0))[:-1]

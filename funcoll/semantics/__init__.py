@@ -19,7 +19,6 @@ __all__ = [
     "OPS",
     "parse_reduction",
     "check_reduction",
-    "all_gather_shape",
     "check_all_gather",
     "check_reduce_scatter",
     "check_all_to_all",
@@ -47,8 +46,6 @@ class ReduceOp(str, enum.Enum):
         return self.value
 
 
-BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
-
 # The collectives funcoll implements (docs/design.md section 5). Eager-only ones are marked.
 OPS = (
     "all_reduce",
@@ -67,8 +64,9 @@ OPS = (
     "barrier",  # eager only
 )
 
-_ALIASES = {"mul": ReduceOp.PRODUCT, "prod": ReduceOp.PRODUCT, "and": ReduceOp.BAND, "or": ReduceOp.BOR,
-            "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
+# the names a string op may take: every op's own, and the aliases
+_BY_NAME = {**{o.value: o for o in ReduceOp}, "mul": ReduceOp.PRODUCT, "prod": ReduceOp.PRODUCT, "and": ReduceOp.BAND,
+            "or": ReduceOp.BOR, "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
 
 
 @dataclass(frozen=True)
@@ -82,28 +80,19 @@ class Reduction:
         return str(self.op)
 
 
-def _names() -> str:
-    return ", ".join(o.value for o in ReduceOp)
-
-
 def parse_reduction(op, opname: str) -> Reduction:
     """Accepts a string ("sum", "avg", ...), a ``torch.distributed.ReduceOp`` (including one made by
     ``torch.distributed._make_nccl_premul_sum(factor)``), a ``ReduceOp.RedOpType``, a funcoll ``ReduceOp``
     or a ``Reduction``."""
     if isinstance(op, Reduction):
         return op
+    red = None
     if isinstance(op, ReduceOp):
         red = Reduction(op)
     elif isinstance(op, str):
         key = op.lower()
-        if key in _ALIASES:
-            return Reduction(_ALIASES[key])
-        try:
-            red = Reduction(ReduceOp(key))
-        except ValueError:
-            raise ValueError(
-                f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}"
-            ) from None
+        if key in _BY_NAME:
+            red = Reduction(_BY_NAME[key])
     else:
         import torch.distributed as dist
 
@@ -115,10 +104,9 @@ def parse_reduction(op, opname: str) -> Reduction:
                 state = op.__getstate__()  # type: ignore[attr-defined]  # (RedOpType.PREMUL_SUM, factor)
                 factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
             red = Reduction(ReduceOp(kind.name.lower()), factor)
-        else:
-            raise ValueError(
-                f"funcoll.{opname}: unknown reduce op {op!r}; use one of {_names()}"
-            )
+    if red is None:
+        raise ValueError(f"funcoll.{opname}: unknown reduce op {op!r}; use one of "
+                         f"{', '.join(o.value for o in ReduceOp)}")
     if red.op is ReduceOp.PREMUL_SUM and red.factor is None:
         raise ValueError(
             f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
@@ -169,7 +157,7 @@ def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
     if kind == "float8":
         bad = (f"funcoll.{opname}: {dtype} tensors cannot be reduced (float8 is supported by "
                "non-reducing ops only); upcast to bfloat16 or float32 before reducing")
-    elif kind == "float" and op in BITWISE:
+    elif kind == "float" and op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
         bad = (f"funcoll.{opname}: reduce op {op} needs an integer or bool tensor, got {dtype}; "
                "use sum/avg/product/min/max, or view the tensor as an integer dtype")
     elif kind == "complex" and op not in (ReduceOp.SUM, ReduceOp.AVG):
@@ -222,15 +210,10 @@ def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor,
         )
 
 
-def all_gather_shape(inp: torch.Tensor, group_size: int) -> tuple:
-    """The output of an all-gather: the inputs concatenated along dim 0 (a 0-dim input counts as one row)."""
-    return (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
-
-
 def check_all_gather(opname: str, out: torch.Tensor, inp: torch.Tensor, group_size: int) -> tuple:
     """The output is the concatenation along dim 0 or, as upstream accepts too, the stack ``[group_size, *shape]``
-    (the same memory when contiguous). Returns the concatenated shape."""
-    shape = all_gather_shape(inp, group_size)
+    (the same memory when contiguous). Returns the concatenated shape (a 0-dim input counts as one row)."""
+    shape = (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
     stacked = (group_size,) + tuple(inp.shape)
     check_same_tensor(opname, "output", out, inp, stacked if tuple(out.shape) == stacked else shape)
     return shape
@@ -288,10 +271,7 @@ def check_all_to_all(opname: str, out: torch.Tensor, inp: torch.Tensor, output_s
             f"funcoll.{opname}: output shape {tuple(out.shape)} and input shape {tuple(inp.shape)} "
             f"must agree after dim 0"
         )
-    if out.dtype != inp.dtype:
-        raise TypeError(f"funcoll.{opname}: output has dtype {out.dtype}, expected {inp.dtype} (the input's dtype)")
-    if out.device != inp.device:
-        raise ValueError(f"funcoll.{opname}: output is on {out.device}, expected {inp.device} (the input's device)")
+    check_same_tensor(opname, "output", out, inp, out.shape)  # the dtype and device (the shape was checked above)
     return outs, ins
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
-           "partition_of", "regular_partition", "blocks_for", "partitions_version", "replica_groups", "to_global",
+           "regular_partition", "blocks_for", "partitions_version", "replica_groups", "to_global",
            "to_group", "new_subgroups", "split_group", "clear"]
 
 
@@ -69,11 +69,7 @@ def clear() -> None:
 
 def lookup(name: str) -> GroupInfo:
     """The group's info; a ValueError naming the fix when funcoll does not know it."""
-    info = _groups.get(name)
-    if info is not None:
-        return info
-    # A group created by torch.distributed with another backend: learn it from c10d.
-    info = _from_c10d(name)
+    info = _groups.get(name) or _from_c10d(name)  # a group made by torch.distributed with another backend: c10d's
     if info is None:
         known = ", ".join(sorted(_groups)) or "none"
         raise ValueError(
@@ -123,13 +119,7 @@ def register_mesh(mesh) -> None:
     """Registers every dimension of a ``torch.distributed.DeviceMesh`` as a partition."""
     t = mesh.mesh
     for dim in range(t.dim()):
-        blocks = t.transpose(dim, -1).reshape(-1, t.size(dim)).tolist()
-        register_partition(blocks)
-
-
-def partition_of(name: str) -> Optional[Tuple[Tuple[int, ...], ...]]:
-    info = lookup(name)
-    return _partitions.get(frozenset(info.ranks))
+        register_partition(t.transpose(dim, -1).reshape(-1, t.size(dim)).tolist())
 
 
 def regular_partition(ranks: Sequence[int], world_size: int) -> Optional[Tuple[Tuple[int, ...], ...]]:
@@ -160,12 +150,8 @@ def blocks_for(ranks: Sequence[int], world_size: int) -> List[List[int]]:
 @functools.lru_cache(maxsize=1024)
 def _blocks_for(ranks: Tuple[int, ...], world_size: int, version: int) -> Tuple[Tuple[int, ...], ...]:
     part = _partitions.get(frozenset(ranks)) or regular_partition(ranks, world_size)
-    if part is not None:
-        blocks = [tuple(b) for b in part]
-        covered = {r for b in part for r in b}
-    else:
-        blocks = [ranks]
-        covered = set(ranks)
+    blocks = list(part) if part is not None else [ranks]
+    covered = {r for b in blocks for r in b}
     blocks += [(r,) for r in range(world_size) if r not in covered]
     return tuple(sorted(blocks, key=min))
 
@@ -193,14 +179,6 @@ def to_group(name: str, global_rank: int) -> int:
 
 
 # -- partition-aware group creation ------------------------------------------------------------------
-def new_subgroups_by_enumeration(ranks_per_subgroup_list, **kwargs):
-    """``torch.distributed.new_subgroups_by_enumeration`` that also registers the partition."""
-    import torch.distributed as dist
-
-    register_partition(ranks_per_subgroup_list)
-    return dist.new_subgroups_by_enumeration(ranks_per_subgroup_list, **kwargs)
-
-
 def new_subgroups(group_size: Optional[int] = None, **kwargs):
     """``torch.distributed.new_subgroups`` that also registers the partition."""
     import torch.distributed as dist

@@ -6,9 +6,8 @@ is a bug in funcoll, and the transport raises :class:`NativeRefused` instead of 
 
 Capability facts live in one table per device, each with its source: gloo's and XLA's here (``PROFILES``), XCCL's
 in :mod:`funcoll.transport.xpu` (``PROFILES["xccl"]`` is derived from it), TorchTPU's in :mod:`funcoll.transport.tpu`
-(``PROFILES["torchtpu"]``). ``FUNCOLL_PROFILE=<name>``
-intersects the running transport's own capabilities with a named profile, so that, e.g., the XCCL
-gap-filling paths run for real over gloo on any CPU machine.
+(``PROFILES["torchtpu"]``). ``FUNCOLL_PROFILE=<name>`` intersects the running transport's own capabilities with a
+named profile, so that, e.g., the XCCL gap-filling paths run for real over gloo on any CPU machine.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ import contextlib
 import os
 import re
 import threading
-from dataclasses import dataclass, field, fields
-from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -43,6 +42,9 @@ ALL_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8
 
 class NativeRefused(RuntimeError):
     """Raised by a transport asked for something its capabilities do not list (a funcoll bug)."""
+
+
+_Caps = TypeVar("_Caps", bound="Capabilities")
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,11 @@ class Capabilities:
         return (primitive in self.primitives and op in self.reduce_ops and dtype in self.reduce_dtypes
                 and (op, dtype) not in self.refused_pairs and (primitive, op) not in self.refused_on)
 
-    def restrict(self, other: "Capabilities") -> "Capabilities":
-        """What both can do natively (a transport run under another backend's profile)."""
-        return Capabilities(
+    def restrict(self: _Caps, other: "Capabilities") -> _Caps:
+        """What both can do natively (a transport run under another backend's profile); the rest is ``self``'s (its
+        ``is_async``, a fact table's versions)."""
+        return replace(
+            self,
             name=f"{self.name}[{other.name}]" if other.name != self.name else self.name,
             primitives=self.primitives & other.primitives,
             reduce_ops=self.reduce_ops & other.reduce_ops,
@@ -86,7 +90,6 @@ class Capabilities:
             reduce_dtypes=self.reduce_dtypes & other.reduce_dtypes,
             refused_pairs=self.refused_pairs | other.refused_pairs,
             uneven_all_to_all=self.uneven_all_to_all and other.uneven_all_to_all,
-            is_async=self.is_async,
             p2p_any_shape=self.p2p_any_shape and other.p2p_any_shape,
             sources={**self.sources, **other.sources},
             refused_on=self.refused_on | other.refused_on,
@@ -101,9 +104,6 @@ class VersionedCapabilities(Capabilities):
     """Capabilities plus the versions (and topology) a fact table derived them for (XCCL, TorchTPU)."""
 
     versions: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def restrict(self, other: Capabilities) -> "VersionedCapabilities":
-        return VersionedCapabilities(**vars(Capabilities.restrict(self, other)), versions=self.versions)
 
     def plain(self, **changes) -> Capabilities:
         """The same capabilities without the versions (a profile), with ``changes``."""
@@ -125,11 +125,8 @@ def parse_version(v, what: str = "funcoll: cannot read a version", example: str 
 
 def in_force(by_row: Sequence[Tuple[str, str]], row: str) -> str:
     """A fact table's text for ``row``: the last ``(first row, text)`` entry whose first row is not after it."""
-    text = ""
-    for first, what in by_row:
-        if parse_version(first) <= parse_version(row):  # type: ignore[operator]
-            text = what
-    return text
+    v = parse_version(row)
+    return next((what for first, what in reversed(by_row) if parse_version(first) <= v), "")  # type: ignore[operator]
 
 
 def _pairs(ops: Iterable[ReduceOp], dtypes: Iterable[torch.dtype]) -> frozenset:
@@ -165,12 +162,8 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
                               "all_to_all", "send_recv"}),
         reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR}),
-        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
-                          torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
-                          torch.uint16, torch.uint32, torch.uint64}),
-        reduce_dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                                 torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                                 torch.uint16, torch.uint32, torch.uint64, torch.bool}),
+        dtypes=_INTS | _FLOATS | {torch.bool},  # every dtype but float8
+        reduce_dtypes=_INTS | _FLOATS | {torch.bool},
         refused_pairs=_pairs([R.BAND, R.BOR], _FLOATS | _INTS),
         uneven_all_to_all=False,
         is_async=False,
@@ -196,9 +189,8 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
 
 
 class _Profiles(Mapping):
-    """name -> Capabilities. ``"xccl"`` is derived on first use from the XCCL fact table
-    (:func:`funcoll.transport.xpu.conservative_profile`: the running torch's row for an unknown oneCCL on the scale-out
-    path), so that XCCL's facts have one source; importing that module touches no XPU runtime."""
+    """name -> Capabilities; ``"xccl"`` and ``"torchtpu"`` are derived on first use from their fact tables (each
+    module's ``conservative_profile``; importing them touches no device runtime)."""
 
     _DERIVED = {"xccl": ("funcoll.transport.xpu", "conservative_profile"),
                 "torchtpu": ("funcoll.transport.tpu", "conservative_profile")}
@@ -442,12 +434,12 @@ class Transport:
         return None
 
     # -- checks, shared by every transport -------------------------------------------------------
-    def _native(self, primitive: str, dtype: torch.dtype, op: Optional[ReduceOp] = None,
+    def _native(self, primitive: str, dtype: Optional[torch.dtype], op: Optional[ReduceOp] = None,
                 uneven: bool = False) -> None:
         caps = self.caps
-        ok = caps.has(primitive) and caps.moves(dtype)
+        ok = caps.has(primitive) and (dtype is None or caps.moves(dtype))
         if ok and op is not None:
-            ok = caps.reduces(primitive, op, dtype)
+            ok = caps.reduces(primitive, op, dtype)  # type: ignore[arg-type]  # a reducing primitive has a dtype
         if ok and uneven:
             ok = caps.uneven_all_to_all
         if not ok:
@@ -528,9 +520,13 @@ class Transport:
         without running a collective (a virtual XLA world whose ranks funcoll.replicas runs), else None."""
         return None
 
+    def _like(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``t`` made where ``like`` is (its device; XLA: also a functional tensor when ``like`` is one)."""
+        return t.to(like.device)
+
     def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
         """A bool vector of the group's size, True at this rank only, on ``like``'s device."""
-        return torch.tensor([r == self.rank for r in range(self.size)]).to(like.device)
+        return self._like(torch.tensor([r == self.rank for r in range(self.size)]), like)
 
     def rank_is(self, root: int, like: torch.Tensor) -> torch.Tensor:
         """A bool scalar, True on group rank ``root`` only, on ``like``'s device."""
@@ -538,7 +534,7 @@ class Transport:
 
     def rank_index(self, like: torch.Tensor) -> torch.Tensor:
         """``[rank]`` (int64), on ``like``'s device: selects this rank's block without a rank constant."""
-        return torch.tensor([self.rank]).to(like.device)
+        return self._like(torch.tensor([self.rank]), like)
 
     def split_bound(self) -> Optional[int]:
         """A bound on every split size of an uneven all_to_all that every rank has promised (XLA's
@@ -551,45 +547,19 @@ class Transport:
         collective its peers wait for."""
 
     def barrier(self) -> Handle:
-        if not self.caps.has("barrier"):
-            raise NativeRefused(f"funcoll internal error: {self.caps.name} transport has no native barrier")
-        _run_before_send()
-        self._calls[("barrier", "", None)] += 1
+        self._native("barrier", None)
         return self._barrier()
 
-    # -- to implement ----------------------------------------------------------------------------
-    def _all_reduce(self, t, red):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _all_reduce_coalesced(self, ts, red):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _all_gather(self, out, inp):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _reduce_scatter(self, out, inp, red):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _all_to_all(self, out, inp, out_splits, in_splits):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _broadcast(self, t, src):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _reduce(self, t, dst, red):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _gather(self, outs, inp, dst):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _scatter(self, out, inps, src):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _send(self, t, dst, tag):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _recv(self, t, src, tag):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _barrier(self):  # pragma: no cover - interface
-        raise NotImplementedError
+    # -- implemented by each transport, and called only for what its capabilities list ---------------------
+    _all_reduce: Callable[..., Handle]
+    _all_reduce_coalesced: Callable[..., Handle]
+    _all_gather: Callable[..., Handle]
+    _reduce_scatter: Callable[..., Handle]
+    _all_to_all: Callable[..., Handle]
+    _broadcast: Callable[..., Handle]
+    _reduce: Callable[..., Handle]
+    _gather: Callable[..., Handle]
+    _scatter: Callable[..., Handle]
+    _send: Callable[..., Handle]
+    _recv: Callable[..., Handle]
+    _barrier: Callable[..., Handle]

@@ -9,6 +9,7 @@ handed in place, then sums (gloo has no PREMUL_SUM): the misbehaviour a reduce_s
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
 from typing import Optional
@@ -20,11 +21,7 @@ import torch.distributed as dist
 from funcoll.semantics import ReduceOp, Reduction
 from funcoll.transport import Capabilities, Native, Transport, _run_before_send, active_profile_name, profile
 
-_C10D_OP = {
-    ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
-    ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.BAND: dist.ReduceOp.BAND,
-    ReduceOp.BOR: dist.ReduceOp.BOR, ReduceOp.BXOR: dist.ReduceOp.BXOR,
-}
+_C10D_OP = {op: getattr(dist.ReduceOp, op.name) for op in ReduceOp if op is not ReduceOp.PREMUL_SUM}
 
 
 def c10d_op(red: Reduction):
@@ -33,9 +30,11 @@ def c10d_op(red: Reduction):
     return _C10D_OP[red.op]
 
 
-def _allreduce_options(red: Reduction) -> C.AllreduceOptions:
-    o = C.AllreduceOptions()
-    o.reduceOp = c10d_op(red)
+def _options(cls, **fields):
+    """A c10d options object of class ``cls`` with ``fields`` set."""
+    o = cls()
+    for name, value in fields.items():
+        setattr(o, name, value)
     return o
 
 
@@ -47,86 +46,34 @@ def _allreduce_options(red: Reduction) -> C.AllreduceOptions:
 # Work is waited on by a background thread from the moment it is issued, which completes a future (the Work's
 # result, or its error) and a flag.
 #
-# The threads are NOT daemons, on purpose: a daemon thread blocked in a C++ wait with the GIL released, whose wait
-# returns while the interpreter finalizes (a pending receive failing as the peer process exits, a send completing),
-# re-takes the GIL in a destructor, where CPython 3.11 ends the thread with pthread_exit: the forced unwind through
-# that noexcept destructor is std::terminate ("terminate called without an active exception", SIGABRT). So at
-# interpreter exit (threading's shutdown hook, before finalization) idle threads leave, and busy ones finish their
-# wait first -- a pending operation completes, fails as its peer exits, or fails at the group's timeout.
-class _Waiters:
-    """A pool of threads running jobs; a new thread starts when none is idle (a job may block for long)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._idle = 0
-        self._jobs: list = []
-        self._cv = threading.Condition(self._lock)
-        self._closing = False
-        self._hooked = False
-
-    def submit(self, job) -> None:
-        with self._lock:
-            if self._idle and not self._closing:
-                self._idle -= 1  # reserved for this job
-                self._jobs.append(job)
-                self._cv.notify()
-                return
-            if not self._hooked:
-                self._hooked = True
-                _at_threading_exit(self.close)
-        threading.Thread(target=self._run, args=(job,), name="funcoll-waiter", daemon=False).start()
-
-    def close(self) -> None:
-        """Idle threads leave (busy ones after their job): called before the interpreter joins its threads."""
-        with self._lock:
-            self._closing = True
-            self._cv.notify_all()
-
-    def _run(self, job) -> None:
-        torch.set_grad_enabled(False)  # for good on this thread: see wait_quietly (a Work may write in wait())
-        while True:
-            job()
-            job = None
-            with self._lock:
-                self._idle += 1
-                while not self._jobs and not self._closing:
-                    self._cv.wait()
-                if not self._jobs:
-                    self._idle -= 1
-                    return
-                job = self._jobs.pop(0)
+# The threads are concurrent.futures' (a new one when none is idle: a job may block for long), NOT daemons, on
+# purpose: a daemon thread blocked in a C++ wait with the GIL released, whose wait returns while the interpreter
+# finalizes (a pending receive failing as the peer process exits, a send completing), re-takes the GIL in a destructor,
+# where CPython 3.11 ends the thread with pthread_exit: the forced unwind through that noexcept destructor is
+# std::terminate ("terminate called without an active exception", SIGABRT). The pool's own exit hook (threading's,
+# before finalization) lets idle threads leave and busy ones finish their wait first -- a pending operation completes,
+# fails as its peer exits, or fails at the group's timeout.
 
 
-def _at_threading_exit(fn) -> None:
-    """Runs ``fn`` when the interpreter starts to exit, before it joins non-daemon threads (what concurrent.futures
-    uses); atexit where that hook is missing."""
-    hook = getattr(threading, "_register_atexit", None)
-    try:
-        if hook is not None:
-            hook(fn)
-            return
-    except RuntimeError:  # already shutting down
-        fn()
-        return
-    import atexit
-
-    atexit.register(fn)
-
-
-_WAITERS = _Waiters()
+_WAITERS = ThreadPoolExecutor(1 << 16, "funcoll-waiter", initializer=torch.set_grad_enabled, initargs=(False,))
 
 
 def in_background(job) -> None:
-    """Runs ``job()`` on one of the waiter threads (autograd off there): a wait on a backend Work that must not block
-    the caller (funcoll.entry.work.NativeWork, for a Work without a future of its own)."""
-    _WAITERS.submit(job)
+    """Runs ``job()`` on one of the waiter threads (autograd off there: see wait_quietly, a Work may write in wait()):
+    a wait on a backend Work that must not block the caller (funcoll.entry.work.NativeWork, for a Work without a
+    future of its own)."""
+    try:
+        _WAITERS.submit(job)
+    except RuntimeError:  # the interpreter is exiting: the pool takes no more jobs, the job gets a thread of its own
+        threading.Thread(target=lambda: (torch.set_grad_enabled(False), job()), name="funcoll-waiter").start()
+
 
 # Futures with Python callbacks that a backend's own C++ threads will run (FuncollWork.get_future chains the finishing
 # steps on the backend's futures): a callback run while the interpreter finalizes takes the GIL on a C++ thread and
-# ends as above. At exit the ones still pending get a bounded grace period to complete first.
+# ends as above. At exit (threading's hook, as the pool's) the ones still pending get a bounded grace period to
+# complete first.
 _CALLBACKS: list = []
 _CALLBACK_GRACE_S = 10.0
-_callbacks_hooked: list = []
 
 
 def track_callbacks(fut) -> None:
@@ -134,9 +81,6 @@ def track_callbacks(fut) -> None:
     if len(_CALLBACKS) > 256:
         _CALLBACKS[:] = [f for f in _CALLBACKS if not f.done()]
     _CALLBACKS.append(fut)
-    if not _callbacks_hooked:
-        _callbacks_hooked.append(True)
-        _at_threading_exit(_drain_callbacks)
 
 
 def _drain_callbacks() -> None:
@@ -147,11 +91,14 @@ def _drain_callbacks() -> None:
         time.sleep(0.005)
 
 
+threading._register_atexit(_drain_callbacks)  # type: ignore[attr-defined]
+
+
 class WaitedWork(C.Work):
     """A backend Work with c10d's whole contract: ``wait([timeout])`` (past a timeout: "Operation timed out!", the
     operation stays pending, as c10d's), ``is_completed()`` True once the data is in place, ``get_future()`` completed
     with the Work's result or error, ``exception()``, ``result()``, ``_source_rank()``. The backend's Work is waited on
-    by a background thread (:class:`_Waiters`) from construction on."""
+    by a background thread (:func:`in_background`) from construction on."""
 
     def __init__(self, work, result=None):
         super().__init__()
@@ -160,7 +107,7 @@ class WaitedWork(C.Work):
         self._event = threading.Event()
         self._error: Optional[BaseException] = None
         self._fut: torch.futures.Future = torch.futures.Future()
-        _WAITERS.submit(self._wait_backend)
+        in_background(self._wait_backend)
 
     def _wait_backend(self) -> None:
         try:
@@ -267,7 +214,7 @@ class C10dTransport(Transport):
     def _all_reduce(self, t, red):
         if red.op is ReduceOp.PREMUL_SUM:
             red = self._premul(t, red)
-        return self.backend.allreduce([t], _allreduce_options(red))
+        return self.backend.allreduce([t], _options(C.AllreduceOptions, reduceOp=c10d_op(red)))
 
     def all_reduce_functional(self, t, red: Reduction):
         """The compiled kernels' native all_reduce: only called with a request the planner found native
@@ -275,7 +222,7 @@ class C10dTransport(Transport):
         options are made once per (op, dtype) (the options are read by the backend when called, never kept)."""
         if type(self)._all_reduce is not C10dTransport._all_reduce or red.op is ReduceOp.PREMUL_SUM:
             return super().all_reduce_functional(t, red)  # a subclass's own primitive, or a factor per call
-        tally, opts = self._all_reduce_form(red, t.dtype, _allreduce_options)
+        tally, opts = self._all_reduce_form(red, t.dtype, lambda r: _options(C.AllreduceOptions, reduceOp=c10d_op(r)))
         out = t.clone(memory_format=torch.contiguous_format)
         _run_before_send()
         tally.n += 1
@@ -303,34 +250,24 @@ class C10dTransport(Transport):
     def _reduce_scatter(self, out, inp, red):
         if red.op is ReduceOp.PREMUL_SUM:
             red = self._premul(inp, red)
-        o = C.ReduceScatterOptions()
-        o.reduceOp = c10d_op(red)
+        o = _options(C.ReduceScatterOptions, reduceOp=c10d_op(red))
         return waited(self.backend._reduce_scatter_base(out, inp, o), [out])
 
     def _all_to_all(self, out, inp, out_splits, in_splits):
         return self.backend.alltoall_base(out, inp, out_splits or [], in_splits or [], C.AllToAllOptions())
 
     def _broadcast(self, t, src):
-        o = C.BroadcastOptions()
-        o.rootRank = src
-        o.rootTensor = 0
-        return self.backend.broadcast([t], o)
+        return self.backend.broadcast([t], _options(C.BroadcastOptions, rootRank=src, rootTensor=0))
 
     def _reduce(self, t, dst, red):
-        o = C.ReduceOptions()
-        o.reduceOp = c10d_op(red)
-        o.rootRank = dst
-        o.rootTensor = 0
-        return self.backend.reduce([t], o)
+        return self.backend.reduce([t], _options(C.ReduceOptions, reduceOp=c10d_op(red), rootRank=dst, rootTensor=0))
 
     def _gather(self, outs, inp, dst):
-        o = C.GatherOptions()
-        o.rootRank = dst
+        o = _options(C.GatherOptions, rootRank=dst)
         return self.backend.gather([list(outs)] if outs is not None else [], [inp], o)
 
     def _scatter(self, out, inps, src):
-        o = C.ScatterOptions()
-        o.rootRank = src
+        o = _options(C.ScatterOptions, rootRank=src)
         return self.backend.scatter([out], [list(inps)] if inps is not None else [], o)
 
     def _send(self, t, dst, tag):

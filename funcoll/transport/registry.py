@@ -7,18 +7,18 @@ dispatch-key kernels). Tensors of a device type with no funcoll transport are ne
 
 from __future__ import annotations
 
-import functools
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+from torch.distributed.distributed_c10d import _world  # c10d's group registry
 
 from funcoll.semantics.groups import resolve
 from funcoll.transport import Transport
 
-__all__ = ["GroupContext", "register_device", "device_types", "transport_for", "funcoll_factory"]
+__all__ = ["GroupContext", "register_device", "device_types", "transport_for", "funcoll_factory", "c10d_leg"]
 
 
 @dataclass
@@ -83,41 +83,27 @@ def _ensure_loaded(device_type: str) -> None:
 _by_name: Dict[Tuple[str, str], Tuple[Any, Transport]] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _c10d_world():
-    """c10d's group registry (imported once: the kernels ask for it on every collective)."""
-    from torch.distributed.distributed_c10d import _world
-
-    return _world
-
-
 def transport_for(group, device) -> Transport:
     """The transport that serves ``group`` (a ProcessGroup or a group name) for tensors on ``device``."""
-    if type(group) is str:
-        key = (group, device.type if type(device) is torch.device else torch.device(device).type)
-        hit = _by_name.get(key)
-        if hit is not None and _c10d_world().pg_names.get(hit[0]) == group:
-            return hit[1]
-        tp = _transport_for(group, device)
-        try:
-            _by_name[key] = (resolve(group), tp)
-        except RuntimeError:  # a group c10d does not hold (a virtual one): not cached
-            pass
-        return tp
-    return _transport_for(group, device)
+    if not isinstance(group, str):
+        return _transport_for(group, device)
+    key = (group, device.type if type(device) is torch.device else torch.device(device).type)
+    hit = _by_name.get(key)
+    if hit is not None and _world.pg_names.get(hit[0]) == group:
+        return hit[1]
+    try:
+        pg = resolve(group)
+    except RuntimeError:
+        from funcoll.semantics.groups import lookup
+
+        lookup(group)  # raises the ValueError naming the fix
+        raise
+    tp = _transport_for(pg, device)
+    _by_name[key] = (pg, tp)
+    return tp
 
 
-def _transport_for(group, device) -> Transport:
-    if isinstance(group, str):
-        try:
-            pg = resolve(group)
-        except RuntimeError:
-            from funcoll.semantics.groups import lookup
-
-            lookup(group)  # raises the ValueError naming the fix
-            raise
-    else:
-        pg = group
+def _transport_for(pg, device) -> Transport:
     device = torch.device(device)
     own = getattr(pg, "funcoll_transport", None)  # a funcoll group: its own transports (no import of the entry layer)
     if own is not None:
@@ -137,13 +123,31 @@ def _transport_for(group, device) -> Transport:
     return tp
 
 
+def c10d_leg(pg, device_type: str, label: str, create: str, accepts: Callable[[Any], bool], drives: str,
+             make: Callable[[Any], Transport]) -> Transport:
+    """The transport for the ``device_type`` backend of a group made with another backend: that backend's own when it
+    is a funcoll group itself, else ``make(backend)`` once ``accepts(backend)``. A group without such a backend, or
+    with one funcoll does not drive, is a ValueError on the calling rank that names ``create`` (how to make a group that
+    has one) or ``drives`` (what funcoll drives there)."""
+    try:
+        backend = pg._get_backend(torch.device(device_type))
+    except RuntimeError:
+        raise ValueError(f"funcoll: group {pg.group_name!r} has no {label} backend; create it with {create}") from None
+    own = getattr(backend, "funcoll_transport", None)
+    if own is not None:
+        return own(device_type)
+    if not accepts(backend):
+        raise ValueError(f"funcoll: the {label} backend of group {pg.group_name!r} is {type(backend).__name__}; "
+                         f"funcoll drives {drives}")
+    return make(backend)
+
+
 def forget(group_name: str) -> None:
     """Drops cached transports of a destroyed group."""
     with _lock:
-        for key in [k for k in _c10d_cache if k[0] == group_name]:
-            del _c10d_cache[key]
-        for key in [k for k in _by_name if k[0] == group_name]:
-            del _by_name[key]
+        for cache in (_c10d_cache, _by_name):
+            for key in [k for k in cache if k[0] == group_name]:
+                del cache[key]
 
 
 # -- the CPU reference transport ---------------------------------------------------------------------
@@ -160,11 +164,9 @@ def _cpu_c10d(pg, device) -> Transport:
 
     from funcoll.transport import gloo
 
-    backend = pg._get_backend(torch.device("cpu"))
-    if not isinstance(backend, dist.ProcessGroupGloo):
-        raise ValueError(f"funcoll: the CPU backend of group {pg.group_name!r} is {type(backend).__name__}, "
-                         "funcoll drives gloo on CPU")
-    return gloo.C10dTransport(backend, gloo.capabilities(), "cpu")
+    return c10d_leg(pg, "cpu", "CPU", "init_process_group('gloo') (or backend 'funcoll')",
+                    lambda b: isinstance(b, dist.ProcessGroupGloo), "gloo on CPU",
+                    lambda b: gloo.C10dTransport(b, gloo.capabilities(), "cpu"))
 
 
 register_device("cpu", funcoll=_cpu_funcoll, c10d=_cpu_c10d)

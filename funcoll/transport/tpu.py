@@ -38,7 +38,7 @@ from funcoll.transport import (
 )
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.gloo import C10dTransport
-from funcoll.transport.registry import GroupContext, register_device
+from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
 __all__ = ["TORCHTPU_FACTS", "Fact", "TpuCapabilities", "TpuTransport", "derive", "capabilities", "facts_at",
            "conservative_profile", "torch_tpu_version", "version_row", "static_split_bound", "VERSION_ROWS",
@@ -464,20 +464,11 @@ def _funcoll_tpu(ctx: GroupContext) -> TpuTransport:
     return TpuTransport(backend, capabilities())
 
 
-def _c10d_tpu(pg, device) -> TpuTransport:
+def _c10d_tpu(pg, device):
     """The tpu backend of a group TorchTPU made ("tpu", "cpu:gloo,tpu:tpu_dist", "cpu:funcoll,tpu:tpu_dist")."""
-    try:
-        backend = pg._get_backend(torch.device("tpu"))
-    except RuntimeError:
-        raise ValueError(f"funcoll: group {pg.group_name!r} has no tpu backend; create it with "
-                         f"init_process_group('cpu:gloo,tpu:tpu_dist') (or 'tpu')") from None
-    own = getattr(backend, "funcoll_transport", None)  # the tpu leg is a funcoll group itself
-    if own is not None:
-        return own("tpu")
-    if not _is_tpu_backend(backend):
-        raise ValueError(f"funcoll: the tpu backend of group {pg.group_name!r} is {type(backend).__name__}; "
-                         f"funcoll drives TorchTPU's ProcessGroupTpu ({BACKEND_NAME!r}) on tpu")
-    return TpuTransport(backend, capabilities(), device)
+    return c10d_leg(pg, "tpu", "tpu", "init_process_group('cpu:gloo,tpu:tpu_dist') (or 'tpu')", _is_tpu_backend,
+                    f"TorchTPU's ProcessGroupTpu ({BACKEND_NAME!r}) on tpu",
+                    lambda b: TpuTransport(b, capabilities(), device))
 
 
 register_device("tpu", funcoll=_funcoll_tpu, c10d=_c10d_tpu)

@@ -1,15 +1,10 @@
 """The XLA transport: funcoll's primitives as torch_xla lazy collectives with explicit replica groups.
 
-Every primitive builds one lazy XLA collective (``all-reduce``, ``all-gather``, ``reduce-scatter``,
-``all-to-all``, ``collective-permute``) through ``torch_xla._XLAC`` with the replica groups funcoll's group
-registry gives for the group (:func:`funcoll.groups.replica_groups`): the whole partition when the group is a
-block of one (DeviceMesh dims, ``new_subgroups``, ``split_group``), else the group padded with singletons.
-The whole world is never implied: even the world group is spelled out.
-
-Ranks and world size come from the process group (the :class:`~funcoll.transport.registry.GroupContext` or the c10d
-group), never from ``torch_xla.runtime.world_size()``. A funcoll world of any size can therefore be built in
-one process (``init_process_group("funcoll", store=dist.HashStore(), rank=r, world_size=8)``) to read the HLO
-that rank of an 8-chip job would compile; :func:`funcoll.testing.xla_collectives` prints its collectives readably.
+Every primitive builds one lazy XLA collective (``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all``,
+``collective-permute``) through ``torch_xla._XLAC``, with the replica groups of funcoll's group registry
+(:func:`funcoll.groups.blocks_for`; docs/xla.md, "groups"). Ranks and world size come from the process group, never
+from the runtime, so a funcoll world of any size can be built in one process to read the HLO each of its ranks would
+compile (:func:`funcoll.testing.xla_collectives` prints its collectives readably).
 
 Rules every primitive follows (all found by experiment on torch_xla 2.9, see docs/xla.md):
 
@@ -39,6 +34,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
+import torch_xla.core.xla_model as xm  # both imported by torch_xla itself
+import torch_xla.runtime as xr
 
 from funcoll.semantics import ReduceOp, Reduction, groups
 from funcoll.transport import (
@@ -62,11 +59,6 @@ R = ReduceOp
 _XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "min", R.MAX: "max"}
 
 
-def _xla_op(red: Reduction) -> str:
-    return _XLA_OP[red.op]
-
-
-
 # ---------------------------------------------------------------------------------------------------
 # capabilities
 # ---------------------------------------------------------------------------------------------------
@@ -85,10 +77,6 @@ def capabilities(profile_name: Optional[str] = None) -> Capabilities:
 # ---------------------------------------------------------------------------------------------------
 # devices (seed 004: never build xla:{LOCAL_RANK}; a process addresses only its own devices)
 # ---------------------------------------------------------------------------------------------------
-def _addressable() -> List[torch.device]:
-    return list(torch_xla.devices())
-
-
 def device_index(device: Union[None, int, str, torch.device]) -> int:
     """The index, among this process's addressable XLA devices, named by ``device``.
 
@@ -98,30 +86,25 @@ def device_index(device: Union[None, int, str, torch.device]) -> int:
     """
     if device is None:
         return torch_xla.device().index or 0
-    if isinstance(device, bool):
-        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got {device!r}")
-    if isinstance(device, int):
-        idx = device
-    elif isinstance(device, (str, torch.device)):
-        text = str(device).strip()
-        if text.isdigit():
-            idx = int(text)
-        else:
-            try:
-                dev = torch.device(text)
-            except RuntimeError:
-                raise ValueError(f"funcoll.xla: cannot read a device from {device!r}; pass an int, "
-                                 f"'xla:N' or a torch.device") from None
-            if dev.type != "xla":
-                raise ValueError(f"funcoll.xla: {device!r} is not an XLA device; pass 'xla', 'xla:N' or an "
-                                 f"index of one of this process's XLA devices")
-            if dev.index is None:
-                return torch_xla.device().index or 0
-            idx = dev.index
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        got = repr(device) if isinstance(device, bool) else type(device).__name__
+        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got {got}")
+    text = str(device).strip()
+    if isinstance(device, int) or text.isdigit():
+        idx = int(text)
     else:
-        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got "
-                        f"{type(device).__name__}")
-    count = len(_addressable())
+        try:
+            dev = torch.device(text)
+        except RuntimeError:
+            raise ValueError(f"funcoll.xla: cannot read a device from {device!r}; pass an int, "
+                             f"'xla:N' or a torch.device") from None
+        if dev.type != "xla":
+            raise ValueError(f"funcoll.xla: {device!r} is not an XLA device; pass 'xla', 'xla:N' or an "
+                             f"index of one of this process's XLA devices")
+        if dev.index is None:
+            return torch_xla.device().index or 0
+        idx = dev.index
+    count = len(torch_xla.devices())
     if not 0 <= idx < count:
         raise ValueError(
             f"funcoll.xla: xla:{idx} is not addressable in this process (it has {count} XLA device"
@@ -184,8 +167,6 @@ class XlaTransport(Transport):
         self.pin_layout = pin_layout
         # A virtual world (more funcoll ranks than the XLA runtime has replicas, built in one process to read the
         # HLO a larger job would compile) can build collectives but never run one.
-        import torch_xla.runtime as xr
-
         self.virtual = self.world_size > xr.world_size()
         # (partitions version, replica groups, uniform replica groups or None)
         self._groups_cache: Optional[Tuple[int, List[List[int]], Optional[List[List[int]]]]] = None
@@ -197,11 +178,9 @@ class XlaTransport(Transport):
     # -- replica groups ------------------------------------------------------------------------------
     def replica_groups(self) -> List[List[int]]:
         """The replica groups for a collective over this group, as every rank of the world emits them
-        (:func:`funcoll.groups.blocks_for`, cached until a partition is registered: a partition may be registered
-        after the group was created), with this group's block in group-rank order. The whole world in rank order is
-        ``[]`` (HLO ``replica_groups={}``: every replica, in replica order), as torch_xla's own kernels and
-        ``xm.all_reduce`` emit it: the same graph, and building it costs the same at any world size (a spelled-out
-        group of 256 ranks costs torch_xla ~16 us more per collective)."""
+        (:func:`funcoll.groups.blocks_for`, cached until a partition is registered), this group's block in group-rank
+        order; ``[]`` (HLO ``replica_groups={}``) for the whole world in rank order, as torch_xla's kernels emit it
+        (docs/xla.md, docs/performance.md: the same graph, at the same cost at any world size)."""
         key = groups.partitions_version()
         cached = self._groups_cache
         if cached is None or cached[0] != key:
@@ -238,12 +217,6 @@ class XlaTransport(Transport):
         # so two masks that agree on one rank (both False) and not on another would give the ranks different modules
         return self._like(torch.tensor([self.rank == root]), like).reshape(())
 
-    def rank_mask(self, like: torch.Tensor) -> torch.Tensor:
-        return self._like(torch.tensor([r == self.rank for r in range(self.size)]), like)
-
-    def rank_index(self, like: torch.Tensor) -> torch.Tensor:
-        return self._like(torch.tensor([self.rank]), like)
-
     def split_bound(self) -> Optional[int]:
         return promised_split_bound()
 
@@ -265,7 +238,7 @@ class XlaTransport(Transport):
     def all_reduce_functional(self, t, red: Reduction):
         """The all-reduce as a new lazy tensor, as torch_xla's own kernel builds it (no clone, no copy back)."""
         # only called with a request the planner found native (algorithms.native_all_reduce): no second check
-        tally, op = self._all_reduce_form(red, t.dtype, _xla_op)
+        tally, op = self._all_reduce_form(red, t.dtype, lambda r: _XLA_OP[r.op])
         tally.n += 1
         return self._reduce_all(t, op, self.replica_groups()), DONE
 
@@ -317,22 +290,8 @@ class XlaTransport(Transport):
         t.copy_(self._permute(t, [[self.global_ranks[src], self.global_ranks[self.rank]]]))
         return DONE
 
-    # The caps never list these (the xla profile has no broadcast/reduce/gather/scatter/barrier): algorithms build
-    # them from all_reduce / all_gather, without a graph sync.
-    def _broadcast(self, t, src):  # pragma: no cover - not a capability
-        raise NotImplementedError
-
-    def _reduce(self, t, dst, red):  # pragma: no cover - not a capability
-        raise NotImplementedError
-
-    def _gather(self, outs, inp, dst):  # pragma: no cover - not a capability
-        raise NotImplementedError
-
-    def _scatter(self, out, inps, src):  # pragma: no cover - not a capability
-        raise NotImplementedError
-
-    def _barrier(self):  # pragma: no cover - not a capability
-        raise NotImplementedError
+    # No _broadcast/_reduce/_gather/_scatter/_barrier: the xla profile lists none of them, and
+    # the algorithms build them from all_reduce / all_gather, without a graph sync.
 
     # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
     @property
@@ -363,8 +322,6 @@ def _operand(t: torch.Tensor) -> torch.Tensor:
 
 def _keep_until_step(t: torch.Tensor) -> None:
     """Keeps ``t`` alive until the next ``torch_xla.sync()`` / ``xm.mark_step()``, which then runs it."""
-    import torch_xla.core.xla_model as xm
-
     xm.add_step_closure(lambda _t: None, args=(t,))
 
 
@@ -375,8 +332,6 @@ def _check_runtime(rank_global: int, world_size: int) -> None:
     """In a real job (the funcoll world has the runtime's size) funcoll's global rank must be the XLA replica
     id of this process, or the replica groups would name the wrong chips. A larger funcoll world in one
     process is a virtual one, built to read HLO; then nothing is checked."""
-    import torch_xla.runtime as xr
-
     if xr.is_spmd():
         raise RuntimeError("funcoll.xla: collectives with replica groups do not apply under SPMD "
                            "(torch_xla.runtime.use_spmd()); use a CPU group, or no SPMD")

@@ -28,7 +28,7 @@ from funcoll.transport import PRIMITIVES, Capabilities, Version, VersionedCapabi
 from funcoll.transport import parse_version as _parse_version
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.gloo import C10dTransport
-from funcoll.transport.registry import GroupContext, register_device
+from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
 __all__ = ["XCCL_FACTS", "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
            "stack_versions", "build_version", "parse_override", "parse_topology", "measure_topology", "torch_row",
@@ -68,11 +68,8 @@ def torch_row(torch_version) -> Optional[str]:
     tv = parse_version(torch_version)
     if tv is None or len(tv) < 2:
         return None
-    if tv[:2] < (2, 9):
-        return "2.9"
-    if tv[:2] > (2, 15):
-        return "2.15"
-    return f"{tv[0]}.{tv[1]}"
+    v = min(max(tv[:2], (2, 9)), (2, 15))  # torch 2.8 takes the 2.9 row, a torch newer than 2.15 the 2.15 row
+    return f"{v[0]}.{v[1]}"
 
 
 def _row_key(row: str) -> Version:
@@ -106,9 +103,6 @@ class Fact:
     build: str = ""
     unknown: str = ""
     info: bool = False
-
-    def since(self, topology: str) -> Optional[Version]:
-        return self.native_since if topology == SCALE_UP else self.scale_out_since
 
     def at(self, row: Optional[str]) -> str:
         """What ProcessGroupXCCL does on torch ``row`` (the ``by_torch`` entry in force there; "" if none)."""
@@ -383,6 +377,10 @@ def parse_topology(topology) -> str:
     return t
 
 
+_OVERRIDE_WORDS = {**dict.fromkeys(("native", "on", "1", "true"), True),
+                   **dict.fromkeys(("strategy", "off", "0", "false", "broken"), False)}
+
+
 def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
                    oneccl_build=None) -> Dict[str, bool]:
     """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}. Unknown facts, and facts that
@@ -391,18 +389,13 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
     if not override:
         return {}
     if isinstance(override, Mapping):
-        items = [(k, v) for k, v in override.items()]
+        items = list(override.items())
     else:
-        items = []
-        for part in str(override).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            key, sep, val = part.partition("=")
-            if not sep:
-                raise ValueError(f"funcoll.xpu: override entry {part!r} must be <fact>=native or "
-                                 f"<fact>=strategy")
-            items.append((key.strip(), val.strip()))
+        parts = [p.strip() for p in str(override).split(",") if p.strip()]
+        for part in parts:
+            if "=" not in part:
+                raise ValueError(f"funcoll.xpu: override entry {part!r} must be <fact>=native or <fact>=strategy")
+        items = [(k.strip(), v.strip()) for k, v in (p.split("=", 1) for p in parts)]
     row, build = torch_row(torch_version), parse_version(oneccl_build)
     out = {}
     allowed = sorted(k for k in XCCL_FACTS if topology in overridable(k, row, build))
@@ -411,14 +404,10 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
             why = "is not a fact" if key not in XCCL_FACTS else _not_overridable_why(key, topology, row, build)
             raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts on {topology}: "
                              f"{', '.join(allowed)}")
-        if isinstance(val, bool):
-            out[key] = val
-        elif str(val).lower() in ("native", "on", "1", "true"):
-            out[key] = True
-        elif str(val).lower() in ("strategy", "off", "0", "false", "broken"):
-            out[key] = False
-        else:
+        flip = val if isinstance(val, bool) else _OVERRIDE_WORDS.get(str(val).lower())
+        if flip is None:
             raise ValueError(f"funcoll.xpu: override {key}={val!r}: use {key}=native or {key}=strategy")
+        out[key] = flip
     return out
 
 
@@ -446,33 +435,24 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
             return False
         if key == "premul_sum":  # the torch row decides: ProcessGroupXCCL's own scale + SUM from 2.12
             return row is not None and _row_key(row) >= _row_key(_PREMUL_NATIVE_AR)
-        since = fact.since(topo)
+        since = fact.native_since if topo == SCALE_UP else fact.scale_out_since
         return since is not None and ov is not None and ov >= since
 
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
     refused = {(op, d) for op in (R.AVG,) for d in _XCCL_INTS | {torch.bool}}  # avg_int
     refused_on = {("reduce", R.AVG)}  # avg_reduce
-    if native("avg") or native("avg_reduce_scatter"):
-        reduce_ops.add(R.AVG)
-        if not native("avg"):
-            refused_on.add(("all_reduce", R.AVG))
-        if not native("avg_reduce_scatter"):
-            refused_on.add(("reduce_scatter", R.AVG))
-    premul_ar, premul_rs = native("premul_sum"), native("premul_sum_reduce_scatter")
-    if premul_ar or premul_rs:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12); never reduce
-        reduce_ops.add(R.PREMUL_SUM)
-        refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - _FLOATS}
-        refused_on.add(("reduce", R.PREMUL_SUM))
-        if not premul_ar:
-            refused_on.add(("all_reduce", R.PREMUL_SUM))
-        if not premul_rs:
-            refused_on.add(("reduce_scatter", R.PREMUL_SUM))
+    # AVG and PREMUL_SUM: native per primitive, each by its own facts, never on reduce
+    for op, on_ar, on_rs in ((R.AVG, native("avg"), native("avg_reduce_scatter")),
+                             (R.PREMUL_SUM, native("premul_sum"), native("premul_sum_reduce_scatter"))):
+        if on_ar or on_rs:
+            reduce_ops.add(op)
+            refused_on |= {(p, op) for p, ok in (("all_reduce", on_ar), ("reduce_scatter", on_rs), ("reduce", False))
+                           if not ok}
+            if op is R.PREMUL_SUM:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12)
+                refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - _FLOATS}
     if not native("int_minmax"):
         refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_INTS | {torch.bool}}
     primitives = set(PRIMITIVES) - {"all_reduce_coalesced"}
-
-    def label(k: str) -> str:
-        return "info" if XCCL_FACTS[k].info else ("native" if native(k) else "strategy")
 
     if row is not None and _row_key(row) >= _row_key(_GRAPH_CAPTURE_ROW):
         capture = ("unknown (oneCCL unknown at run time)" if ov is None else
@@ -488,9 +468,9 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
         reduce_dtypes=_XCCL_DTYPES,
         refused_pairs=frozenset(refused),
         uneven_all_to_all=native("uneven_all_to_all"),
-        is_async=True,
         refused_on=frozenset(refused_on),
-        sources={f"xccl.{k}": f"{label(k)}: {f.source}" for k, f in XCCL_FACTS.items()},
+        sources={f"xccl.{k}": f"{'info' if f.info else 'native' if native(k) else 'strategy'}: {f.source}"
+                 for k, f in XCCL_FACTS.items()},
         versions={"torch": tstr, "oneccl": _vstr(ov), "oneccl_build": _vstr(build), "topology": topo,
                   "graph_capture": capture},
     )
@@ -514,12 +494,11 @@ def _oneccl_from_torch() -> Optional[str]:
     """``torch._C._distributed_c10d.get_xccl_version()``: onecclGetVersion of the oneCCL library loaded (xccl.h:71-84),
     in XPU builds of torch (the upstream tests compare the flight recorder's version with it)."""
     try:
-        from torch._C import _distributed_c10d as C
+        from torch._C._distributed_c10d import get_xccl_version  # type: ignore[attr-defined]
 
-        fn = getattr(C, "get_xccl_version", None)
-        v = fn() if fn is not None else None
+        v = get_xccl_version()
         return v if v and v[0].isdigit() else None
-    except Exception:
+    except Exception:  # not an XPU build of torch
         return None
 
 
@@ -539,12 +518,9 @@ def _oneccl_from_flight_recorder() -> Optional[str]:
     try:
         import pickle
 
-        from torch._C import _distributed_c10d as C
+        from torch._C._distributed_c10d import _dump_xccl_trace  # type: ignore[attr-defined]
 
-        dump = getattr(C, "_dump_xccl_trace", None)
-        if dump is None:
-            return None
-        v = pickle.loads(dump()).get("comm_lib_version")
+        v = pickle.loads(_dump_xccl_trace()).get("comm_lib_version")
         return v if v and v[0].isdigit() else None
     except Exception:
         return None
@@ -570,16 +546,14 @@ def stack_versions(backend_created: bool = False) -> Tuple[str, Optional[str], s
     env = os.environ.get(ENV_ONECCL_VERSION, "").strip()
     if env:
         return torch.__version__, env, ENV_ONECCL_VERSION
-    v = _oneccl_from_torch()
-    if v:
-        return torch.__version__, v, "torch._C._distributed_c10d.get_xccl_version()"
-    v = _oneccl_from_metadata()
-    if v:
-        return torch.__version__, v, "pip metadata of package 'oneccl'"
+    sources = [(_oneccl_from_torch, "torch._C._distributed_c10d.get_xccl_version()"),
+               (_oneccl_from_metadata, "pip metadata of package 'oneccl'")]
     if backend_created:
-        v = _oneccl_from_flight_recorder()
+        sources.append((_oneccl_from_flight_recorder, "ProcessGroupXCCL flight recorder"))
+    for read, where in sources:
+        v = read()
         if v:
-            return torch.__version__, v, "ProcessGroupXCCL flight recorder"
+            return torch.__version__, v, where
     return torch.__version__, None, "unknown (conservative: every version-gated fact uses its strategy)"
 
 
@@ -605,17 +579,12 @@ def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_ve
     """
     src = "given"
     if torch_version is None or oneccl_version is None:
-        tv, ov, src = stack_versions(_backend_created)
-        torch_version = torch_version if torch_version is not None else tv
+        tv, ov, found = stack_versions(_backend_created)
+        torch_version = tv if torch_version is None else torch_version
         if oneccl_version is None:
-            oneccl_version = ov
-        else:
-            src = "given"
-    build_src = "given"
-    if oneccl_build is None:
-        oneccl_build, build_src = build_version()
-    if override is None:
-        override = os.environ.get(ENV_OVERRIDE, "")
+            oneccl_version, src = ov, found
+    oneccl_build, build_src = build_version() if oneccl_build is None else (oneccl_build, "given")
+    override = os.environ.get(ENV_OVERRIDE, "") if override is None else override
     topo_src = "given"
     if topology is None:
         topology = os.environ.get(ENV_TOPOLOGY, "").strip() or None
@@ -639,10 +608,7 @@ def measure_topology(store, rank: int, size: int, timeout=None) -> str:
     host = socket.gethostname()
     store.set(f"funcoll-topology/{rank}", host)
     keys = [f"funcoll-topology/{r}" for r in range(size)]
-    if timeout is not None:
-        store.wait(keys, timeout)
-    else:
-        store.wait(keys)
+    store.wait(keys, *([timeout] if timeout is not None else []))
     hosts = {store.get(k).decode() for k in keys}
     return SCALE_UP if hosts == {host} else SCALE_OUT
 
@@ -691,47 +657,33 @@ def _xccl_class():
     return cls
 
 
-def _new_xccl_backend(store, rank: int, size: int, timeout, group_name: str, global_ranks):
-    cls = _xccl_class()
-    try:
-        opts = cls.Options()
-    except Exception:  # very old bindings: no Options
-        return cls(store, rank, size)
-    for attr, val in (("global_ranks_in_group", list(global_ranks)), ("group_name", group_name),
-                      ("_timeout", timeout)):
-        try:
-            setattr(opts, attr, val)
-        except Exception:
-            pass
-    return cls(store, rank, size, opts)
-
-
 def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
     """A ProcessGroupXCCL of its own for one funcoll group (every rank of the group creates it)."""
     from torch.distributed import PrefixStore
 
     topology = os.environ.get(ENV_TOPOLOGY, "").strip() or measure_topology(
         PrefixStore("funcoll-xccl-topology/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
-    backend = _new_xccl_backend(PrefixStore("funcoll-xccl/", ctx.store), ctx.rank, ctx.size, ctx.timeout,
-                                f"funcoll-{ctx.name}", ctx.global_ranks)
+    cls, store = _xccl_class(), PrefixStore("funcoll-xccl/", ctx.store)
+    try:
+        opts = cls.Options()
+    except Exception:  # very old bindings: no Options
+        backend = cls(store, ctx.rank, ctx.size)
+    else:
+        for attr, val in (("global_ranks_in_group", list(ctx.global_ranks)), ("group_name", f"funcoll-{ctx.name}"),
+                          ("_timeout", ctx.timeout)):
+            try:
+                setattr(opts, attr, val)
+            except Exception:
+                pass
+        backend = cls(store, ctx.rank, ctx.size, opts)
     return XcclTransport(backend, capabilities(topology=topology, _backend_created=True), None)
 
 
-def _c10d_xpu(pg, device) -> XcclTransport:
+def _c10d_xpu(pg, device):
     """The XPU backend of a group made with another backend ("xccl", "cpu:gloo,xpu:xccl")."""
-    try:
-        backend = pg._get_backend(torch.device("xpu"))
-    except RuntimeError:
-        raise ValueError(f"funcoll: group {pg.group_name!r} has no XPU backend; create it with "
-                         f"init_process_group('xccl') or 'cpu:gloo,xpu:xccl' (or backend 'funcoll')") from None
-    own = getattr(backend, "funcoll_transport", None)  # the XPU leg is a funcoll group itself
-    if own is not None:
-        return own("xpu")
-    cls = _xccl_class()
-    if not isinstance(backend, cls):
-        raise ValueError(f"funcoll: the XPU backend of group {pg.group_name!r} is {type(backend).__name__}; "
-                         "funcoll drives ProcessGroupXCCL on XPU")
-    return XcclTransport(backend, capabilities(_backend_created=True), device)
+    return c10d_leg(pg, "xpu", "XPU", "init_process_group('xccl') or 'cpu:gloo,xpu:xccl' (or backend 'funcoll')",
+                    lambda b: isinstance(b, _xccl_class()), "ProcessGroupXCCL on XPU",
+                    lambda b: XcclTransport(b, capabilities(_backend_created=True), device))
 
 
 register_device("xpu", funcoll=_funcoll_xpu, c10d=_c10d_xpu)
