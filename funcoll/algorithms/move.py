@@ -141,7 +141,7 @@ def _rooted_list_native(tp: Transport, opname: str, root, sig: Optional[tuple], 
     return (opname, "", t.dtype, opname)
 
 
-def native_gather_request(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Tensor,
+def native_gather_request(tp: Transport, inp: torch.Tensor, outs: Optional[Sequence[torch.Tensor]],
                           dst) -> Optional[Native]:
     """``ProcessGroup.gather([outs] on the root, else [], [inp], opts)`` (``dist.gather``, group-local
     ``dst = opts.rootRank``) as one native call of the backend's ``gather``."""

@@ -349,50 +349,31 @@ def _p2p(lookup):
     return adapter
 
 
-def _fast_gather(pg, args):
-    """``([outs] on the root, else [], [inp], GatherOptions)``."""
-    if len(args) != 3 or type(args[2]) is not _C.GatherOptions:
-        return None
-    outl, inl = args[0], args[1]
-    if type(outl) is not list or type(inl) is not list or len(inl) != 1 or len(outl) > 1:
-        return None
-    inp = inl[0]
-    if inp.__class__ not in _PLAIN or not _dense(inp):
-        return None
-    tp = _tp_of(pg, inp)
-    if tp is None:
-        return None
-    dst, outs = args[2].rootRank, None
-    if outl:  # the root's list (one elsewhere: the full path, which ignores it)
-        outs = outl[0]
-        if tp.rank != dst or type(outs) is not list:
-            return None
-        if not _same_device(outs, inp):
-            return None
-    return algorithms.native_gather_request(tp, outs, inp, dst)
+def _rooted(opts_type, lookup, one_first: bool):
+    """The adapter of gather (``([outs] on the root, else [], [inp], GatherOptions)``; ``one_first`` False) or scatter
+    (``([out], [inps] on the root, else [], ScatterOptions)``): this rank's one tensor, and the root's list, which
+    another rank may pass too (the full path, which ignores it)."""
 
+    def adapter(pg, args):
+        if len(args) != 3 or type(args[2]) is not opts_type or type(args[0]) is not list or type(args[1]) is not list:
+            return None
+        ones, roots = (args[0], args[1]) if one_first else (args[1], args[0])
+        if len(ones) != 1 or len(roots) > 1:
+            return None
+        one = ones[0]
+        if one.__class__ not in _PLAIN or not _dense(one):
+            return None
+        tp = _tp_of(pg, one)
+        if tp is None:
+            return None
+        root, many = args[2].rootRank, None
+        if roots:
+            many = roots[0]
+            if tp.rank != root or type(many) is not list or not _same_device(many, one):
+                return None
+        return lookup(tp, one, many, root)
 
-def _fast_scatter(pg, args):
-    """``([out], [inps] on the root, else [], ScatterOptions)``."""
-    if len(args) != 3 or type(args[2]) is not _C.ScatterOptions:
-        return None
-    outl, inl = args[0], args[1]
-    if type(outl) is not list or type(inl) is not list or len(outl) != 1 or len(inl) > 1:
-        return None
-    out = outl[0]
-    if out.__class__ not in _PLAIN or not _dense(out):
-        return None
-    tp = _tp_of(pg, out)
-    if tp is None:
-        return None
-    src, ins = args[2].rootRank, None
-    if inl:  # the root's list (one elsewhere: the full path, which ignores it)
-        ins = inl[0]
-        if tp.rank != src or type(ins) is not list:
-            return None
-        if not _same_device(ins, out):
-            return None
-    return algorithms.native_scatter_request(tp, out, ins, src)
+    return adapter
 
 
 def _fast_barrier(pg, args):
@@ -408,7 +389,8 @@ FAST = {"allreduce": _fast_allreduce, "broadcast": _fast_broadcast,
         "alltoall_base": _fast_alltoall_base, "all_to_all_single": _fast_alltoall_base,
         "allgather": _fast_allgather, "reduce_scatter": _fast_reduce_scatter,
         "send": _p2p(algorithms.native_send_request), "recv": _p2p(algorithms.native_recv_request),
-        "gather": _fast_gather, "scatter": _fast_scatter, "barrier": _fast_barrier}
+        "gather": _rooted(_C.GatherOptions, algorithms.native_gather_request, False),
+        "scatter": _rooted(_C.ScatterOptions, algorithms.native_scatter_request, True), "barrier": _fast_barrier}
 
 
 def _first_list(args):
