@@ -424,6 +424,13 @@ def repro(c: dict, profile, n: int) -> str:
 def rank_main(rank: int, n: int, seeds: list, case, profile, compiled: bool) -> dict:
     """Runs every case of ``seeds`` (or the cases listed in ``case``) on this rank; returns the counts and failures
     (repro lines)."""
+    return rank_jobs(rank, n, [(seeds, case, compiled)], profile)[0]
+
+
+def rank_jobs(rank: int, n: int, jobs: list, profile) -> list:
+    """Runs the jobs ``(seeds, case, compiled)`` one after the other in this world (as :func:`rank_main` runs one);
+    returns each job's counts and failures. A job that stops early (more than 5 failures: the ranks may be out of
+    step) leaves the jobs after it not run, each saying so."""
     import torch._dynamo
 
     # every compiled case traces the same small function with another dtype, shape, op or root: thousands of
@@ -431,7 +438,19 @@ def rank_main(rank: int, n: int, seeds: list, case, profile, compiled: bool) -> 
     torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 1 << 20
     runner = Runner(rank, n, profile)
     dog = Watchdog()
-    failures = []
+    out: list = []
+    for seeds, case, compiled in jobs:
+        if out and len(out[-1]["failures"]) > 5:
+            out.append({"counts": {}, "failures": [f"[rank {rank}] not run: an earlier job of this world stopped"]})
+            continue
+        before = dict(runner.count)
+        failures = _job(runner, dog, rank, n, seeds, case, profile, compiled)
+        out.append({"counts": {k: v - before.get(k, 0) for k, v in runner.count.items()}, "failures": failures})
+    return out
+
+
+def _job(runner: Runner, dog: Watchdog, rank: int, n: int, seeds: list, case, profile, compiled: bool) -> list:
+    failures: list = []
     for seed in seeds:
         for i in (case if case is not None else range(CASES_PER_SEED)):
             c = _draw(seed, i, n, compiled)
@@ -445,10 +464,10 @@ def rank_main(rank: int, n: int, seeds: list, case, profile, compiled: bool) -> 
                 print(failures[-1], file=sys.stderr, flush=True)  # seen even if the world then hangs
                 if len(failures) > 5:
                     dog.disarm()
-                    return {"counts": runner.count, "failures": failures}
+                    return failures
                 dist.barrier(group=runner.gloo)  # back in step for the next case
             dog.disarm()
-    return {"counts": runner.count, "failures": failures}
+    return failures
 
 
 def _seeds(text: str) -> list:  # "0-9", "3,5,7" (seeds or cases)
@@ -465,6 +484,15 @@ def run(seeds: list, profile=None, world: int = 2, case=None, compiled: bool = T
     results, codes, hung = spawn_world("tests.numerics.differential:rank_main", world, profile,
                                        args=(seeds, case, profile, compiled), deadline=deadline, coll_timeout=60)
     return results, codes, hung
+
+
+def run_jobs(jobs: list, profile=None, world: int = 2, deadline: float = 3600):
+    """:func:`rank_jobs` on one world: ``(results, exit codes, hung)`` as :func:`run` (a rank's value is the list of
+    its jobs' counts and failures)."""
+    from funcoll.launch import spawn_world
+
+    return spawn_world("tests.numerics.differential:rank_jobs", world, profile, args=(jobs, profile),
+                       deadline=deadline, coll_timeout=60)
 
 
 def main(argv=None) -> int:
