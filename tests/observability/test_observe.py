@@ -4,8 +4,6 @@ hook when no profiler runs, and the ``TORCH_LOGS="+funcoll"`` output of a 2-rank
 import json
 import os
 import re
-import subprocess
-import sys
 
 import torch
 
@@ -189,23 +187,18 @@ def test_the_hook_does_nothing_without_a_profiler_a_log_or_a_recorder(monkeypatc
 _GLOG = re.compile(r"^(?:\[rank(\d+)\]:)?([VIWEC])\d{4} [\d:.]+ \d+ (\S+):\d+\] (.*)$")
 
 
-def _run_log_world(torch_logs):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("FUNCOLL_PROFILE", None)
-    env.pop("FUNCOLL_PROBE", None)
-    env.pop("TORCH_LOGS", None)
-    if torch_logs is not None:
-        env["TORCH_LOGS"] = torch_logs
-    code = ("from funcoll.launch import run_world; "
-            "run_world('tests.observability.test_observe:log_case', 2, timeout=150)")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=200)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    names = dict(kv.split("=") for line in p.stdout.splitlines() if line.startswith("GROUPS ")
+def _run_log_world(capfd, torch_logs):
+    """The 2-rank world of ``log_case`` with ``TORCH_LOGS=torch_logs`` (None: unset) and none of funcoll's switches;
+    its ranks write to this process's file descriptors 1 and 2 (inherited), read back through ``capfd``."""
+    capfd.readouterr()  # what came before
+    run_world("tests.observability.test_observe:log_case", 2, timeout=150,
+              env={"PYTHONPATH": ROOT, "FUNCOLL_PROBE": None, "TORCH_LOGS": torch_logs})
+    out, err = capfd.readouterr()
+    names = dict(kv.split("=") for line in out.splitlines() if line.startswith("GROUPS ")
                  for kv in line.split()[1:])
-    (strategies,) = [json.loads(line.split(" ", 1)[1]) for line in p.stdout.splitlines()
+    (strategies,) = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
                      if line.startswith("STRATEGIES ")]
-    return p.stderr, names, strategies
+    return err, names, strategies
 
 
 def _per_rank(stderr, names):
@@ -225,8 +218,8 @@ def _per_rank(stderr, names):
     return out
 
 
-def test_torch_logs_funcoll_snapshot():
-    stderr, names, strategies = _run_log_world("+funcoll")
+def test_torch_logs_funcoll_snapshot(capfd):
+    stderr, names, strategies = _run_log_world(capfd, "+funcoll")
     assert set(names) == {"world", "xccl"}
     # the strategies the planner must choose (funcoll.record() of the same run agrees), and the log says each once
     # per signature: xccl has no int32 MAX and no bfloat16 AVG
@@ -253,8 +246,8 @@ def test_torch_logs_funcoll_snapshot():
         ], (rank, got[rank], stderr[-3000:])
 
 
-def test_funcoll_log_is_silent_by_default():
-    stderr, names, _ = _run_log_world(None)
+def test_funcoll_log_is_silent_by_default(capfd):
+    stderr, names, _ = _run_log_world(capfd, None)
     assert _per_rank(stderr, names) == {0: [], 1: []}
     for text in ("created: rank", "transport C10dTransport", "avg=sum+scale", "install:", "uninstall:"):
         assert text not in stderr, stderr[-3000:]
