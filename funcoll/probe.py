@@ -50,11 +50,6 @@ _results: List["ProbeResult"] = []
 _probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
 
 
-_DTYPES_BY_NAME = {dtype_name(d): d for d in (list(reference.BITS) + [torch.bool, torch.float16, torch.bfloat16,
-                                                                       torch.float32, torch.float64]
-                                               + sorted(FLOAT8, key=str))}
-
-
 # ---------------------------------------------------------------------------------------------------
 # requests
 # ---------------------------------------------------------------------------------------------------
@@ -75,14 +70,16 @@ class Request:
         """``"all_reduce max int32"``, ``"all_to_all uneven float32"``, ``"all_gather bfloat16"``."""
         parts = name.split()
         try:
-            dtype = _DTYPES_BY_NAME[parts[-1]]
+            dtype = getattr(torch, parts[-1])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(parts[-1])
             if parts[:2] == ["all_to_all", "uneven"] and len(parts) == 3:
                 return Request("all_to_all uneven", None, dtype)
             if len(parts) == 3 and parts[0] in _REDUCING:
                 return Request(parts[0], ReduceOp(parts[1]), dtype)
             if len(parts) == 2:
                 return Request(parts[0], None, dtype)
-        except (KeyError, ValueError):
+        except (AttributeError, IndexError, ValueError):
             pass
         raise ValueError(f"funcoll.probe: cannot read a request from {name!r}; write e.g. 'all_reduce max int32', "
                          f"'all_to_all uneven float32' or 'all_gather bfloat16'")
@@ -361,9 +358,7 @@ def cached_entries(device_types: Sequence[str] = ()) -> List[dict]:
     return [e for e in found if e is not None and e.get("key", {}).get("torch") == torch.__version__]
 
 
-def _write_cache(path: Optional[str], entry: dict) -> None:
-    if path is None:
-        return
+def _write_cache(path: str, entry: dict) -> None:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -506,7 +501,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
                       tp.caps.name)
     _results.append(res)
     _probed[tp] = res
-    if not cached:
+    if not cached and path is not None:
         _write_cache(path, {"key": key, "checked": names, "wrong": wrong, "demoted": demoted,
                             "unfixable": unfixable, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     for name, why in wrong.items():
