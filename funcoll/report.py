@@ -148,7 +148,7 @@ def xccl_fact_table() -> str:
     rows, lines = xpu.TORCH_ROWS, []
     for key, fact in xpu.XCCL_FACTS.items():
         over = {r: xpu.overridable(key, r, (2022, 0)) for r in rows}
-        runs = [(topo, list(g)) for topo, g in itertools.groupby(rows, over.get)]  # consecutive rows alike
+        runs = [(topo, list(g)) for topo, g in itertools.groupby(rows, over.__getitem__)]  # consecutive rows alike
         if len(runs) == 1:
             ov = ", ".join(runs[0][0]) or "no"
         else:
