@@ -92,24 +92,14 @@ class Request:
 
 def requests(caps: Capabilities, size: int) -> List[Request]:
     """Every request ``caps`` calls native that funcoll's algorithms can send natively, in a fixed order."""
-    out = []
     dtypes = sorted(caps.dtypes, key=str)
-    for prim in _REDUCING:
-        if not caps.has(prim):
-            continue
-        for dt in dtypes:
-            if dt.is_complex or dt in FLOAT8:
-                continue
-            valid = reference.valid_ops(dt)
-            out += [Request(prim, op, dt) for op in ReduceOp if caps.reduces(prim, op, dt) and op.value in valid
-                    and (dt != torch.bool or op in _BOOL_NATIVE)]
-    for dt in dtypes:
-        for prim in ("all_gather", "all_to_all", "broadcast", "gather", "scatter"):
-            if caps.has(prim):
-                out.append(Request(prim, None, dt))
-        if caps.has("all_to_all") and caps.uneven_all_to_all and size > 1:
-            out.append(Request("all_to_all uneven", None, dt))
-    return out
+    reduced = [(prim, dt, reference.valid_ops(dt)) for prim in _REDUCING if caps.has(prim) for dt in dtypes
+               if not (dt.is_complex or dt in FLOAT8)]
+    out = [Request(prim, op, dt) for prim, dt, valid in reduced for op in ReduceOp
+           if caps.reduces(prim, op, dt) and op.value in valid and (dt != torch.bool or op in _BOOL_NATIVE)]
+    moves = [p for p in ("all_gather", "all_to_all", "broadcast", "gather", "scatter") if caps.has(p)]
+    moves += ["all_to_all uneven"] if caps.has("all_to_all") and caps.uneven_all_to_all and size > 1 else []
+    return out + [Request(p, None, dt) for dt in dtypes for p in moves]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -379,14 +369,6 @@ def _sync(tp) -> None:
         torch_xla.sync()
 
 
-def _recover(tp) -> None:
-    """After a failed graph on XLA: later collectives must not stay chained to the failed one by the token."""
-    if getattr(tp, "device_type", "cpu") == "xla":
-        from funcoll.transport.xla import reset_token
-
-        reset_token(tp.control_device)
-
-
 def _xla_on_cpu() -> bool:
     try:
         import torch_xla.runtime as xr
@@ -434,7 +416,10 @@ def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
         got = f"raised {type(e).__name__}: {_first_line(e)}"
     del issued  # the device tensors (on XLA, those of a failed graph too) must not reach the next sync
     if isinstance(got, str):
-        _recover(tp)
+        if getattr(tp, "device_type", "cpu") == "xla":  # later collectives must not stay chained to the failed graph
+            from funcoll.transport.xla import reset_token
+
+            reset_token(tp.control_device)
         return [got] if len(cases) == 1 else [v for c in cases for v in _run_batch(tp, [c], dev)]
     verdicts = []
     for c, (outs, err) in zip(cases, got):
