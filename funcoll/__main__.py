@@ -1,14 +1,10 @@
-"""funcoll's command line: ``python -m funcoll report|probe|demo``.
+"""funcoll's command line: ``python -m funcoll report|probe|demo`` (each option: ``--help``; examples:
+docs/observability.md, "The command line").
 
-* ``report``: the capability table, derived from the code (what funcoll's algorithms do for each request), for the
-  named columns (default: those of docs/capabilities.md) or for devices (``--device xpu --torch-version 2.11
-  --oneccl-version 2022.0 --oneccl-build-version 2021.17.2 --topology scale-up``: then also the XCCL fact rows of
-  that stack), as Markdown or JSON; ``--probed`` adds the probe results cached on this machine.
-* ``probe``: :func:`funcoll.probe` on a live group. Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) on the
-  world it joins; otherwise on a local world of ``--world`` CPU ranks over gloo (``--profile xccl``: the XCCL
-  table). ``--simulate-wrong "all_reduce max int32"`` makes the transport return a wrong result for that request,
-  to see the probe catch it.
-* ``demo``: the demo (:mod:`funcoll.demo`).
+``report`` prints the capability table derived from the code, for profiles or for a device's stack (with its XCCL or
+TorchTPU fact rows), as Markdown or JSON; ``probe`` runs :func:`funcoll.probe.run` under ``torchrun`` on the world it
+joins, else on a local world of CPU ranks over gloo (``--simulate-wrong`` makes one request wrong, to see it caught);
+``demo`` runs :mod:`funcoll.demo`.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import warnings
 from typing import List, Optional
 
 import torch
@@ -131,9 +126,7 @@ def _probe_rank(rank, n, device, cache, simulate):
     with funcoll.record() as calls:
         if case.req.primitive == "reduce_scatter":
             x, whole = x.new_empty((case.k,)), x
-            with warnings.catch_warnings():  # torch >= 2.10 prefers reduce_scatter_single; both reach funcoll
-                warnings.simplefilter("ignore", FutureWarning)
-                dist.reduce_scatter_tensor(x, whole, op=op)
+            dist.reduce_scatter_tensor(x, whole, op=op)
         elif case.req.primitive == "all_reduce":
             dist.all_reduce(x, op=op)
         else:

@@ -8,7 +8,6 @@ never hangs. ``target`` is "module:function" (importable with the parent's sys.p
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -59,15 +58,6 @@ def _child(rank, world, port, target, args, backend, q, coll_timeout):
             pass
 
 
-@contextlib.contextmanager
-def _environment(env: Mapping[str, Optional[str]]):
-    """Sets (None: removes) environment variables for the block: spawned ranks inherit them at start."""
-    with mock.patch.dict(os.environ, {k: v for k, v in env.items() if v is not None}):
-        for k in [k for k, v in env.items() if v is None]:
-            os.environ.pop(k, None)
-        yield
-
-
 def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
                 deadline: float = 180, backend: str = "funcoll", coll_timeout: float = 60,
                 env: Optional[Mapping[str, Optional[str]]] = None) -> Tuple[list, list, list]:
@@ -79,7 +69,10 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    with _environment({**(env or {}), "FUNCOLL_PROFILE": profile}):
+    env = {**(env or {}), "FUNCOLL_PROFILE": profile}
+    with mock.patch.dict(os.environ, {k: v for k, v in env.items() if v is not None}):  # the ranks inherit it at start
+        for k in [k for k, v in env.items() if v is None]:
+            os.environ.pop(k, None)
         procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, q, coll_timeout),
                              daemon=True)
                  for r in range(world_size)]
@@ -88,10 +81,7 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     results: dict = {}
     end = time.monotonic() + deadline
     try:
-        while len(results) < world_size:
-            left = end - time.monotonic()
-            if left <= 0:
-                break
+        while len(results) < world_size and (left := end - time.monotonic()) > 0:
             try:
                 rank, status, res = q.get(timeout=min(left, 0.5))
             except queue.Empty:

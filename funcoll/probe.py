@@ -1,27 +1,14 @@
-"""The capability probe: verify, on the live group, that what the capability table calls native is right.
+"""The capability probe: verify, on the live group, that what the capability table calls native is right (the whole
+contract, what it runs, the reference, the demotions and the cache: docs/observability.md).
 
-The capability tables (:mod:`funcoll.transport`, the XCCL fact table of :mod:`funcoll.transport.xpu`) are beliefs
-about library versions; XCCL and torch_xla have shipped wrong results on some paths (integer MIN/MAX,
-double-divided AVG, uneven all_to_all on some GPUs), and a version table cannot catch a bug nobody has reported.
-:func:`run` runs, on the group's own transport, a tiny collective for every request the table calls native:
-
-* every ``(reducing primitive, reduce op, dtype)`` with ``caps.reduces(primitive, op, dtype)`` (all_reduce,
-  all_reduce_coalesced, reduce_scatter, reduce) that funcoll's algorithms can send natively (bool only as
-  and/or/xor, complex and float8 never);
-* every dtype the transport moves natively, through each moving primitive it has (all_gather, even and uneven
-  all_to_all, broadcast, gather, scatter),
-
-each at two sizes (3 elements per rank, and about 1024 elements in all). Inputs are built from a seed, so every
-rank builds every rank's inputs and computes the reference locally with :mod:`funcoll.reference`, the tests' own
-(integers exactly, with the dtype's wrap-around; floats in float64, within :func:`funcoll.reference.tolerance`);
-nothing is exchanged to build it. The verdicts of every rank are gathered, so every rank demotes the same requests
-(a strategy that differs between ranks would hang).
-
-A request whose native result is wrong is demoted, for this process, on that transport (:func:`demote`: its
-``Capabilities`` is replaced so the algorithms take the strategy they take where the library lacks it; what cannot be
-routed around is reported as *unfixable*). The verified table is cached on disk (``FUNCOLL_PROBE_CACHE``), keyed by
-the stack; a cache entry every rank holds is applied without running the collectives. ``FUNCOLL_PROBE=1`` probes
-every transport a funcoll group creates (:func:`at_creation`). The whole contract: docs/observability.md.
+The capability tables are beliefs about library versions; XCCL and torch_xla have shipped wrong results on some paths
+(integer MIN/MAX, double-divided AVG, uneven all_to_all), and a version table cannot catch a bug nobody has reported.
+:func:`run` issues, on the group's own transport, a tiny collective for every request the table calls native
+(:func:`requests`), checks each against :mod:`funcoll.reference` computed locally from every rank's seeded inputs
+(nothing is exchanged to build it), gathers every rank's verdicts (every rank demotes the same requests: a strategy
+that differs between ranks would hang) and demotes, for this process, what was wrong (:func:`demote`). The verified
+table is cached on disk (``FUNCOLL_PROBE_CACHE``); ``FUNCOLL_PROBE=1`` probes every transport a funcoll group creates
+(:func:`at_creation`).
 """
 
 from __future__ import annotations
@@ -57,15 +44,10 @@ R = ReduceOp
 SCHEMA = 1
 _REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
 _BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
-_BATCH_BYTES = 16 << 20  # bytes of this rank's inputs per batch (on XLA: one graph)
+_BATCH_BYTES = 16 << 20  # at most this many bytes of this rank's inputs per batch (on XLA: one graph)
 
 _results: List["ProbeResult"] = []
 _probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
-
-
-_DTYPES_BY_NAME = {dtype_name(d): d for d in (list(reference.BITS) + [torch.bool, torch.float16, torch.bfloat16,
-                                                                       torch.float32, torch.float64]
-                                               + sorted(FLOAT8, key=str))}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -88,14 +70,16 @@ class Request:
         """``"all_reduce max int32"``, ``"all_to_all uneven float32"``, ``"all_gather bfloat16"``."""
         parts = name.split()
         try:
-            dtype = _DTYPES_BY_NAME[parts[-1]]
+            dtype = getattr(torch, parts[-1])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(parts[-1])
             if parts[:2] == ["all_to_all", "uneven"] and len(parts) == 3:
                 return Request("all_to_all uneven", None, dtype)
             if len(parts) == 3 and parts[0] in _REDUCING:
                 return Request(parts[0], ReduceOp(parts[1]), dtype)
             if len(parts) == 2:
                 return Request(parts[0], None, dtype)
-        except (KeyError, ValueError):
+        except (AttributeError, IndexError, ValueError):
             pass
         raise ValueError(f"funcoll.probe: cannot read a request from {name!r}; write e.g. 'all_reduce max int32', "
                          f"'all_to_all uneven float32' or 'all_gather bfloat16'")
@@ -108,38 +92,14 @@ class Request:
 
 def requests(caps: Capabilities, size: int) -> List[Request]:
     """Every request ``caps`` calls native that funcoll's algorithms can send natively, in a fixed order."""
-    out = []
     dtypes = sorted(caps.dtypes, key=str)
-    for prim in _REDUCING:
-        if not caps.has(prim):
-            continue
-        for dt in dtypes:
-            if dt.is_complex or dt in FLOAT8:
-                continue
-            valid = reference.valid_ops(dt)
-            out += [Request(prim, op, dt) for op in ReduceOp if caps.reduces(prim, op, dt) and op.value in valid
-                    and (dt != torch.bool or op in _BOOL_NATIVE)]
-    for dt in dtypes:
-        for prim in ("all_gather", "all_to_all", "broadcast", "gather", "scatter"):
-            if caps.has(prim):
-                out.append(Request(prim, None, dt))
-        if caps.has("all_to_all") and caps.uneven_all_to_all and size > 1:
-            out.append(Request("all_to_all uneven", None, dt))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# inputs (deterministic per rank) and references
-# ---------------------------------------------------------------------------------------------------
-def _mismatch(got: torch.Tensor, want: torch.Tensor, req: Request, n: int) -> Optional[str]:
-    """None when ``got`` (CPU) matches ``want`` (moved: bit for bit; reduced: :func:`funcoll.reference.close`)."""
-    if req.op is not None:
-        return reference.close(got, want, n, str(req.op), "grid")
-    a, b = _bytes(got), _bytes(want)
-    if a.shape == b.shape and torch.equal(a, b):
-        return None
-    bad = (a != b).nonzero() if a.shape == b.shape else None
-    return f"bytes differ{f' from byte {int(bad[0])}' if bad is not None and len(bad) else ''}"
+    reduced = [(prim, dt, reference.valid_ops(dt)) for prim in _REDUCING if caps.has(prim) for dt in dtypes
+               if not (dt.is_complex or dt in FLOAT8)]
+    out = [Request(prim, op, dt) for prim, dt, valid in reduced for op in ReduceOp
+           if caps.reduces(prim, op, dt) and op.value in valid and (dt != torch.bool or op in _BOOL_NATIVE)]
+    moves = [p for p in ("all_gather", "all_to_all", "broadcast", "gather", "scatter") if caps.has(p)]
+    moves += ["all_to_all uneven"] if caps.has("all_to_all") and caps.uneven_all_to_all and size > 1 else []
+    return out + [Request(p, None, dt) for dt in dtypes for p in moves]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -222,7 +182,8 @@ class _Case:
             want = inputs[self.root]
         else:  # scatter
             want = inputs[self.root][mine]
-        return _mismatch(torch.cat(got), want, req, self.n)
+        # reduced: within the reference's tolerance over n ranks; moved: as over one rank (equal values, equal bits)
+        return reference.close(torch.cat(got), want, self.n if req.op is not None else 1, str(req.op), "grid")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -345,13 +306,10 @@ def _library(tp, device_type: str) -> str:
         from funcoll.transport.xpu import stack_versions
 
         return f"oneCCL {stack_versions(True)[1] or 'unknown'}"
-    if device_type == "xla":
-        try:
-            from importlib import metadata
+    if device_type == "xla":  # an XLA transport exists only where torch_xla imports
+        import torch_xla
 
-            return f"torch_xla {metadata.version('torch_xla')}"
-        except Exception:
-            return "torch_xla unknown"
+        return f"torch_xla {torch_xla.__version__}"
     backend = getattr(tp, "backend", None)
     return type(backend).__name__.replace("ProcessGroup", "").lower() if backend is not None else type(tp).__name__
 
@@ -390,9 +348,7 @@ def cached_entries(device_types: Sequence[str] = ()) -> List[dict]:
     return [e for e in found if e is not None and e.get("key", {}).get("torch") == torch.__version__]
 
 
-def _write_cache(path: Optional[str], entry: dict) -> None:
-    if path is None:
-        return
+def _write_cache(path: str, entry: dict) -> None:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -406,24 +362,11 @@ def _write_cache(path: Optional[str], entry: dict) -> None:
 # ---------------------------------------------------------------------------------------------------
 # the probe
 # ---------------------------------------------------------------------------------------------------
-def _device_of(tp):
-    dev = getattr(tp, "control_device", None)
-    return torch.device(dev) if dev is not None else torch.device("cpu")
-
-
 def _sync(tp) -> None:
     if getattr(tp, "device_type", "cpu") == "xla":
         import torch_xla
 
         torch_xla.sync()
-
-
-def _recover(tp) -> None:
-    """After a failed graph on XLA: later collectives must not stay chained to the failed one by the token."""
-    if getattr(tp, "device_type", "cpu") == "xla":
-        from funcoll.transport.xla import reset_token
-
-        reset_token(_device_of(tp))
 
 
 def _xla_on_cpu() -> bool:
@@ -447,10 +390,6 @@ def _all_gather_bytes(tp, mine: torch.Tensor, dev) -> torch.Tensor:
     algorithms.all_gather_into_tensor(tp, g, d).wait()
     _sync(tp)
     return g.cpu().view(tp.size, d.numel())
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
 
 
 def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
@@ -477,7 +416,10 @@ def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
         got = f"raised {type(e).__name__}: {_first_line(e)}"
     del issued  # the device tensors (on XLA, those of a failed graph too) must not reach the next sync
     if isinstance(got, str):
-        _recover(tp)
+        if getattr(tp, "device_type", "cpu") == "xla":  # later collectives must not stay chained to the failed graph
+            from funcoll.transport.xla import reset_token
+
+            reset_token(tp.control_device)
         return [got] if len(cases) == 1 else [v for c in cases for v in _run_batch(tp, [c], dev)]
     verdicts = []
     for c, (outs, err) in zip(cases, got):
@@ -502,7 +444,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     t0 = time.monotonic()
     device_type = str(device_type or getattr(tp, "device_type", "cpu"))
     group = str(group) if group is not None else group_label(tp)
-    dev = _device_of(tp)
+    dev = torch.device(getattr(tp, "control_device", None) or "cpu")
     caps = _base_caps(tp)
     n, rank = tp.size, tp.rank
     reqs = requests(tp.caps, n)
@@ -524,15 +466,9 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
         wrong = dict(entry["wrong"])
     else:
         # 2. every native request, at two sizes (3 elements per rank, about 1024 in all), in batches of bounded size
-        batches: List[List[_Case]] = [[]]
-        size = 0
-        for c in (_Case(r, n, k) for k in (3, max(1, math.ceil(1024 / n))) for r in reqs):
-            if batches[-1] and size + max(c.numel) * 8 > _BATCH_BYTES:
-                batches.append([])
-                size = 0
-            batches[-1].append(c)
-            size += max(c.numel) * 8
-        verdicts = [v for batch in batches for v in _run_batch(tp, batch, dev)]
+        cases = [_Case(r, n, k) for k in (3, max(1, math.ceil(1024 / n))) for r in reqs]
+        per = max(1, _BATCH_BYTES // max([max(c.numel) * 8 for c in cases], default=1))  # cases per batch
+        verdicts = [v for i in range(0, len(cases), per) for v in _run_batch(tp, cases[i:i + per], dev)]
         # 3. every rank's verdicts: the union, so that every rank demotes the same requests
         flags = torch.tensor([any(verdicts[j::len(reqs)]) for j in range(len(reqs))], dtype=torch.uint8)
         every = _all_gather_bytes(tp, flags, dev)
@@ -550,7 +486,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
                       tp.caps.name)
     _results.append(res)
     _probed[tp] = res
-    if not cached:
+    if not cached and path is not None:
         _write_cache(path, {"key": key, "checked": names, "wrong": wrong, "demoted": demoted,
                             "unfixable": unfixable, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     for name, why in wrong.items():

@@ -5,6 +5,8 @@ docs/capabilities.md holds it."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from funcoll import algorithms, transport
@@ -145,22 +147,16 @@ def xccl_fact_table() -> str:
 
     rows, lines = xpu.TORCH_ROWS, []
     for key, fact in xpu.XCCL_FACTS.items():
-        runs: list = []  # (first row, last row, topologies) of consecutive rows with the same overridability
-        for r in rows:
-            topo = xpu.overridable(key, r, (2022, 0))
-            if runs and runs[-1][2] == topo:
-                runs[-1][1] = r
-            else:
-                runs.append([r, r, topo])
+        over = {r: xpu.overridable(key, r, (2022, 0)) for r in rows}
+        runs = [(topo, list(g)) for topo, g in itertools.groupby(rows, over.__getitem__)]  # consecutive rows alike
         if len(runs) == 1:
-            ov = ", ".join(runs[0][2]) or "no"
+            ov = ", ".join(runs[0][0]) or "no"
         else:
             parts = []
-            for first, last, topo in runs:
-                if topo:
-                    when = first if first == last else f"{first}+" if last == rows[-1] else f"{first}-{last}"
-                    extra = " (built against oneCCL >= 2021.17)" if first == "2.11" else ""
-                    parts.append(f"{when}: {', '.join(topo)}{extra}")
+            for topo, (first, last) in ((t, (rs[0], rs[-1])) for t, rs in runs if t):
+                when = first if first == last else f"{first}+" if last == rows[-1] else f"{first}-{last}"
+                extra = " (built against oneCCL >= 2021.17)" if first == "2.11" else ""
+                parts.append(f"{when}: {', '.join(topo)}{extra}")
             ov = "; ".join(parts)
         lines.append([f"`{key}`", fact.what, *(_xccl_cell(key, r) for r in rows), ov, fact.strategy])
     return markdown_table(["fact", "request", *(f"torch {r}" for r in rows), "override", "funcoll's strategy"], lines)
@@ -174,18 +170,12 @@ def xccl_fact_details() -> str:
     out = []
     for key, fact in xpu.XCCL_FACTS.items():
         out.append(f"- **`{key}`** ({fact.what}):")
-        for i, (first, what) in enumerate(fact.by_torch):
-            if i + 1 < len(fact.by_torch):  # up to the row before the next entry
-                last = xpu.TORCH_ROWS[xpu.TORCH_ROWS.index(fact.by_torch[i + 1][0]) - 1]
-                when = f"torch {first}" if last == first else f"torch {first}-{last}"
-            else:
-                when = f"torch {first}+"
+        for (first, what), nxt in zip(fact.by_torch, [f for f, _ in fact.by_torch[1:]] + [None]):
+            last = xpu.TORCH_ROWS[xpu.TORCH_ROWS.index(nxt) - 1] if nxt else None  # the row before the next entry
+            when = f"torch {first}+" if last is None else f"torch {first}" if last == first else f"torch {first}-{last}"
             out.append(f"  - {when}: {what}")
-        if fact.build:
-            out.append(f"  - built against: {fact.build}")
-        if fact.unknown:
-            out.append(f"  - unknown: {fact.unknown}")
-        out.append(f"  - sources: {fact.source}")
+        out += [f"  - {label}: {text}" for label, text in
+                (("built against", fact.build), ("unknown", fact.unknown), ("sources", fact.source)) if text]
     return "\n".join(out) + "\n"
 
 

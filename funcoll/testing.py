@@ -133,16 +133,6 @@ def _target_name(target) -> str:
     return normalize_text(f"{module}.{name}" if module else name)
 
 
-def _named_args(node: torch.fx.Node) -> Dict[str, Any]:
-    """The node's arguments by schema name (ops only), positional and keyword."""
-    op = _overload(node.target)
-    if op is None:
-        return {}
-    out = {a.name: v for a, v in zip(op._schema.arguments, node.args)}
-    out.update(node.kwargs)
-    return out
-
-
 def render_graph(gm: Union[torch.fx.GraphModule, torch.fx.Graph], names: Optional[Mapping[str, str]] = None) -> str:
     """An FX graph as text, one node per line: ``name = target(args) -> dtype[shape]@device``; placeholders
     as ``name: dtype[shape]@device``, then ``return ...``. ``c10d.`` stands for ``_c10d_functional.``,
@@ -237,7 +227,7 @@ def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collect
         name = _target_name(n.target).split(".", 1)[1].split(".")[0]
         if name in ("wait_tensor", "wait_tensors"):
             continue
-        named = _named_args(n)
+        named = {a.name: v for a, v in zip(op._schema.arguments, n.args)} | dict(n.kwargs)  # by schema name
         inputs, rest = [], []
         for k, v in named.items():
             if k == "out":
@@ -452,12 +442,9 @@ these. Needs torch_xla and ``funcoll.install(["xla"])``."""
         raise ValueError("funcoll.testing.xla_compiled_collectives: no XLA tensor among the arguments")
     xla.reset_token(xla_args[0].device)
     cap = capture_graphs(fn, *args, backward=backward, **kwargs)
-    tensors = _tensors(cap.result) + xla_args
-    if backward:
-        tensors += [t.grad for t in xla_args if t.grad is not None]
-    if isinstance(fn, torch.nn.Module):
-        tensors += [p for p in fn.parameters() if p.device.type == "xla"]
-        tensors += [p.grad for p in fn.parameters() if p.grad is not None and p.device.type == "xla"]
+    params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
+    grads = [t.grad for t in (xla_args if backward else []) + params if t.grad is not None]
+    tensors = _tensors(cap.result) + xla_args + params + grads
     text = xla_collectives([t for t in tensors if t.device.type == "xla"], keep)
     # the ordering token now holds these collectives: the next collective (of a real world, in the same process)
     # would chain to them and run them at its sync; start afresh
