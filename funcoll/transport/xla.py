@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
@@ -150,7 +150,7 @@ class XlaTransport(Transport):
     device_type = "xla"
     dtype_views = False  # view.dtype is a CPU fallback with a sync on torch_xla 2.9 (the module's rules)
     staging_bytes = None  # one collective per request: XLA's compiler plans the temporaries
-    _caps_cache: Optional[Tuple[int, Capabilities]] = None
+    _cache: Optional[tuple] = None  # (partitions version, replica groups, uniform replica groups or None, caps)
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
                  device=None, caps: Optional[Capabilities] = None, pin_layout: bool = True):
@@ -168,36 +168,39 @@ class XlaTransport(Transport):
         # A virtual world (more funcoll ranks than the XLA runtime has replicas, built in one process to read the
         # HLO a larger job would compile) can build collectives but never run one.
         self.virtual = self.world_size > xr.world_size()
-        # (partitions version, replica groups, uniform replica groups or None)
-        self._groups_cache: Optional[Tuple[int, List[List[int]], Optional[List[List[int]]]]] = None
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
                 f"ranks={list(self.global_ranks)}, world={self.world_size}, device={self.control_device})")
 
-    # -- replica groups ------------------------------------------------------------------------------
+    # -- replica groups, and the capabilities they allow ----------------------------------------------
+    def _by_partition(self) -> tuple:
+        """(:meth:`replica_groups`, the same when all of one size else None, capabilities), cached until a partition is
+        registered. XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size: a group that has
+        none (a lone sub-group padded with singletons) has capabilities without them."""
+        key = groups.partitions_version()
+        if self._cache is None or self._cache[0] != key:
+            replica: List[List[int]] = []
+            if self.global_ranks != tuple(range(self.world_size)):
+                # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
+                mine = set(self.global_ranks)
+                replica = [list(self.global_ranks) if set(b) == mine else list(b)
+                           for b in groups.blocks_for(self.global_ranks, self.world_size)]
+            uniform = _uniform(replica, self.size, self.world_size)
+            caps = self._caps if uniform is not None else replace(
+                self._caps, primitives=self._caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
+            self._cache = (key, replica, uniform, caps)
+        return self._cache[1:]
+
     def replica_groups(self) -> List[List[int]]:
         """The replica groups for a collective over this group, as every rank of the world emits them
-        (:func:`funcoll.groups.blocks_for`, cached until a partition is registered), this group's block in group-rank
-        order; ``[]`` (HLO ``replica_groups={}``) for the whole world in rank order, as torch_xla's kernels emit it
-        (docs/xla.md, docs/performance.md: the same graph, at the same cost at any world size)."""
-        key = groups.partitions_version()
-        cached = self._groups_cache
-        if cached is None or cached[0] != key:
-            if self.global_ranks == tuple(range(self.world_size)):
-                cached = self._groups_cache = (key, [], [])
-                return cached[1]
-            blocks = groups.blocks_for(self.global_ranks, self.world_size)
-            # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
-            mine = set(self.global_ranks)
-            replica = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
-            cached = self._groups_cache = (key, replica, _uniform(replica, self.size, self.world_size))
-        return cached[1]
+        (:func:`funcoll.groups.blocks_for`), this group's block in group-rank order; ``[]`` (HLO ``replica_groups={}``)
+        for the whole world in rank order, as torch_xla's kernels emit it (docs/xla.md, docs/performance.md: the same
+        graph, at the same cost at any world size)."""
+        return self._by_partition()[0]
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
-        self.replica_groups()
-        assert self._groups_cache is not None
-        return self._groups_cache[2]
+        return self._by_partition()[1]
 
     # -- helpers -------------------------------------------------------------------------------------
     def _token(self):
@@ -293,22 +296,13 @@ class XlaTransport(Transport):
     # No _broadcast/_reduce/_gather/_scatter/_barrier: the xla profile lists none of them, and
     # the algorithms build them from all_reduce / all_gather, without a graph sync.
 
-    # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
     @property
     def caps(self) -> Capabilities:
-        key = groups.partitions_version()
-        cached = self._caps_cache
-        if cached is None or cached[0] != key:
-            caps = self._caps
-            if self._uniform_groups() is None:
-                caps = replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
-            cached = self._caps_cache = (key, caps)
-        return cached[1]
+        return self._by_partition()[2]
 
     @caps.setter
     def caps(self, value: Capabilities) -> None:
-        self._caps = value
-        self._caps_cache = None
+        self._caps, self._cache = value, None
 
 
 def _operand(t: torch.Tensor) -> torch.Tensor:
