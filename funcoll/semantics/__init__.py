@@ -60,6 +60,11 @@ class Reduction:
     def __str__(self) -> str:
         return str(self.op)
 
+    def factor_like(self, like: torch.Tensor):
+        """The factor to multiply ``like`` by: a tensor factor as a scalar on ``like``'s device, in its dtype."""
+        f = self.factor
+        return f.to(device=like.device, dtype=like.dtype).reshape(()) if isinstance(f, torch.Tensor) else f
+
 
 def parse_reduction(op, opname: str) -> Reduction:
     """Accepts a string ("sum", "avg", ...), a ``torch.distributed.ReduceOp`` (including one made by
