@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import List, Optional, Sequence, Union
 
 import torch
+import torch.distributed as dist
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
 import torch_xla.core.xla_model as xm  # both imported by torch_xla itself
 import torch_xla.runtime as xr
@@ -47,7 +48,7 @@ from funcoll.transport import (
     promised_split_bound,
     static_split_bound,
 )
-from funcoll.transport.registry import GroupContext, register_device
+from funcoll.transport.registry import register_device
 
 __all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "reset_token", "static_split_bound"]
 
@@ -161,6 +162,7 @@ class XlaTransport(Transport):
         if len(self.global_ranks) != size:
             raise ValueError(f"funcoll.xla: group {group_name!r} has size {size} but lists ranks "
                              f"{list(self.global_ranks)}")
+        _check_runtime(self.global_ranks[rank], self.world_size)
         self.control_device = normalize_device(device)
         # pin_layout=True, as torch_xla's own _c10d_functional kernels do (cross_replica_reduces.cpp): ranks
         # may compile slightly different programs around a collective, and a pinned layout keeps them agreeing.
@@ -335,23 +337,13 @@ def _check_runtime(rank_global: int, world_size: int) -> None:
                          f"(or the xla:// init method)")
 
 
-def _funcoll_factory(ctx: GroupContext) -> XlaTransport:
-    ranks = tuple(ctx.global_ranks) or tuple(range(ctx.size))
-    _check_runtime(ranks[ctx.rank], ctx.world_size)
-    return XlaTransport(ctx.name, ctx.rank, ctx.size, ranks, ctx.world_size)
-
-
 def _c10d_factory(pg, device) -> XlaTransport:
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    ranks = tuple(c10d.get_process_group_ranks(pg))
     world = dist.get_world_size() if dist.is_initialized() else pg.size()
-    _check_runtime(ranks[pg.rank()], world)
-    return XlaTransport(pg.group_name, pg.rank(), pg.size(), ranks, world, device=device)
+    return XlaTransport(pg.group_name, pg.rank(), pg.size(), dist.get_process_group_ranks(pg), world, device=device)
 
 
-register_device("xla", funcoll=_funcoll_factory, c10d=_c10d_factory)
+register_device("xla", funcoll=lambda ctx: XlaTransport(ctx.name, ctx.rank, ctx.size, ctx.global_ranks, ctx.world_size),
+                c10d=_c10d_factory)
 
 
 def reset_token(device=None) -> None:
