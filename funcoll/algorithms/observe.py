@@ -17,6 +17,7 @@ import torch
 import torch.autograd.profiler as _prof
 
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
+from funcoll.transport import PRIMITIVES
 
 __all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label"]
 
@@ -98,8 +99,7 @@ def _op_text(val, op: str) -> str:
 # ---------------------------------------------------------------------------------------------------
 # the profiler view of a transport
 # ---------------------------------------------------------------------------------------------------
-_PRIMITIVES = frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter", "all_to_all",
-                         "broadcast", "reduce", "gather", "scatter", "send", "recv", "barrier"})
+_PRIMITIVES = frozenset(PRIMITIVES) - {"send_recv"} | {"send", "recv"}  # the transport's methods that send
 
 
 class _Traced:
