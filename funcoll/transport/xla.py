@@ -68,11 +68,8 @@ def capabilities(profile_name: Optional[str] = None) -> Capabilities:
     ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile. A group whose replica groups have
     mixed sizes (a lone sub-group padded with singletons) has no all_gather, reduce_scatter or all_to_all (XLA needs
     one size); :attr:`XlaTransport.caps` says so per group, and the algorithms fill them."""
-    caps = profile("xla")
     name = profile_name if profile_name is not None else active_profile_name()
-    if name and name != "xla":
-        caps = caps.restrict(profile(name))
-    return caps
+    return profile("xla").restrict(profile(name)) if name and name != "xla" else profile("xla")
 
 
 # ---------------------------------------------------------------------------------------------------
