@@ -17,6 +17,7 @@ import torch
 import torch.autograd.profiler as _prof
 
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
+from funcoll.transport import PRIMITIVES
 
 __all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label"]
 
@@ -61,51 +62,44 @@ def group_label(tp) -> str:
     return next((k[0] for k, v in list(_c10d_cache.items()) if v is tp), "?")
 
 
-def _describe(op: str, fn, args, kwargs, tensors: list) -> Tuple[Dict[str, object], Tuple[str, ...], str]:
-    """(profiler event args, dtypes, the reduce op or "") of one collective call."""
+def _tensors(vals) -> List[torch.Tensor]:
+    """The tensors among ``vals`` and in the lists and tuples among them."""
+    return [t for v in vals for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
+
+
+def _shapes_dtypes(tensors) -> Dict[str, str]:
+    return {"shapes": str([list(t.shape) for t in tensors]),
+            "dtypes": ",".join(dict.fromkeys(dtype_name(t.dtype) for t in tensors))}
+
+
+def _describe(op: str, fn, args, kwargs) -> Tuple[Dict[str, object], List[torch.Tensor], str]:
+    """(profiler event args, tensors, the reduce op or "") of one collective call."""
     tp = args[0]
-    shapes, dtypes, extra, red = [], [], [], ""
     items = list(zip(_params(fn), args[1:])) + list(kwargs.items())
-    for name, val in items:
-        ts = ([val] if isinstance(val, torch.Tensor) else
-              val if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor) else None)
-        if ts is not None:
-            for t in ts:
-                shapes.append(list(t.shape))
-                dtypes.append(dtype_name(t.dtype))
-                if len(tensors) < 16:
-                    tensors.append(t)
-            continue
-        if val is None or (isinstance(val, (list, tuple)) and not val):
-            continue
-        if name == "op":
-            try:
-                red = str(parse_reduction(val, op))
-            except Exception:
-                red = repr(val)
-            extra.append(f"op={red}")
-        else:
-            extra.append(f"{name}={val}")
-    desc = {
-        "group": group_label(tp),
-        "rank": int(tp.rank),
-        "group_size": int(tp.size),
-        "transport": tp.caps.name,
-        "shapes": str(shapes),
-        "dtypes": ",".join(dict.fromkeys(dtypes)),
-    }
+    red = next((_op_text(val, op) for name, val in items if name == "op" and val is not None), "")
+    extra = [f"op={red}" if name == "op" else f"{name}={val}" for name, val in items
+             if val is not None and not (isinstance(val, (list, tuple)) and not val) and not _tensors([val])]
+    tensors = _tensors(val for _, val in items)
+    desc: Dict[str, object] = {"group": group_label(tp), "rank": int(tp.rank), "group_size": int(tp.size),
+                               "transport": tp.caps.name, **_shapes_dtypes(tensors)}
     if tp.global_ranks:  # unknown for a transport lent by another backend's group
         desc["global_ranks"] = ranks_text(tp.global_ranks)
     if extra:
         desc["args"] = " ".join(extra)
-    return desc, tuple(dict.fromkeys(dtypes)), red
+    return desc, tensors, red
+
+
+def _op_text(val, op: str) -> str:
+    try:
+        return str(parse_reduction(val, op))
+    except Exception:
+        return repr(val)
 
 
 # ---------------------------------------------------------------------------------------------------
 # the profiler view of a transport
 # ---------------------------------------------------------------------------------------------------
-_PRIMITIVES = frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter", "all_to_all",
-                         "broadcast", "reduce", "gather", "scatter", "send", "recv", "barrier"})
+_PRIMITIVES = frozenset(PRIMITIVES) - {"send_recv"} | {"send", "recv"}  # the transport's methods that send
 
 
 class _Traced:
@@ -124,10 +118,8 @@ class _Traced:
         tp = self._tp
 
         def call(*args, **kwargs):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)] + [
-                t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
-            info = {"transport": tp.caps.name, "dtypes": ",".join(dict.fromkeys(dtype_name(t.dtype) for t in tensors)),
-                    "shapes": str([list(t.shape) for t in tensors])}
+            tensors = _tensors(args)
+            info = {"transport": tp.caps.name, **_shapes_dtypes(tensors)}
             red = next((a for a in args if type(a).__name__ == "Reduction"), None)
             if red is not None:
                 info["op"] = str(red)
@@ -163,9 +155,8 @@ class Scope(list):
         self.args = args
         self._ranges: Optional[List] = None
         if _prof._is_profiler_enabled and args:
-            tensors: list = []
-            desc, _, _ = _describe(op, fn, args, kwargs, tensors)
-            rf = _RF(f"funcoll::{op}", tuple(tensors), desc)
+            desc, tensors, _ = _describe(op, fn, args, kwargs)
+            rf = _RF(f"funcoll::{op}", tuple(tensors[:16]), desc)
             rf.__enter__()
             self._ranges = [rf]
             self.args = (_Traced(args[0]),) + tuple(args[1:])
@@ -189,7 +180,8 @@ class Scope(list):
 
     def _log(self, args) -> None:
         tp = args[0]
-        _, dtypes, red = _describe(self.op, self._fn, args, self._kwargs, [])
+        _, tensors, red = _describe(self.op, self._fn, args, self._kwargs)
+        dtypes = tuple(dict.fromkeys(dtype_name(t.dtype) for t in tensors))
         notes = tuple(dict.fromkeys(self)) or ("native",)
         sig = (self.op, group_label(tp), tp.caps.name, dtypes, red)
         with _lock:

@@ -44,25 +44,24 @@ class Pending(Handle):
     def wait(self, timeout: Optional[timedelta] = None) -> None:
         """Waits on the native handles (in all, at most ``timeout`` when given: a c10d Work raises past it), then
         runs the finishing steps."""
-        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+        secs = None if timeout is None else timeout.total_seconds()
+        end = None if secs is None else time.monotonic() + secs
+
+        def left() -> Optional[timedelta]:  # what is left of ``timeout`` (past it: a TimeoutError)
+            if end is None:
+                return None
+            if time.monotonic() >= end:
+                raise TimeoutError(f"funcoll: collective not complete after {secs:g}s")
+            return timedelta(seconds=end - time.monotonic())
+
         if self._future is not None:  # handed over to future(): its callback runs the finishing steps
-            while deadline is not None and not self._future.done():
-                if time.monotonic() >= deadline:
-                    assert timeout is not None
-                    raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
+            while end is not None and not self._future.done():
+                left()
                 time.sleep(0.001)
             self._future.wait()
             return
         while self._handles:
-            h = self._handles[0]
-            if deadline is None:
-                wait_quietly(h)
-            else:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    assert timeout is not None
-                    raise TimeoutError(f"funcoll: collective not complete after {timeout.total_seconds():g}s")
-                wait_quietly(h, timedelta(seconds=left))
+            wait_quietly(self._handles[0], left())
             self._handles.pop(0)
         self._run_thens()
 

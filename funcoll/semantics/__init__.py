@@ -16,7 +16,6 @@ import torch
 __all__ = [
     "ReduceOp",
     "Reduction",
-    "OPS",
     "parse_reduction",
     "check_reduction",
     "check_all_gather",
@@ -46,24 +45,6 @@ class ReduceOp(str, enum.Enum):
         return self.value
 
 
-# The collectives funcoll implements (docs/design.md section 5). Eager-only ones are marked.
-OPS = (
-    "all_reduce",
-    "all_reduce_coalesced",
-    "all_gather",
-    "all_gather_coalesced",
-    "reduce_scatter",
-    "reduce_scatter_coalesced",
-    "all_to_all",
-    "broadcast",
-    "reduce",  # eager only
-    "gather",  # eager only
-    "scatter",  # eager only
-    "send",  # eager only
-    "recv",  # eager only
-    "barrier",  # eager only
-)
-
 # the names a string op may take: every op's own, and the aliases
 _BY_NAME = {**{o.value: o for o in ReduceOp}, "mul": ReduceOp.PRODUCT, "prod": ReduceOp.PRODUCT, "and": ReduceOp.BAND,
             "or": ReduceOp.BOR, "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
@@ -79,6 +60,11 @@ class Reduction:
     def __str__(self) -> str:
         return str(self.op)
 
+    def factor_like(self, like: torch.Tensor):
+        """The factor to multiply ``like`` by: a tensor factor as a scalar on ``like``'s device, in its dtype."""
+        f = self.factor
+        return f.to(device=like.device, dtype=like.dtype).reshape(()) if isinstance(f, torch.Tensor) else f
+
 
 def parse_reduction(op, opname: str) -> Reduction:
     """Accepts a string ("sum", "avg", ...), a ``torch.distributed.ReduceOp`` (including one made by
@@ -87,12 +73,8 @@ def parse_reduction(op, opname: str) -> Reduction:
     if isinstance(op, Reduction):
         return op
     red = None
-    if isinstance(op, ReduceOp):
-        red = Reduction(op)
-    elif isinstance(op, str):
-        key = op.lower()
-        if key in _BY_NAME:
-            red = Reduction(_BY_NAME[key])
+    if isinstance(op, str):  # a funcoll ReduceOp is one too
+        red = Reduction(_BY_NAME[op.lower()]) if op.lower() in _BY_NAME else None
     else:
         import torch.distributed as dist
 
@@ -149,31 +131,29 @@ def dtype_kind(dtype: torch.dtype) -> str:
     return "int"
 
 
+# A reduce op that makes no sense for a dtype: (the dtype kind or the dtype, the ops refused, the message)
+_REFUSED = (
+    ("float8", tuple(ReduceOp), "{dtype} tensors cannot be reduced (float8 is supported by non-reducing ops only); "
+                                "upcast to bfloat16 or float32 before reducing"),
+    ("float", (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR),
+     "reduce op {op} needs an integer or bool tensor, got {dtype}; use sum/avg/product/min/max, or view the tensor as "
+     "an integer dtype"),
+    ("complex", tuple(set(ReduceOp) - {ReduceOp.SUM, ReduceOp.AVG}),
+     "reduce op {op} is not defined for complex tensors ({dtype}); only sum and avg are"),
+    ("bool", (ReduceOp.AVG, ReduceOp.PREMUL_SUM),
+     "reduce op {op} is not defined for bool tensors; convert to a floating point dtype first"),
+    ("int", (ReduceOp.PREMUL_SUM,),
+     "reduce op premul_sum needs a floating point tensor, got {dtype}; multiply and use sum instead"),
+    (torch.uint64, (ReduceOp.AVG,), "reduce op avg on torch.uint64 cannot be computed exactly; use sum and divide"),
+)
+
+
 def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
     """A reduce op that makes no sense for the dtype is a TypeError, raised before anything is sent."""
-    kind = dtype_kind(dtype)
-    op = red.op
-    bad = None
-    if kind == "float8":
-        bad = (f"funcoll.{opname}: {dtype} tensors cannot be reduced (float8 is supported by "
-               "non-reducing ops only); upcast to bfloat16 or float32 before reducing")
-    elif kind == "float" and op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
-        bad = (f"funcoll.{opname}: reduce op {op} needs an integer or bool tensor, got {dtype}; "
-               "use sum/avg/product/min/max, or view the tensor as an integer dtype")
-    elif kind == "complex" and op not in (ReduceOp.SUM, ReduceOp.AVG):
-        bad = (f"funcoll.{opname}: reduce op {op} is not defined for complex tensors ({dtype}); "
-               "only sum and avg are")
-    elif kind == "bool" and op in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):
-        bad = (f"funcoll.{opname}: reduce op {op} is not defined for bool tensors; "
-               "convert to a floating point dtype first")
-    elif kind == "int" and op is ReduceOp.PREMUL_SUM:
-        bad = (f"funcoll.{opname}: reduce op premul_sum needs a floating point tensor, got {dtype}; "
-               "multiply and use sum instead")
-    elif dtype == torch.uint64 and op is ReduceOp.AVG:
-        bad = (f"funcoll.{opname}: reduce op avg on torch.uint64 cannot be computed exactly; "
-               "use sum and divide")
-    if bad:
-        raise TypeError(bad)
+    kind, op = dtype_kind(dtype), red.op
+    for what, ops, why in _REFUSED:
+        if (what == kind or what == dtype) and op in ops:
+            raise TypeError(f"funcoll.{opname}: " + why.format(op=op, dtype=dtype))
     if op is ReduceOp.PREMUL_SUM and isinstance(red.factor, torch.Tensor) and red.factor.numel() != 1:
         raise ValueError(
             f"funcoll.{opname}: premul_sum factor must be a scalar or a one-element tensor, "

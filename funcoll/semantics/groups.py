@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
-           "regular_partition", "blocks_for", "partitions_version", "replica_groups", "to_global",
-           "to_group", "new_subgroups", "split_group", "clear"]
+           "regular_partition", "blocks_for", "partitions_version", "to_global", "to_group", "new_subgroups",
+           "split_group", "clear"]
 
 
 @dataclass(frozen=True)
@@ -154,12 +154,6 @@ def _blocks_for(ranks: Tuple[int, ...], world_size: int, version: int) -> Tuple[
     covered = {r for b in blocks for r in b}
     blocks += [(r,) for r in range(world_size) if r not in covered]
     return tuple(sorted(blocks, key=min))
-
-
-def replica_groups(name: str) -> List[List[int]]:
-    """:func:`blocks_for` the group ``name``."""
-    info = lookup(name)
-    return blocks_for(info.ranks, info.world_size)
 
 
 def to_global(name: str, group_rank: int) -> int:

@@ -189,31 +189,29 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
 
 
 class _Profiles(Mapping):
-    """name -> Capabilities; ``"xccl"`` and ``"torchtpu"`` are derived on first use from their fact tables (each
-    module's ``conservative_profile``; importing them touches no device runtime)."""
+    """name -> Capabilities; a row that names a module (``"xccl"``, ``"torchtpu"``) is derived on first use from that
+    module's fact table (its ``conservative_profile()``; importing it touches no device runtime)."""
 
-    _DERIVED = {"xccl": ("funcoll.transport.xpu", "conservative_profile"),
-                "torchtpu": ("funcoll.transport.tpu", "conservative_profile")}
-
-    def __init__(self, static: Dict[str, Capabilities]):
-        self._rows = dict(static)
+    def __init__(self, rows: Dict[str, object]):
+        self._rows = rows
 
     def __getitem__(self, name: str) -> Capabilities:
-        if name not in self._rows and name in self._DERIVED:
+        row = self._rows[name]
+        if isinstance(row, str):
             import importlib
 
-            module, fn = self._DERIVED[name]
-            self._rows[name] = getattr(importlib.import_module(module), fn)()
-        return self._rows[name]
+            row = self._rows[name] = importlib.import_module(row).conservative_profile()
+        return row  # type: ignore[return-value]
 
     def __iter__(self):
-        return iter(sorted(set(self._rows) | set(self._DERIVED)))
+        return iter(sorted(self._rows))
 
     def __len__(self) -> int:
-        return len(set(self._rows) | set(self._DERIVED))
+        return len(self._rows)
 
 
-PROFILES: Mapping[str, Capabilities] = _Profiles(_STATIC_PROFILES)
+PROFILES: Mapping[str, Capabilities] = _Profiles({**_STATIC_PROFILES, "xccl": "funcoll.transport.xpu",
+                                                  "torchtpu": "funcoll.transport.tpu"})
 
 
 def profile(name: str) -> Capabilities:
@@ -386,10 +384,7 @@ class Transport:
     def tally(self, key: tuple) -> "Tally":
         """The counter of native calls under ``key`` (as :attr:`calls` names them) made without the transport, one per
         key: the eager fast path calls the backend's own method, and counts with one integer increment."""
-        t = self._tallies.get(key)
-        if t is None:
-            t = self._tallies[key] = Tally(key)
-        return t
+        return self._tallies.get(key) or self._tallies.setdefault(key, Tally(key))
 
     def _all_reduce_form(self, red: Reduction, dtype: torch.dtype, form: Callable[[Reduction], object]) -> tuple:
         """``(tally, form(red))`` for a native functional all_reduce of ``dtype`` with ``red``'s op, made once per

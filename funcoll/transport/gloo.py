@@ -202,10 +202,8 @@ class C10dTransport(Transport):
         """The reduction to hand the backend for ``red`` on ``t``: PREMUL_SUM's factor as the backend needs it (a
         scalar tensor on ``t``'s device, in its dtype: XCCL multiplies ``t`` by it), or, with ``premul_in_place``,
         ``t`` scaled in place and SUM."""
-        f = red.factor
+        f = red.factor_like(t)
         assert f is not None  # semantics.parse_reduction refuses a PREMUL_SUM without one
-        if isinstance(f, torch.Tensor):
-            f = f.to(device=t.device, dtype=t.dtype).reshape(())
         if self.premul_in_place:
             t.mul_(f)
             return Reduction(ReduceOp.SUM)

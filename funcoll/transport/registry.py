@@ -10,13 +10,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
+import torch.distributed as dist
 from torch.distributed.distributed_c10d import _world  # c10d's group registry
 
-from funcoll.semantics.groups import resolve
-from funcoll.transport import Transport
+from funcoll.semantics.groups import lookup, resolve
+from funcoll.transport import Transport, gloo
 
 __all__ = ["GroupContext", "register_device", "device_types", "transport_for", "funcoll_factory", "c10d_leg"]
 
@@ -40,12 +41,9 @@ _c10d_cache: Dict[Tuple[str, str], Transport] = {}
 _lock = threading.Lock()
 
 
-def register_device(device_type: str, *, funcoll: Optional[Callable] = None,
-                    c10d: Optional[Callable] = None) -> None:
-    if funcoll is not None:
-        _funcoll_factories[device_type] = funcoll
-    if c10d is not None:
-        _c10d_factories[device_type] = c10d
+def register_device(device_type: str, *, funcoll: Callable[[GroupContext], Transport],
+                    c10d: Callable[[Any, torch.device], Transport]) -> None:
+    _funcoll_factories[device_type], _c10d_factories[device_type] = funcoll, c10d
 
 
 def device_types():
@@ -94,8 +92,6 @@ def transport_for(group, device) -> Transport:
     try:
         pg = resolve(group)
     except RuntimeError:
-        from funcoll.semantics.groups import lookup
-
         lookup(group)  # raises the ValueError naming the fix
         raise
     tp = _transport_for(pg, device)
@@ -152,18 +148,10 @@ def forget(group_name: str) -> None:
 
 # -- the CPU reference transport ---------------------------------------------------------------------
 def _cpu_funcoll(ctx: GroupContext) -> Transport:
-    from torch.distributed import PrefixStore
-
-    from funcoll.transport import gloo
-
-    return gloo.create(PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
+    return gloo.create(dist.PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
 
 
 def _cpu_c10d(pg, device) -> Transport:
-    import torch.distributed as dist
-
-    from funcoll.transport import gloo
-
     return c10d_leg(pg, "cpu", "CPU", "init_process_group('gloo') (or backend 'funcoll')",
                     lambda b: isinstance(b, dist.ProcessGroupGloo), "gloo on CPU",
                     lambda b: gloo.C10dTransport(b, gloo.capabilities(), "cpu"))

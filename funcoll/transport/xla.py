@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
+import torch.distributed as dist
 import torch_xla  # noqa: F401  (ImportError here means: no XLA transport; funcoll leaves XLA tensors alone)
 import torch_xla.core.xla_model as xm  # both imported by torch_xla itself
 import torch_xla.runtime as xr
@@ -47,7 +48,7 @@ from funcoll.transport import (
     promised_split_bound,
     static_split_bound,
 )
-from funcoll.transport.registry import GroupContext, register_device
+from funcoll.transport.registry import register_device
 
 __all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "reset_token", "static_split_bound"]
 
@@ -67,11 +68,8 @@ def capabilities(profile_name: Optional[str] = None) -> Capabilities:
     ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile. A group whose replica groups have
     mixed sizes (a lone sub-group padded with singletons) has no all_gather, reduce_scatter or all_to_all (XLA needs
     one size); :attr:`XlaTransport.caps` says so per group, and the algorithms fill them."""
-    caps = profile("xla")
     name = profile_name if profile_name is not None else active_profile_name()
-    if name and name != "xla":
-        caps = caps.restrict(profile(name))
-    return caps
+    return profile("xla").restrict(profile(name)) if name and name != "xla" else profile("xla")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -150,7 +148,7 @@ class XlaTransport(Transport):
     device_type = "xla"
     dtype_views = False  # view.dtype is a CPU fallback with a sync on torch_xla 2.9 (the module's rules)
     staging_bytes = None  # one collective per request: XLA's compiler plans the temporaries
-    _caps_cache: Optional[Tuple[int, Capabilities]] = None
+    _cache: Optional[tuple] = None  # (partitions version, replica groups, uniform replica groups or None, caps)
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
                  device=None, caps: Optional[Capabilities] = None, pin_layout: bool = True):
@@ -161,6 +159,7 @@ class XlaTransport(Transport):
         if len(self.global_ranks) != size:
             raise ValueError(f"funcoll.xla: group {group_name!r} has size {size} but lists ranks "
                              f"{list(self.global_ranks)}")
+        _check_runtime(self.global_ranks[rank], self.world_size)
         self.control_device = normalize_device(device)
         # pin_layout=True, as torch_xla's own _c10d_functional kernels do (cross_replica_reduces.cpp): ranks
         # may compile slightly different programs around a collective, and a pinned layout keeps them agreeing.
@@ -168,36 +167,39 @@ class XlaTransport(Transport):
         # A virtual world (more funcoll ranks than the XLA runtime has replicas, built in one process to read the
         # HLO a larger job would compile) can build collectives but never run one.
         self.virtual = self.world_size > xr.world_size()
-        # (partitions version, replica groups, uniform replica groups or None)
-        self._groups_cache: Optional[Tuple[int, List[List[int]], Optional[List[List[int]]]]] = None
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
                 f"ranks={list(self.global_ranks)}, world={self.world_size}, device={self.control_device})")
 
-    # -- replica groups ------------------------------------------------------------------------------
+    # -- replica groups, and the capabilities they allow ----------------------------------------------
+    def _by_partition(self) -> tuple:
+        """(:meth:`replica_groups`, the same when all of one size else None, capabilities), cached until a partition is
+        registered. XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size: a group that has
+        none (a lone sub-group padded with singletons) has capabilities without them."""
+        key = groups.partitions_version()
+        if self._cache is None or self._cache[0] != key:
+            replica: List[List[int]] = []
+            if self.global_ranks != tuple(range(self.world_size)):
+                # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
+                mine = set(self.global_ranks)
+                replica = [list(self.global_ranks) if set(b) == mine else list(b)
+                           for b in groups.blocks_for(self.global_ranks, self.world_size)]
+            uniform = _uniform(replica, self.size, self.world_size)
+            caps = self._caps if uniform is not None else replace(
+                self._caps, primitives=self._caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
+            self._cache = (key, replica, uniform, caps)
+        return self._cache[1:]
+
     def replica_groups(self) -> List[List[int]]:
         """The replica groups for a collective over this group, as every rank of the world emits them
-        (:func:`funcoll.groups.blocks_for`, cached until a partition is registered), this group's block in group-rank
-        order; ``[]`` (HLO ``replica_groups={}``) for the whole world in rank order, as torch_xla's kernels emit it
-        (docs/xla.md, docs/performance.md: the same graph, at the same cost at any world size)."""
-        key = groups.partitions_version()
-        cached = self._groups_cache
-        if cached is None or cached[0] != key:
-            if self.global_ranks == tuple(range(self.world_size)):
-                cached = self._groups_cache = (key, [], [])
-                return cached[1]
-            blocks = groups.blocks_for(self.global_ranks, self.world_size)
-            # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
-            mine = set(self.global_ranks)
-            replica = [list(self.global_ranks) if set(b) == mine else list(b) for b in blocks]
-            cached = self._groups_cache = (key, replica, _uniform(replica, self.size, self.world_size))
-        return cached[1]
+        (:func:`funcoll.groups.blocks_for`), this group's block in group-rank order; ``[]`` (HLO ``replica_groups={}``)
+        for the whole world in rank order, as torch_xla's kernels emit it (docs/xla.md, docs/performance.md: the same
+        graph, at the same cost at any world size)."""
+        return self._by_partition()[0]
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
-        self.replica_groups()
-        assert self._groups_cache is not None
-        return self._groups_cache[2]
+        return self._by_partition()[1]
 
     # -- helpers -------------------------------------------------------------------------------------
     def _token(self):
@@ -293,22 +295,13 @@ class XlaTransport(Transport):
     # No _broadcast/_reduce/_gather/_scatter/_barrier: the xla profile lists none of them, and
     # the algorithms build them from all_reduce / all_gather, without a graph sync.
 
-    # -- capabilities per group: XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size --
     @property
     def caps(self) -> Capabilities:
-        key = groups.partitions_version()
-        cached = self._caps_cache
-        if cached is None or cached[0] != key:
-            caps = self._caps
-            if self._uniform_groups() is None:
-                caps = replace(caps, primitives=caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
-            cached = self._caps_cache = (key, caps)
-        return cached[1]
+        return self._by_partition()[2]
 
     @caps.setter
     def caps(self, value: Capabilities) -> None:
-        self._caps = value
-        self._caps_cache = None
+        self._caps, self._cache = value, None
 
 
 def _operand(t: torch.Tensor) -> torch.Tensor:
@@ -341,23 +334,13 @@ def _check_runtime(rank_global: int, world_size: int) -> None:
                          f"(or the xla:// init method)")
 
 
-def _funcoll_factory(ctx: GroupContext) -> XlaTransport:
-    ranks = tuple(ctx.global_ranks) or tuple(range(ctx.size))
-    _check_runtime(ranks[ctx.rank], ctx.world_size)
-    return XlaTransport(ctx.name, ctx.rank, ctx.size, ranks, ctx.world_size)
-
-
 def _c10d_factory(pg, device) -> XlaTransport:
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    ranks = tuple(c10d.get_process_group_ranks(pg))
     world = dist.get_world_size() if dist.is_initialized() else pg.size()
-    _check_runtime(ranks[pg.rank()], world)
-    return XlaTransport(pg.group_name, pg.rank(), pg.size(), ranks, world, device=device)
+    return XlaTransport(pg.group_name, pg.rank(), pg.size(), dist.get_process_group_ranks(pg), world, device=device)
 
 
-register_device("xla", funcoll=_funcoll_factory, c10d=_c10d_factory)
+register_device("xla", funcoll=lambda ctx: XlaTransport(ctx.name, ctx.rank, ctx.size, ctx.global_ranks, ctx.world_size),
+                c10d=_c10d_factory)
 
 
 def reset_token(device=None) -> None:

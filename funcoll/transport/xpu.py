@@ -17,11 +17,14 @@ transport is created for an XPU tensor.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from dataclasses import dataclass, replace
-from typing import Dict, Mapping, Optional, Tuple
+from importlib import metadata
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import torch
+import torch._C._distributed_c10d as C
 
 from funcoll.semantics import FLOAT8, ReduceOp
 from funcoll.transport import PRIMITIVES, Capabilities, Version, VersionedCapabilities, active_profile_name, in_force
@@ -325,33 +328,30 @@ def overridable(key: str, row: Optional[str], build: Optional[Version]) -> Tuple
     on 2.11 oneCCL's own PreMulSum exists on scale-up only and only in builds against oneCCL >= 2021.17; from 2.12 the
     all_reduce may be flipped on every topology (ProcessGroupXCCL scales and sums itself). PREMUL_SUM on
     reduce_scatter may be flipped on torch 2.11 scale-up only: from 2.12 it would scale the caller's input."""
-    if key in ("premul_sum", "premul_sum_reduce_scatter"):
-        if row is None or _row_key(row) < _row_key(_PREMUL_ONECCL_ROW):
-            return _NEVER
-        if row == _PREMUL_ONECCL_ROW:
-            return (SCALE_UP,) if build is not None and build >= _PREMUL_BUILD_2_11 else _NEVER
-        return _BOTH if key == "premul_sum" else _NEVER
-    return XCCL_FACTS[key].overridable
+    return _override_rule(key, row, build, SCALE_OUT)[0]
 
 
-def _not_overridable_why(key: str, topology: str, row: Optional[str], build: Optional[Version]) -> str:
+def _override_rule(key: str, row: Optional[str], build: Optional[Version], topology: str) -> Tuple[tuple, str]:
+    """(:func:`overridable`, why the fact cannot be flipped on ``topology`` where it cannot)."""
     fact = XCCL_FACTS[key]
     if key in ("premul_sum", "premul_sum_reduce_scatter") and row is not None:
         if _row_key(row) < _row_key(_PREMUL_ONECCL_ROW):
-            return f"cannot be overridden on torch {row} (ProcessGroupXCCL raises on PREMUL_SUM)"
+            return _NEVER, f"cannot be overridden on torch {row} (ProcessGroupXCCL raises on PREMUL_SUM)"
         if row == _PREMUL_ONECCL_ROW:
             if build is None or build < _PREMUL_BUILD_2_11:
                 b = ".".join(map(str, build)) if build else "an unknown oneCCL"
-                return (f"cannot be overridden on torch 2.11 built against {b} (PreMulSum needs oneCCL >= 2021.17 "
-                        f"at torch's build time; set {ENV_ONECCL_BUILD_VERSION})")
-            return "cannot be overridden on the scale-out path (oneCCL has PreMulSum on scale-up only)"
-        return (f"cannot be overridden on torch {row} (ProcessGroupXCCL would scale the caller's input in place)")
+                return _NEVER, (f"cannot be overridden on torch 2.11 built against {b} (PreMulSum needs oneCCL >= "
+                                f"2021.17 at torch's build time; set {ENV_ONECCL_BUILD_VERSION})")
+            return (SCALE_UP,), "cannot be overridden on the scale-out path (oneCCL has PreMulSum on scale-up only)"
+        if key == "premul_sum":
+            return _BOTH, ""
+        return _NEVER, f"cannot be overridden on torch {row} (ProcessGroupXCCL would scale the caller's input in place)"
     if fact.info:
-        return "is not a switch (funcoll's strategies respect it on every version)"
+        return _NEVER, "is not a switch (funcoll's strategies respect it on every version)"
     if fact.overridable:
-        return (f"cannot be overridden on the {topology} path (the library has it on "
-                f"{', '.join(fact.overridable)} only)")
-    return "cannot be overridden (the library has no native path)"
+        return fact.overridable, (f"cannot be overridden on the {topology} path (the library has it on "
+                                  f"{', '.join(fact.overridable)} only)")
+    return _NEVER, "cannot be overridden (the library has no native path)"
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -398,10 +398,10 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
         items = [(k.strip(), v.strip()) for k, v in (p.split("=", 1) for p in parts)]
     row, build = torch_row(torch_version), parse_version(oneccl_build)
     out = {}
-    allowed = sorted(k for k in XCCL_FACTS if topology in overridable(k, row, build))
+    allowed = sorted(k for k in XCCL_FACTS if topology in _override_rule(k, row, build, topology)[0])
     for key, val in items:
-        if key not in XCCL_FACTS or topology not in overridable(key, row, build):
-            why = "is not a fact" if key not in XCCL_FACTS else _not_overridable_why(key, topology, row, build)
+        topologies, why = _override_rule(key, row, build, topology) if key in XCCL_FACTS else ((), "is not a fact")
+        if topology not in topologies:
             raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts on {topology}: "
                              f"{', '.join(allowed)}")
         flip = val if isinstance(val, bool) else _OVERRIDE_WORDS.get(str(val).lower())
@@ -490,55 +490,38 @@ def conservative_profile(torch_version=None) -> Capabilities:
 # ------------------------------------------------------------------------------------------------------
 # reading the running stack (guarded; never touches the XPU runtime)
 # ------------------------------------------------------------------------------------------------------
+def _version_of(read: Callable[[], object]) -> Optional[str]:
+    """``read()`` when it gives a version (text that starts with a digit), else None (also when it raises: not an XPU
+    build of torch, no such package, no recorder)."""
+    try:
+        v = read()
+    except Exception:
+        return None
+    return v if isinstance(v, str) and v[:1].isdigit() else None
+
+
 def _oneccl_from_torch() -> Optional[str]:
     """``torch._C._distributed_c10d.get_xccl_version()``: onecclGetVersion of the oneCCL library loaded (xccl.h:71-84),
     in XPU builds of torch (the upstream tests compare the flight recorder's version with it)."""
-    try:
-        from torch._C._distributed_c10d import get_xccl_version  # type: ignore[attr-defined]
-
-        v = get_xccl_version()
-        return v if v and v[0].isdigit() else None
-    except Exception:  # not an XPU build of torch
-        return None
+    return _version_of(lambda: C.get_xccl_version())  # type: ignore[attr-defined]
 
 
 def _oneccl_from_metadata() -> Optional[str]:
     """The pip ``oneccl`` package torch's XPU wheels depend on (torch 2.9: oneccl==2021.16.1)."""
-    try:
-        from importlib import metadata
-
-        return metadata.version("oneccl")
-    except Exception:
-        return None
+    return _version_of(lambda: metadata.version("oneccl"))
 
 
 def _oneccl_from_flight_recorder() -> Optional[str]:
     """ProcessGroupXCCL records the oneCCL version (getXcclVersion) in its flight recorder when created; the dump
     carries an empty version when the recorder is off."""
-    try:
-        import pickle
-
-        from torch._C._distributed_c10d import _dump_xccl_trace  # type: ignore[attr-defined]
-
-        v = pickle.loads(_dump_xccl_trace()).get("comm_lib_version")
-        return v if v and v[0].isdigit() else None
-    except Exception:
-        return None
+    return _version_of(lambda: pickle.loads(C._dump_xccl_trace()).get("comm_lib_version"))  # type: ignore[attr-defined]
 
 
 def _oneccl_pinned_by_torch() -> Optional[str]:
     """The ``oneccl==X`` pin in the installed torch wheel's Requires-Dist (stock XPU wheels have one): the oneCCL the
     wheel was built and released against."""
-    try:
-        from importlib import metadata
-
-        for req in metadata.requires("torch") or ():
-            m = re.match(r"\s*oneccl\s*==\s*([0-9.]+)", req)
-            if m:
-                return m.group(1)
-    except Exception:
-        pass
-    return None
+    pin = re.compile(r"\s*oneccl\s*==\s*([0-9.]+)")
+    return _version_of(lambda: next((m.group(1) for m in map(pin.match, metadata.requires("torch") or ()) if m), None))
 
 
 def stack_versions(backend_created: bool = False) -> Tuple[str, Optional[str], str]:
@@ -634,8 +617,6 @@ class XcclTransport(C10dTransport):
         return d
 
     def _barrier(self):
-        from torch._C import _distributed_c10d as C
-
         o = C.BarrierOptions()
         d = self.control_device
         if d.type == "xpu":
