@@ -228,6 +228,8 @@ def stock_group(ours):
                                backend.size())
         pg._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, backend)
         pg._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
+        pg._set_group_name("funcoll-bench-stock")  # resolvable by name, as DeviceMesh.from_group needs
+        c10d._register_process_group("funcoll-bench-stock", pg)
         world = c10d._world
         world.pg_group_ranks[pg] = {dist.get_global_rank(ours, r): r for r in range(backend.size())}
         world.pg_map[pg] = ("gloo", None)
@@ -246,6 +248,7 @@ def forget_stock(pg) -> None:
     from torch.distributed import distributed_c10d as c10d
 
     if c10d._world.pg_names.get(pg) == "funcoll-bench-stock":
+        c10d._unregister_process_group("funcoll-bench-stock")
         for table in (c10d._world.pg_group_ranks, c10d._world.pg_map, c10d._world.pg_names,
                       c10d._world.pg_backend_config):
             table.pop(pg, None)

@@ -353,13 +353,11 @@ class NativeWork(FuncollWork):
 
     def _backend_future(self) -> Optional[torch.futures.Future]:
         """The backend Work's own future; None where it has none (c10d's "not implemented": asked once)."""
-        if not self._nofut:
-            try:
-                fut, self._nofut = self._h.get_future(), False
-                return fut
-            except (RuntimeError, AttributeError):  # not implemented, or a handle without futures
-                self._nofut = True
-        return None
+        try:
+            fut, self._nofut = (None, True) if self._nofut else (self._h.get_future(), False)
+        except (RuntimeError, AttributeError):  # not implemented, or a handle without futures
+            fut, self._nofut = None, True
+        return fut
 
     # -- the Work API ---------------------------------------------------------------------------------
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
