@@ -74,6 +74,8 @@ def table(rows) -> str:
             extra += f" sent {r['bytes_sent_ratio']:.2f}x"
         if "losses_equal" in r:
             extra = "losses equal" if r["losses_equal"] else "LOSSES DIFFER"
+            if "cpu_delta_us" in r:  # the calling thread's own CPU time per step, funcoll - raw
+                extra = f"cpu {r['cpu_delta_us']:+.0f}us, {extra}"
         elif "d1" in r and not extra:  # the median per-call difference (µs), its quartiles
             extra = f"{r['delta_us']:+.1f}us [{r['d1']:+.0f}..{r['d3']:+.0f}]"
             if "cpu_delta_us" in r:  # the calling thread's own CPU time per call, funcoll - raw

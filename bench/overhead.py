@@ -2,7 +2,7 @@
 
 * eager, world 1 and 2: per-call cost of ``dist.*`` (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
   all_to_all_single, broadcast, the list forms all_gather and reduce_scatter, barrier, and at world 2 a send/recv round
-  trip) on a funcoll group vs c10d's stock path over the same gloo backend (:func:`_stock_group`), 4 B to 1 MiB,
+  trip) on a funcoll group vs c10d's stock path over the same gloo backend (:func:`stock_group`), 4 B to 1 MiB,
   blocking, with one "pooled" row per op (the median of all its per-block ratios and differences over the sizes); the
   async issue time of all_reduce (until ``async_op=True`` returns; the waits are not timed); at world 1, the floor of
   any Python process group (a method that only forwards ``allreduce`` to gloo, "forward only"). World 1 runs pinned to
@@ -212,7 +212,7 @@ def _block_with(fn, k) -> tuple:
             group.__dict__.pop(name, None)
 
 
-def _stock_group(ours):
+def stock_group(ours):
     """A stock c10d ProcessGroup over the very gloo backend funcoll's group ``ours`` uses, registered with c10d like
     any group of the world's ranks: the raw side of the per-op rows. Two gloo backends of the same ranks can differ by
     far more than funcoll's cost (their TCP pairs wake up differently: a one-way stream of 4 B sends measured 0.2 ms
@@ -228,6 +228,8 @@ def _stock_group(ours):
                                backend.size())
         pg._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, backend)
         pg._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
+        pg._set_group_name("funcoll-bench-stock")  # resolvable by name, as DeviceMesh.from_group needs
+        c10d._register_process_group("funcoll-bench-stock", pg)
         world = c10d._world
         world.pg_group_ranks[pg] = {dist.get_global_rank(ours, r): r for r in range(backend.size())}
         world.pg_map[pg] = ("gloo", None)
@@ -240,6 +242,18 @@ def _stock_group(ours):
     return pg
 
 
+def forget_stock(pg) -> None:
+    """c10d forgets a group made by :func:`stock_group` (nothing else, e.g. the profiler's group listing, meets it);
+    any other group is left alone."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if c10d._world.pg_names.get(pg) == "funcoll-bench-stock":
+        c10d._unregister_process_group("funcoll-bench-stock")
+        for table in (c10d._world.pg_group_ranks, c10d._world.pg_map, c10d._world.pg_names,
+                      c10d._world.pg_backend_config):
+            table.pop(pg, None)
+
+
 def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
     """Per-call cost of each native collective, funcoll group vs plain gloo group, 4 B to 1 MiB per rank (blocking),
     then one row per op pooling its sizes (what issue 11's target reads: the median of the paired ratios), and the
@@ -249,7 +263,7 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
     torch.set_num_threads(1)
     raw = dist.new_group(backend="gloo")
     ours = dist.group.WORLD
-    stock = _stock_group(ours) or raw  # the per-op rows: c10d's path over funcoll's own gloo backend
+    stock = stock_group(ours) or raw  # the per-op rows: c10d's path over funcoll's own gloo backend
     if pinned:  # the new group's worker threads too
         _pin_process(0)
     rows: list = []
@@ -355,12 +369,7 @@ def _eager(rank: int, n: int, blocks: int, pinned: bool = False) -> list:
     if rank == 0:
         progress(f"world {n}: async issue")
     r = paired(issue(stock), issue(ours), blocks, timed=_issue_block)
-    if stock is not raw:  # c10d forgets the stock group: nothing else (the profiler's group listing) meets it
-        from torch.distributed import distributed_c10d as c10d
-
-        for table in (c10d._world.pg_group_ranks, c10d._world.pg_map, c10d._world.pg_names,
-                      c10d._world.pg_backend_config):
-            table.pop(stock, None)
+    forget_stock(stock)
     rows.append({"case": f"async issue all_reduce 4 B{' (1 CPU)' if pinned else ''}", "bytes": 4, "world": n, **r})
     rows += modes(rank, n, blocks, raw, " (1 CPU)" if pinned else "")
     dist.barrier()

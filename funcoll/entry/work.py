@@ -39,7 +39,7 @@ from funcoll.entry.errors import (
 )
 from funcoll.entry.flight_recorder import NativeEntry, recent
 from funcoll.transport import wait_quietly
-from funcoll.transport.gloo import has_future, in_background, track_callbacks
+from funcoll.transport.gloo import in_background, track_callbacks
 
 _now = time.time
 
@@ -349,10 +349,15 @@ class NativeWork(FuncollWork):
         self._finish(None)
 
     def _no_future(self) -> bool:
-        nf = self._nofut
-        if nf is None:
-            nf = self._nofut = not has_future(self._h)
-        return nf
+        return self._nofut if self._nofut is not None else self._backend_future() is None
+
+    def _backend_future(self) -> Optional[torch.futures.Future]:
+        """The backend Work's own future; None where it has none (c10d's "not implemented": asked once)."""
+        try:
+            fut, self._nofut = (None, True) if self._nofut else (self._h.get_future(), False)
+        except (RuntimeError, AttributeError):  # not implemented, or a handle without futures
+            fut, self._nofut = None, True
+        return fut
 
     # -- the Work API ---------------------------------------------------------------------------------
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -428,7 +433,8 @@ class NativeWork(FuncollWork):
         if finished:
             self._settle(out)
             return out
-        if self._no_future():  # whoever waits on the backend's Work completes the future (_finish)
+        backend_fut = self._backend_future()  # one call: DDP asks every bucket's Work for its future
+        if backend_fut is None:  # whoever waits on the backend's Work completes the future (_finish)
             if self._claim():
                 in_background(self._wait_backend)
             return out
@@ -448,7 +454,6 @@ class NativeWork(FuncollWork):
             except RuntimeError:  # completed meanwhile by a wait() on another thread (_finish)
                 pass
 
-        backend_fut = self._h.get_future()
         backend_fut.add_done_callback(finish)
         track_callbacks(backend_fut)
         return out

@@ -120,7 +120,8 @@ def _rank_results(rank, n):
 
 
 def _rank_more(rank, n):
-    """The list forms of all_gather and reduce_scatter, gather, scatter, barrier, send and recv, blocking and async,
+    """The list forms of all_gather and reduce_scatter, gather, scatter, barrier, send and recv, blocking and async, and
+    an async all_reduce read through its future alone (as DDP reads it),
     twice each: results
     against references and against a raw gloo group of the same ranks; which path ran; the flight recorder; and how
     many background waiters the Works started (only for a future or a poll that needs one)."""
@@ -197,6 +198,14 @@ def _rank_more(rank, n):
                                                          torch.equal(out, sum(xs[r][rank] for r in range(n))),
                                                          w.wait(), w.wait(), w.is_success())
         waiters[f"reduce_scatter get_future {attempt}"] = len(jobs) - before
+        t = ins[rank].clone()
+        w = dist.all_reduce(t, async_op=True)
+        before = len(jobs)
+        value = w.get_future().wait()  # as DDP's Reducer: only the future; gloo's all_reduce Work has one of its own
+        got[f"async all_reduce future {attempt}"] = (type(w) is NativeWork, value[0].data_ptr() == t.data_ptr(),
+                                                     torch.equal(t, sum(ins)), w.is_completed(), w.is_success(),
+                                                     funcoll.flight_recorder.entries()[-1].state == "completed")
+        waiters[f"all_reduce get_future {attempt}"] = len(jobs) - before
 
         if n > 1:
             src = (rank - 1) % n
@@ -420,13 +429,15 @@ def test_list_forms_gather_scatter_barrier_and_point_to_point_take_the_fast_path
                                                     "send", "recv")}
         f32 = torch.float32
         want = {("all_gather", "", f32): 4, ("reduce_scatter", "sum", f32): 3, ("reduce_scatter", "max", f32): 1,
-                ("gather", "", f32): 4, ("scatter", "", f32): 4, ("barrier", "", None): 4 + 2 * (n > 1)}
+                ("gather", "", f32): 4, ("scatter", "", f32): 4, ("barrier", "", None): 4 + 2 * (n > 1),
+                ("all_reduce", "sum", f32): 2}
         if n > 1:
             want[("send_recv", "", f32)] = 2 * (2 + 2 + 2)  # blocking, async waited, async polled: one send, one recv
         assert r["calls"] == want, r["calls"]
         # a background waiter only where a Work's missing parts were asked for: a future, a poll of a running Work
         w = r["waiters"]
         assert w["reduce_scatter get_future 0"] == w["reduce_scatter get_future 1"] == 1, w
+        assert w["all_reduce get_future 0"] == w["all_reduce get_future 1"] == 0, w  # chained on gloo's own future
         if n > 1:
             assert w["isend/irecv waited 0"] == w["isend/irecv waited 1"] == 0, w
             assert 0 < w["isend/irecv polled 0"] <= 2 and 0 < w["isend/irecv polled 1"] <= 2, w
@@ -434,10 +445,10 @@ def test_list_forms_gather_scatter_barrier_and_point_to_point_take_the_fast_path
         coll = [e for e in r["entries"] if e[2] is None]
         p2p = [e for e in r["entries"] if e[2] is not None]
         assert [e[1] for e in coll] == list(range(coll[0][1], coll[0][1] + len(coll))), coll
-        # per attempt: 2 all_gather, 2 reduce_scatter, 2 gather, 2 scatter, 2 barrier (+1 at n=2)
-        assert len(coll) == 2 * (10 + (n > 1))
+        # per attempt: 2 all_gather, 2 reduce_scatter, 2 gather, 2 scatter, 2 barrier (+1 at n=2), 1 all_reduce
+        assert len(coll) == 2 * (11 + (n > 1))
         assert all(e[3] == "completed" and e[4] == ["native"] for e in r["entries"]), r["entries"]
-        assert {e[0] for e in coll} == {"all_gather", "reduce_scatter", "gather", "scatter", "barrier"}
+        assert {e[0] for e in coll} == {"all_gather", "reduce_scatter", "gather", "scatter", "barrier", "all_reduce"}
         if n > 1:
             assert [e[2] for e in p2p] == list(range(12)) and {e[0] for e in p2p} == {"send", "recv"}, p2p
 
