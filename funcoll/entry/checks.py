@@ -27,8 +27,8 @@ from funcoll.entry.errors import (
     backend_message,
     is_backend_timeout,
 )
-from funcoll.entry.fingerprint import SLOTS, agree, compare, digest, who
-from funcoll.entry.flight_recorder import Call, describe, ranks_text, recent
+from funcoll.entry.fingerprint import SLOTS, agree, compare, digest, mismatch, who
+from funcoll.entry.flight_recorder import Call, describe, recent
 from funcoll.entry.group_state import GroupState
 
 __all__ = ["store_check", "size_guard"]
@@ -144,8 +144,7 @@ def _failure(st: GroupState, call: Call, e: BaseException) -> CollectiveError:
     return CollectiveError(f"funcoll: {call.label()} failed: {backend_message(e)}")
 
 
-_DEBUG_SUFFIX = "(cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL)"
-_GUARD_SUFFIX = "(funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off)"
+_GUARD = "funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off"
 
 
 def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
@@ -164,22 +163,13 @@ def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
     fps = [d["fp"] for d in got]
     seqs = [int(d["seq"]) for d in got]
     group, ranks = st.trace.group, st.trace.global_ranks
-    if len(set(seqs)) == 1:
-        msg = compare(fps, seqs[0], group, ranks)
-        if msg is None:  # the digests differ, the fingerprints compare equal: say so rather than guess
-            msg = _text(group, ranks, seqs, fps, "their size digests differ (funcoll internal: the fingerprints "
-                        "compare equal; please report)")
-    else:
+    if len(set(seqs)) > 1:
         at = ", ".join(f"rank {r} at #{s}" for r, s in enumerate(seqs))
-        msg = _text(group, ranks, seqs, fps, f"the ranks are at different sequence numbers ({at}): a rank skipped a "
-                    "collective or issued one more earlier")
-    msg = msg.replace(_DEBUG_SUFFIX, _GUARD_SUFFIX) if _DEBUG_SUFFIX in msg else msg + " " + _GUARD_SUFFIX
-    raise CollectiveMismatchError(msg)
-
-
-def _text(group: str, ranks, seqs: List[int], fps: List[dict], why: str) -> str:
-    lines = [f"  rank {r}: #{s} {describe(fp)}" for r, (s, fp) in enumerate(zip(seqs, fps))]
-    gr = f" (global ranks {ranks_text(ranks)})" if ranks is not None else ""
-    return (f"funcoll: detected mismatch between collectives on group {group!r}{gr} at sequence number "
-            f"{min(seqs)}: {why}.\n" + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives "
-            "in the same order. Nothing of this collective was sent.")
+        why = f"the ranks are at different sequence numbers ({at}): a rank skipped a collective or issued one more"
+    else:
+        msg = compare(fps, seqs[0], group, ranks, _GUARD)
+        if msg is not None:
+            raise CollectiveMismatchError(msg)
+        why = "their size digests differ (funcoll internal: the fingerprints compare equal; please report)"
+    lines = [f"rank {r}: #{s} {describe(fp)}" for r, (s, fp) in enumerate(zip(seqs, fps))]
+    raise CollectiveMismatchError(mismatch(group, ranks, min(seqs), why, lines, _GUARD))

@@ -60,21 +60,28 @@ def _finish_native(handle, output: torch.Tensor, tp) -> None:
         _register_work(output, handle)
 
 
-def all_reduce(input, reduce_op, group_name):
-    tp = transport_for(group_name, input.device)
-    red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
-    if red is not None:  # native: one cached lookup, one backend call
-        out, handle = tp.all_reduce_functional(input.contiguous(), red)
-        _finish_native(handle, out, tp)
-        return out
-    return _filled_all_reduce(input, reduce_op, tp)
-
-
 def _filled_all_reduce(input, reduce_op, tp):
     """all_reduce once the lookup said "not native" (the same answer for the contiguous copy: no second lookup)."""
     out = input.clone(memory_format=torch.contiguous_format)
     _finish(algorithms.all_reduce(tp, out, reduce_op), [out], tp)
     return out
+
+
+def _all_reduce(filled):
+    """The all_reduce kernel: the transport and native-ness looked up once; native, one backend call; else
+    ``filled(input, reduce_op, tp)`` (on XLA, functionalized: see below)."""
+    def all_reduce(input, reduce_op, group_name):
+        tp = transport_for(group_name, input.device)
+        red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
+        if red is not None:
+            out, handle = tp.all_reduce_functional(input.contiguous(), red)
+            _finish_native(handle, out, tp)
+            return out
+        return filled(input, reduce_op, tp)
+    return all_reduce
+
+
+all_reduce = _all_reduce(_filled_all_reduce)
 
 
 def all_reduce_(input, reduce_op, group_name):
@@ -276,21 +283,12 @@ def _wait_tensor(tensor):
     return tensor
 
 
-def _xla_all_reduce(input, reduce_op, group_name):
-    """The native fast path first (below functionalization, as torch_xla's own kernel: one lazy all-reduce), the
-    functionalized generic kernel for everything funcoll fills."""
-    tp = transport_for(group_name, input.device)
-    red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
-    if red is not None:
-        return tp.all_reduce_functional(input, red)[0]
-    return _XLA_FILLED_ALL_REDUCE(input, reduce_op, tp)
-
-
-_XLA_FILLED_ALL_REDUCE = _functionalized("all_reduce", _filled_all_reduce)
 # XLA tensors are functional wrappers: the in-place/out variants need a Functionalize kernel to be callable
 _EXTRA["xla"] = {
     **{(name, "XLA"): _functionalized(name, fn) for name, fn in KERNELS.items()},
-    ("all_reduce", "XLA"): _xla_all_reduce,
+    # the native fast path below functionalization, as torch_xla's own kernel (one lazy all-reduce); functionalized
+    # for everything funcoll fills
+    ("all_reduce", "XLA"): _all_reduce(_functionalized("all_reduce", _filled_all_reduce)),
     ("wait_tensor", "XLA"): _wait_tensor,
     **{(name, "Functionalize"): fn for name, fn in FUNCTIONALIZE.items()},
 }
