@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import array
 import json
-from datetime import timedelta
 from typing import List
 
 import torch
@@ -44,16 +43,13 @@ def store_check(st: GroupState, call: Call) -> None:
     """Publishes this rank's fingerprint of ``call`` in the group's store, waits (group timeout) for every other
     rank's, compares. Raises CollectiveMismatchError (same message on every rank) or CollectiveTimeoutError
     naming the ranks that did not arrive."""
-    n, me, seq = st.size, st.rank, call.seq
-    store = st.store
+    n, me, seq, store = st.size, st.rank, call.seq, st.store
     keys = [_KEY.format(seq=seq, rank=r) for r in range(n)]
     others = [keys[r] for r in range(n) if r != me]
-    timeout = st.timeout_s
-    unreachable = f"funcoll: {call.label()}: the debug check could not reach the group's store: "
     try:
         store.set(keys[me], json.dumps(call.fingerprint))
         try:
-            store.wait(others, timedelta(seconds=timeout))
+            store.wait(others, st.timeout)
         except Exception as e:  # noqa: BLE001 - DistStoreError("Wait timeout") or a dead store
             try:
                 missing = [r for r in range(n) if r != me and not store.check([keys[r]])]
@@ -62,15 +58,15 @@ def store_check(st: GroupState, call: Call) -> None:
             if missing:
                 raise CollectiveTimeoutError(
                     f"funcoll: {call.label()}: {who(missing, st.trace.global_ranks)} did not reach this collective "
-                    f"within {timeout:g} s (debug check of every collective: the rank is behind, skipped the call, "
-                    f"hangs in another call, or died). This rank called {describe(call.fingerprint)}."
+                    f"within {st.timeout_s:g} s (debug check of every collective: the rank is behind, skipped the "
+                    f"call, hangs in another call, or died). This rank called {describe(call.fingerprint)}."
                     + recent(call, st.trace, dump=True)) from e
-            raise CollectiveError(f"{unreachable}{e}") from e
+            raise
         values = store.multi_get(others)
     except CollectiveError:
         raise
     except Exception as e:  # noqa: BLE001 - the store itself failed (its server, rank 0, died)
-        raise CollectiveError(f"{unreachable}{e}") from e
+        raise CollectiveError(f"funcoll: {call.label()}: the debug check could not reach the group's store: {e}") from e
     it = iter(values)
     fps: List[dict] = [call.fingerprint if r == me else json.loads(bytes(next(it)).decode()) for r in range(n)]
     if seq:

@@ -41,12 +41,8 @@ def _listed(x) -> list:
     return [x] if isinstance(x, torch.Tensor) else list(x)
 
 
-def _t(t) -> list:
-    return [dtype_name(t.dtype), list(t.shape)]
-
-
 def _ts(ts) -> list:
-    return [_t(t) for t in ts if isinstance(t, torch.Tensor)]
+    return [[dtype_name(t.dtype), list(t.shape)] for t in ts if isinstance(t, torch.Tensor)]
 
 
 def _shapes(x) -> list:
@@ -76,9 +72,8 @@ def _reduce_op(opts, opname: str) -> Optional[str]:
     return str(red.op)
 
 
-def _root(opts) -> Optional[int]:
-    r = getattr(opts, "rootRank", None)
-    return int(r) if r is not None else 0
+def _root(opts) -> int:
+    return int(getattr(opts, "rootRank", None) or 0)
 
 
 def _device(ts) -> Optional[str]:
@@ -318,7 +313,7 @@ def _fp_rooted(op, key):
 
 def _fp_gather_single(pg, a):
     out, inp, root = a[0], a[1], _root(_at(a, 2))
-    fp = {"op": "gather_single", "root": root, "tensors": [_t(inp)], "device": inp.device.type}
+    fp = {"op": "gather_single", "root": root, "tensors": _ts([inp]), "device": inp.device.type}
     if pg.rank() == root:
         fp["root_output_numel"] = int(out.numel())
     return fp

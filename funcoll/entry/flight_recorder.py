@@ -216,14 +216,6 @@ class GroupTrace:
             items = [self._call_of(c, names) if type(c) is NativeEntry else c for c in items]
         return items
 
-    def format(self, last: Optional[int] = None) -> str:
-        calls = self.entries()
-        if last is not None:
-            calls = calls[-last:]
-        head = (f"funcoll flight recorder: group {self.group!r} (global ranks {ranks_text(self.global_ranks)}), "
-                f"rank {self.rank} of {self.size}, next sequence number {self.seq}")
-        return "\n".join([head] + ["  " + c.line() for c in calls])
-
     def dump(self) -> dict:
         return {"group": self.group, "global_ranks": list(self.global_ranks), "rank": self.rank,
                 "size": self.size, "next_seq": self.seq, "next_p2p_seq": self.p2p_seq, "pid": os.getpid(),
@@ -269,7 +261,14 @@ def entries(group=None) -> List[Call]:
 
 
 def format(group=None, last: Optional[int] = None) -> str:  # noqa: A001 - the module's verb
-    return trace_of(group).format(last)
+    """The recorded calls of ``group`` (default: the world; the ``last`` ones), one line each, under a head line."""
+    trace = trace_of(group)
+    calls = trace.entries()
+    if last is not None:
+        calls = calls[-last:]
+    head = (f"funcoll flight recorder: group {trace.group!r} (global ranks {ranks_text(trace.global_ranks)}), "
+            f"rank {trace.rank} of {trace.size}, next sequence number {trace.seq}")
+    return "\n".join([head] + ["  " + c.line() for c in calls])
 
 
 def dump(group=None, path: Optional[str] = None) -> dict:

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Optional
 
 import torch
 from torch._C._distributed_c10d import _register_work
@@ -194,14 +194,12 @@ _EXTRA: Dict[str, Dict[tuple, object]] = {}
 # (torch_xla 2.9) calling them raises "Found a custom (non-ATen) operator whose output has alias annotations".
 # These kernels are the functional op plus a copy_ into the argument it mutates (``_MUTATED``): functionalization
 # records the mutation, eagerly and when AOTAutograd traces a graph that contains them.
-_MUTATED: Dict[str, Union[int, str]] = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0,
-                                        "all_gather_into_tensor_out": "out"}
+_MUTATED = ("all_reduce_", "all_reduce_coalesced_", "broadcast_", "all_gather_into_tensor_out")
 
 
 def _mutated(name: str, args, kwargs):
-    """The argument (a tensor or a list) the in-place/out variant ``name`` writes into."""
-    where = _MUTATED[name]
-    return kwargs["out"] if where == "out" else args[int(where)]
+    """The argument (a tensor or a list) the in-place/out variant ``name`` writes into: ``out``, or its first."""
+    return kwargs["out"] if name.endswith("_out") else args[0]
 
 
 def _copy_into(dst, src):
@@ -232,8 +230,6 @@ FUNCTIONALIZE = {name: _functionalize(name) for name in _MUTATED}
 # strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
 # kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
 # functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
-_DK = torch._C.DispatchKey
-
 
 def _to_functional(x):
     """``x`` (tensors, lists of them) with every tensor a functional wrapper."""
@@ -259,7 +255,7 @@ def _functionalization():
     # those must not come out as functional wrappers (that segfaults).
     include = torch._C._dispatch_tls_local_include_set()
     exclude = torch._C._dispatch_tls_local_exclude_set()
-    with torch._C._ForceDispatchKeyGuard(include, exclude.remove(_DK.Functionalize)):
+    with torch._C._ForceDispatchKeyGuard(include, exclude.remove(torch._C.DispatchKey.Functionalize)):
         yield
 
 
