@@ -356,9 +356,7 @@ ALIASES = {"all_gather_single": "_allgather_base", "all_gather_single_coalesced"
 METHODS.update({new: METHODS[old] for new, old in ALIASES.items()})
 
 
-@functools.lru_cache(maxsize=None)
-def _signature(fn: Callable) -> inspect.Signature:
-    return inspect.signature(fn)
+_signature = functools.lru_cache(maxsize=None)(inspect.signature)
 
 
 def fingerprint(pg, method: str, args, kwargs) -> dict:
@@ -376,11 +374,9 @@ def fingerprint(pg, method: str, args, kwargs) -> dict:
 
 def check_nan(method: str, args) -> bool:
     """Whether a tensor the call sends holds a NaN (TORCH_DIST_NAN_CHECK=1), as torch's NanCheckHook checks."""
-    i = METHODS[method].sends
-    if i is None:
-        return False
-    sent = args[i] if len(args) > i else None  # c10d passes every argument positionally
-    return any(t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()) for t in flat(sent))
+    i = METHODS[method].sends  # c10d passes every argument positionally
+    return i is not None and any(t.is_floating_point() and t.numel() and bool(torch.isnan(t).any())
+                                 for t in flat(_at(args, i)))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -91,9 +91,7 @@ class Call:
         return describe(self.fingerprint)
 
     def line(self) -> str:
-        dur = ""
-        if self.t_done is not None:
-            dur = f" {1e3 * (self.t_done - self.t_issued):.1f} ms"
+        dur = "" if self.t_done is None else f" {1e3 * (self.t_done - self.t_issued):.1f} ms"
         strat = f" [{'; '.join(self.strategies)}]" if self.strategies else ""
         err = f" -- {self.error}" if self.error else ""
         return f"{self.number():>9} {self.state:<9}{dur} {self.describe()}{strat}{err}"

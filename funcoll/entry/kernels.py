@@ -169,20 +169,10 @@ def broadcast_(input, src, group_name):
     return input
 
 
-KERNELS = {  # op -> kernel, one flat table (the same kernel on every dispatch key, except _EXTRA)
-    "all_reduce": all_reduce,
-    "all_reduce_": all_reduce_,
-    "all_reduce_coalesced": all_reduce_coalesced,
-    "all_reduce_coalesced_": all_reduce_coalesced_,
-    "all_gather_into_tensor": all_gather_into_tensor,
-    "all_gather_into_tensor_out": all_gather_into_tensor_out,
-    "all_gather_into_tensor_coalesced": all_gather_into_tensor_coalesced,
-    "reduce_scatter_tensor": reduce_scatter_tensor,
-    "reduce_scatter_tensor_coalesced": reduce_scatter_tensor_coalesced,
-    "all_to_all_single": all_to_all_single,
-    "broadcast": broadcast,
-    "broadcast_": broadcast_,
-}
+KERNELS = {fn.__name__: fn for fn in (  # op -> kernel, one flat table (the same on every dispatch key, except _EXTRA)
+    all_reduce, all_reduce_, all_reduce_coalesced, all_reduce_coalesced_, all_gather_into_tensor,
+    all_gather_into_tensor_out, all_gather_into_tensor_coalesced, reduce_scatter_tensor,
+    reduce_scatter_tensor_coalesced, all_to_all_single, broadcast, broadcast_)}
 # Kernels only some device types need, as (op, dispatch key) -> kernel: on XLA, the functionalized kernels, the
 # native all_reduce fast path, wait_tensor and the Functionalize kernels below (filled at the end of this module).
 _EXTRA: Dict[str, Dict[tuple, object]] = {}

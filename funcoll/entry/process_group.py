@@ -455,7 +455,6 @@ class ProcessGroupFuncoll(ProcessGroup):
                                     global_ranks=[self._global_ranks[r] for r in ranks],
                                     world_size=self._world_size,
                                     options=opts if isinstance(opts, Options) else self._options)
-        child._set_group_name(name)
         if group_desc:
             child._set_group_desc(group_desc)
         return child
