@@ -149,7 +149,6 @@ def patch_monitored_barrier() -> bool:
         return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
     monitored_barrier_.__funcoll_patch__ = True  # type: ignore[attr-defined]
-    monitored_barrier_.__funcoll_original__ = orig  # type: ignore[attr-defined]
     c10d.monitored_barrier = monitored_barrier_
     if dist.monitored_barrier is orig:
         dist.monitored_barrier = monitored_barrier_

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import array
 import json
-from datetime import timedelta
 from typing import List
 
 import torch
@@ -27,8 +26,8 @@ from funcoll.entry.errors import (
     backend_message,
     is_backend_timeout,
 )
-from funcoll.entry.fingerprint import SLOTS, agree, compare, digest, who
-from funcoll.entry.flight_recorder import Call, describe, ranks_text, recent
+from funcoll.entry.fingerprint import SLOTS, agree, compare, digest, mismatch, who
+from funcoll.entry.flight_recorder import Call, describe, recent
 from funcoll.entry.group_state import GroupState
 
 __all__ = ["store_check", "size_guard"]
@@ -44,16 +43,13 @@ def store_check(st: GroupState, call: Call) -> None:
     """Publishes this rank's fingerprint of ``call`` in the group's store, waits (group timeout) for every other
     rank's, compares. Raises CollectiveMismatchError (same message on every rank) or CollectiveTimeoutError
     naming the ranks that did not arrive."""
-    n, me, seq = st.size, st.rank, call.seq
-    store = st.store
+    n, me, seq, store = st.size, st.rank, call.seq, st.store
     keys = [_KEY.format(seq=seq, rank=r) for r in range(n)]
     others = [keys[r] for r in range(n) if r != me]
-    timeout = st.timeout_s
-    unreachable = f"funcoll: {call.label()}: the debug check could not reach the group's store: "
     try:
         store.set(keys[me], json.dumps(call.fingerprint))
         try:
-            store.wait(others, timedelta(seconds=timeout))
+            store.wait(others, st.timeout)
         except Exception as e:  # noqa: BLE001 - DistStoreError("Wait timeout") or a dead store
             try:
                 missing = [r for r in range(n) if r != me and not store.check([keys[r]])]
@@ -62,15 +58,15 @@ def store_check(st: GroupState, call: Call) -> None:
             if missing:
                 raise CollectiveTimeoutError(
                     f"funcoll: {call.label()}: {who(missing, st.trace.global_ranks)} did not reach this collective "
-                    f"within {timeout:g} s (debug check of every collective: the rank is behind, skipped the call, "
-                    f"hangs in another call, or died). This rank called {describe(call.fingerprint)}."
+                    f"within {st.timeout_s:g} s (debug check of every collective: the rank is behind, skipped the "
+                    f"call, hangs in another call, or died). This rank called {describe(call.fingerprint)}."
                     + recent(call, st.trace, dump=True)) from e
-            raise CollectiveError(f"{unreachable}{e}") from e
+            raise
         values = store.multi_get(others)
     except CollectiveError:
         raise
     except Exception as e:  # noqa: BLE001 - the store itself failed (its server, rank 0, died)
-        raise CollectiveError(f"{unreachable}{e}") from e
+        raise CollectiveError(f"funcoll: {call.label()}: the debug check could not reach the group's store: {e}") from e
     it = iter(values)
     fps: List[dict] = [call.fingerprint if r == me else json.loads(bytes(next(it)).decode()) for r in range(n)]
     if seq:
@@ -144,8 +140,7 @@ def _failure(st: GroupState, call: Call, e: BaseException) -> CollectiveError:
     return CollectiveError(f"funcoll: {call.label()} failed: {backend_message(e)}")
 
 
-_DEBUG_SUFFIX = "(cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL)"
-_GUARD_SUFFIX = "(funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off)"
+_GUARD = "funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off"
 
 
 def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
@@ -164,22 +159,13 @@ def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
     fps = [d["fp"] for d in got]
     seqs = [int(d["seq"]) for d in got]
     group, ranks = st.trace.group, st.trace.global_ranks
-    if len(set(seqs)) == 1:
-        msg = compare(fps, seqs[0], group, ranks)
-        if msg is None:  # the digests differ, the fingerprints compare equal: say so rather than guess
-            msg = _text(group, ranks, seqs, fps, "their size digests differ (funcoll internal: the fingerprints "
-                        "compare equal; please report)")
-    else:
+    if len(set(seqs)) > 1:
         at = ", ".join(f"rank {r} at #{s}" for r, s in enumerate(seqs))
-        msg = _text(group, ranks, seqs, fps, f"the ranks are at different sequence numbers ({at}): a rank skipped a "
-                    "collective or issued one more earlier")
-    msg = msg.replace(_DEBUG_SUFFIX, _GUARD_SUFFIX) if _DEBUG_SUFFIX in msg else msg + " " + _GUARD_SUFFIX
-    raise CollectiveMismatchError(msg)
-
-
-def _text(group: str, ranks, seqs: List[int], fps: List[dict], why: str) -> str:
-    lines = [f"  rank {r}: #{s} {describe(fp)}" for r, (s, fp) in enumerate(zip(seqs, fps))]
-    gr = f" (global ranks {ranks_text(ranks)})" if ranks is not None else ""
-    return (f"funcoll: detected mismatch between collectives on group {group!r}{gr} at sequence number "
-            f"{min(seqs)}: {why}.\n" + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives "
-            "in the same order. Nothing of this collective was sent.")
+        why = f"the ranks are at different sequence numbers ({at}): a rank skipped a collective or issued one more"
+    else:
+        msg = compare(fps, seqs[0], group, ranks, _GUARD)
+        if msg is not None:
+            raise CollectiveMismatchError(msg)
+        why = "their size digests differ (funcoll internal: the fingerprints compare equal; please report)"
+    lines = [f"rank {r}: #{s} {describe(fp)}" for r, (s, fp) in enumerate(zip(seqs, fps))]
+    raise CollectiveMismatchError(mismatch(group, ranks, min(seqs), why, lines, _GUARD))

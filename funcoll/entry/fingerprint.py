@@ -26,8 +26,8 @@ import torch.distributed as dist
 from funcoll.entry.flight_recorder import describe
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
 
-__all__ = ["Rule", "RULES", "Spec", "METHODS", "PER_RANK", "fingerprint", "compare", "digest", "agree", "check_nan",
-           "flat", "SLOTS", "ALIASES"]
+__all__ = ["Rule", "RULES", "Spec", "METHODS", "PER_RANK", "fingerprint", "compare", "mismatch", "digest", "agree",
+           "check_nan", "flat", "SLOTS", "ALIASES", "DEBUG_CHECK"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -41,12 +41,8 @@ def _listed(x) -> list:
     return [x] if isinstance(x, torch.Tensor) else list(x)
 
 
-def _t(t) -> list:
-    return [dtype_name(t.dtype), list(t.shape)]
-
-
 def _ts(ts) -> list:
-    return [_t(t) for t in ts if isinstance(t, torch.Tensor)]
+    return [[dtype_name(t.dtype), list(t.shape)] for t in ts if isinstance(t, torch.Tensor)]
 
 
 def _shapes(x) -> list:
@@ -76,9 +72,8 @@ def _reduce_op(opts, opname: str) -> Optional[str]:
     return str(red.op)
 
 
-def _root(opts) -> Optional[int]:
-    r = getattr(opts, "rootRank", None)
-    return int(r) if r is not None else 0
+def _root(opts) -> int:
+    return int(getattr(opts, "rootRank", None) or 0)
 
 
 def _device(ts) -> Optional[str]:
@@ -143,6 +138,18 @@ _NUMEL = 0x9E3779B97F4A7C15 | 1  # odd: multiplying by it is a bijection mod 2**
 # the per-rank rules of each op that has per-rank fields: the check (every rank's fingerprint at hand: the message)
 # and the share (this rank's fingerprint alone: the size guard's sum)
 # ---------------------------------------------------------------------------------------------------
+def _pairwise(kind: int, ins_key: str, outs_key: str, check: Callable) -> "Rule":
+    """all_to_all's rule: its per-peer fields ``ins_key`` (what this rank sends each peer: rows, or a shape) and
+    ``outs_key`` (what it expects from each), ``check``, and the share: + every send, - every receive."""
+    def share(fp: dict, rank: int) -> int:
+        ins, outs = fp.get(ins_key), fp.get(outs_key)
+        if ins is None or outs is None:
+            return 0
+        return (sum(_edge(kind, rank, q, v) for q, v in enumerate(ins))
+                - sum(_edge(kind, q, rank, v) for q, v in enumerate(outs)))
+    return Rule((ins_key, outs_key), check, share)
+
+
 def _check_a2a_single(fps: List[dict], n: int) -> Optional[str]:
     trailing = fps[0]["tensors"][0][1] if fps[0].get("tensors") else []
     for r in range(n):
@@ -161,14 +168,6 @@ def _check_a2a_single(fps: List[dict], n: int) -> Optional[str]:
     return None
 
 
-def _share_a2a_single(fp: dict, rank: int) -> int:
-    ins, outs = fp.get("input_split_sizes"), fp.get("output_split_sizes")
-    if ins is None or outs is None:
-        return 0
-    return (sum(_edge(_A2A, rank, q, int(k)) for q, k in enumerate(ins))
-            - sum(_edge(_A2A, q, rank, int(k)) for q, k in enumerate(outs)))
-
-
 def _check_a2a(fps: List[dict], n: int) -> Optional[str]:
     for r in range(n):
         outs = fps[r].get("per_peer_out") or []
@@ -180,12 +179,7 @@ def _check_a2a(fps: List[dict], n: int) -> Optional[str]:
     return None
 
 
-def _share_a2a(fp: dict, rank: int) -> int:
-    return (sum(_edge(_A2A_LIST, rank, q, shape) for q, shape in enumerate(fp.get("per_peer_in") or ()))
-            - sum(_edge(_A2A_LIST, q, rank, shape) for q, shape in enumerate(fp.get("per_peer_out") or ())))
-
-
-def _rooted(op: str, key: str, kind: int):
+def _rooted(op: str, key: str, kind: int) -> "Rule":
     """gather (the root's list of output shapes) and scatter (of input shapes): the root's list against every
     rank's own tensor."""
     def check(fps: List[dict], n: int) -> Optional[str]:
@@ -211,7 +205,7 @@ def _rooted(op: str, key: str, kind: int):
             s -= sum(_edge(kind, q, -1, shape) for q, shape in enumerate(fp.get(key) or ()))
         return s
 
-    return check, share
+    return Rule((key,), check, share)
 
 
 def _check_gather_single(fps: List[dict], n: int) -> Optional[str]:
@@ -242,8 +236,6 @@ class Rule(NamedTuple):
     p2p: bool = False
 
 
-_GATHER_RULES = _rooted("gather", "root_outputs", _GATHER)
-_SCATTER_RULES = _rooted("scatter", "root_inputs", _SCATTER)
 _PLAIN = Rule()
 
 RULES: Dict[str, Rule] = {  # op -> its cross-rank rule (ops without per-rank fields: every field equal)
@@ -251,10 +243,10 @@ RULES: Dict[str, Rule] = {  # op -> its cross-rank rule (ops without per-rank fi
     "all_gather_into_tensor_coalesced": _PLAIN, "all_gather_coalesced": _PLAIN, "reduce_scatter_tensor": _PLAIN,
     "reduce_scatter": _PLAIN, "reduce_scatter_tensor_coalesced": _PLAIN, "broadcast": _PLAIN, "reduce": _PLAIN,
     "barrier": _PLAIN,
-    "all_to_all_single": Rule(("input_split_sizes", "output_split_sizes"), _check_a2a_single, _share_a2a_single),
-    "all_to_all": Rule(("per_peer_in", "per_peer_out"), _check_a2a, _share_a2a),
-    "gather": Rule(("root_outputs",), *_GATHER_RULES),
-    "scatter": Rule(("root_inputs",), *_SCATTER_RULES),
+    "all_to_all_single": _pairwise(_A2A, "input_split_sizes", "output_split_sizes", _check_a2a_single),
+    "all_to_all": _pairwise(_A2A_LIST, "per_peer_in", "per_peer_out", _check_a2a),
+    "gather": _rooted("gather", "root_outputs", _GATHER),
+    "scatter": _rooted("scatter", "root_inputs", _SCATTER),
     "gather_single": Rule(("root_output_numel",), _check_gather_single, _share_gather_single),
     "send": Rule(p2p=True), "recv": Rule(p2p=True),
 }
@@ -321,7 +313,7 @@ def _fp_rooted(op, key):
 
 def _fp_gather_single(pg, a):
     out, inp, root = a[0], a[1], _root(_at(a, 2))
-    fp = {"op": "gather_single", "root": root, "tensors": [_t(inp)], "device": inp.device.type}
+    fp = {"op": "gather_single", "root": root, "tensors": _ts([inp]), "device": inp.device.type}
     if pg.rank() == root:
         fp["root_output_numel"] = int(out.numel())
     return fp
@@ -364,9 +356,7 @@ ALIASES = {"all_gather_single": "_allgather_base", "all_gather_single_coalesced"
 METHODS.update({new: METHODS[old] for new, old in ALIASES.items()})
 
 
-@functools.lru_cache(maxsize=None)
-def _signature(fn: Callable) -> inspect.Signature:
-    return inspect.signature(fn)
+_signature = functools.lru_cache(maxsize=None)(inspect.signature)
 
 
 def fingerprint(pg, method: str, args, kwargs) -> dict:
@@ -384,16 +374,15 @@ def fingerprint(pg, method: str, args, kwargs) -> dict:
 
 def check_nan(method: str, args) -> bool:
     """Whether a tensor the call sends holds a NaN (TORCH_DIST_NAN_CHECK=1), as torch's NanCheckHook checks."""
-    i = METHODS[method].sends
-    if i is None:
-        return False
-    sent = args[i] if len(args) > i else None  # c10d passes every argument positionally
-    return any(t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()) for t in flat(sent))
+    i = METHODS[method].sends  # c10d passes every argument positionally
+    return i is not None and any(t.is_floating_point() and t.numel() and bool(torch.isnan(t).any())
+                                 for t in flat(_at(args, i)))
 
 
 # ---------------------------------------------------------------------------------------------------
 # the cross-rank comparison: every rank's fingerprint at hand (the debug mode; the size guard's slow path)
 # ---------------------------------------------------------------------------------------------------
+DEBUG_CHECK = "cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL"  # which check found a mismatch
 _FIELD_NAMES = {"op": "the collective", "reduce_op": "the reduce op", "root": "the root", "device": "the device",
                 "outputs": "the output shapes", "inputs": "the input shapes", "count": "the number of tensors",
                 "malformed": "the arguments"}
@@ -421,9 +410,9 @@ def who(ranks: List[int], global_ranks) -> str:
     return base
 
 
-def compare(fps: List[dict], seq: int, group: str, global_ranks=None) -> Optional[str]:
+def compare(fps: List[dict], seq: int, group: str, global_ranks=None, by: str = DEBUG_CHECK) -> Optional[str]:
     """The mismatch message for the fingerprints of every rank (index = group rank), or None when they agree.
-    The same on every rank: it depends on the fingerprints only."""
+    The same on every rank: it depends on the fingerprints only. ``by`` names the check (the closing parenthesis)."""
     n = len(fps)
     common = [{k: v for k, v in fp.items() if k not in PER_RANK} for fp in fps]
     keys = [json.dumps(c, sort_keys=True) for c in common]
@@ -447,12 +436,17 @@ def compare(fps: List[dict], seq: int, group: str, global_ranks=None) -> Optiona
     by_desc: Dict[str, List[int]] = {}
     for r, fp in enumerate(fps):
         by_desc.setdefault(describe(fp), []).append(r)
-    lines = [f"  {who(ranks, global_ranks)}: {desc}" for desc, ranks in by_desc.items()]
+    return mismatch(group, global_ranks, seq, why, [f"{who(ranks, global_ranks)}: {d}" for d, ranks in by_desc.items()],
+                    by)
+
+
+def mismatch(group: str, global_ranks, seq: int, why: str, lines: List[str], by: str = DEBUG_CHECK) -> str:
+    """The text of a CollectiveMismatchError: what differs (``why``), one line per rank or set of ranks, the rule."""
     gr = "" if global_ranks is None else f" (global ranks {ranks_text(global_ranks)})"
     return (f"funcoll: detected mismatch between collectives on group {group!r}{gr} at sequence number {seq}: "
-            f"{why}.\n" + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives in the same "
-            "order, with the same op, reduce op, root, dtypes and shapes, and matching split sizes. Nothing of this "
-            "collective was sent (cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL).")
+            f"{why}.\n" + "".join(f"  {line}\n" for line in lines) + "Every rank of a group must issue the same "
+            "collectives in the same order, with the same op, reduce op, root, dtypes and shapes, and matching split "
+            f"sizes. Nothing of this collective was sent ({by}).")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from funcoll.semantics import ranks_text
 from funcoll.semantics.groups import resolve
 
 __all__ = ["Call", "NativeEntry", "GroupTrace", "trace_of", "recent", "entries", "dump", "format", "buffer_size",
-           "all_traces", "torch_dump", "write_torch_dump", "register"]
+           "torch_dump", "write_torch_dump", "register"]
 
 ISSUED, COMPLETED, FAILED, INVALID = "issued", "completed", "failed", "invalid"
 
@@ -91,9 +91,7 @@ class Call:
         return describe(self.fingerprint)
 
     def line(self) -> str:
-        dur = ""
-        if self.t_done is not None:
-            dur = f" {1e3 * (self.t_done - self.t_issued):.1f} ms"
+        dur = "" if self.t_done is None else f" {1e3 * (self.t_done - self.t_issued):.1f} ms"
         strat = f" [{'; '.join(self.strategies)}]" if self.strategies else ""
         err = f" -- {self.error}" if self.error else ""
         return f"{self.number():>9} {self.state:<9}{dur} {self.describe()}{strat}{err}"
@@ -144,8 +142,8 @@ class GroupTrace:
         self.global_ranks = tuple(global_ranks)
         self.rank = rank
         self.size = size
-        self._seq = itertools.count()  # the collectives' sequence numbers: next() is atomic, no lock needed
-        self.p2p_seq = 0
+        # the collectives' sequence numbers and the point-to-point ops': next() is atomic, no lock needed
+        self._seq, self._p2p = itertools.count(), itertools.count()
         self.lock = threading.Lock()
         n = buffer_size() if maxlen is None else maxlen
         self.enabled = n > 0
@@ -153,10 +151,8 @@ class GroupTrace:
         _traces[id(self)] = self
         _dump_at_exit()
 
-    @property
-    def seq(self) -> int:
-        """The sequence number the next collective will get."""
-        return int(repr(self._seq)[6:-1])  # "count(N)": itertools.count shows its next value, and has no peek
+    seq = property(lambda self: _peek(self._seq), doc="The sequence number the next collective will get.")
+    p2p_seq = property(lambda self: _peek(self._p2p), doc="The one the next point-to-point op will get.")
 
     def call(self, op: str, method: str, fingerprint: dict) -> Call:
         """A new entry, not numbered yet (:meth:`number` when its first byte is about to be sent)."""
@@ -164,27 +160,19 @@ class GroupTrace:
 
     def number(self, call: Call, p2p: bool = False) -> Call:
         """Gives ``call`` the next sequence number of the group (or of its point-to-point ops) and records it."""
-        with self.lock:
-            if p2p:
-                call.p2p_seq = self.p2p_seq
-                self.p2p_seq += 1
-            else:
-                call.seq = next(self._seq)
-            if self.enabled:
-                self.buffer.append(call)
-        return call
+        if p2p:
+            call.p2p_seq = next(self._p2p)
+        else:
+            call.seq = next(self._seq)
+        return self.keep(call)
 
     def native_record(self, op: str, method: str, fingerprint: dict, p2p: bool = False) -> "NativeEntry":
         """A numbered, recorded entry for a collective the eager fast path issues as one native backend call (its
         strategy "native", its fingerprint the one of its signature, computed once per signature): a
         :class:`NativeEntry`, cheaper to make than a :class:`Call`; read as one (:meth:`entries`); :meth:`promote`
         turns it into one in place (a failure). A point-to-point op (``p2p``) takes the next point-to-point number."""
-        if p2p:
-            with self.lock:
-                rec = NativeEntry(None, op, method, fingerprint, self.p2p_seq)
-                self.p2p_seq += 1
-        else:
-            rec = NativeEntry(next(self._seq), op, method, fingerprint)
+        rec = (NativeEntry(None, op, method, fingerprint, next(self._p2p)) if p2p
+               else NativeEntry(next(self._seq), op, method, fingerprint))
         if self.enabled:
             self.buffer.append(rec)
         return rec
@@ -226,14 +214,6 @@ class GroupTrace:
             items = [self._call_of(c, names) if type(c) is NativeEntry else c for c in items]
         return items
 
-    def format(self, last: Optional[int] = None) -> str:
-        calls = self.entries()
-        if last is not None:
-            calls = calls[-last:]
-        head = (f"funcoll flight recorder: group {self.group!r} (global ranks {ranks_text(self.global_ranks)}), "
-                f"rank {self.rank} of {self.size}, next sequence number {self.seq}")
-        return "\n".join([head] + ["  " + c.line() for c in calls])
-
     def dump(self) -> dict:
         return {"group": self.group, "global_ranks": list(self.global_ranks), "rank": self.rank,
                 "size": self.size, "next_seq": self.seq, "next_p2p_seq": self.p2p_seq, "pid": os.getpid(),
@@ -241,6 +221,10 @@ class GroupTrace:
 
 
 _traces: "weakref.WeakValueDictionary[int, GroupTrace]" = weakref.WeakValueDictionary()
+
+
+def _peek(counter: itertools.count) -> int:
+    return int(repr(counter)[6:-1])  # "count(N)": itertools.count shows its next value, and has no peek
 _time = time.time
 _ident = threading.get_ident
 
@@ -275,11 +259,14 @@ def entries(group=None) -> List[Call]:
 
 
 def format(group=None, last: Optional[int] = None) -> str:  # noqa: A001 - the module's verb
-    return trace_of(group).format(last)
-
-
-def all_traces() -> List[GroupTrace]:
-    return list(_traces.values())
+    """The recorded calls of ``group`` (default: the world; the ``last`` ones), one line each, under a head line."""
+    trace = trace_of(group)
+    calls = trace.entries()
+    if last is not None:
+        calls = calls[-last:]
+    head = (f"funcoll flight recorder: group {trace.group!r} (global ranks {ranks_text(trace.global_ranks)}), "
+            f"rank {trace.rank} of {trace.size}, next sequence number {trace.seq}")
+    return "\n".join([head] + ["  " + c.line() for c in calls])
 
 
 def dump(group=None, path: Optional[str] = None) -> dict:
@@ -410,7 +397,7 @@ def torch_dump() -> dict:
     pg_config: dict = {}
     pg_status: dict = {}
     entries: list = []
-    for pg_id, trace in enumerate(sorted(all_traces(), key=lambda t: (t.group, t.global_ranks))):
+    for pg_id, trace in enumerate(sorted(_traces.values(), key=lambda t: (t.group, t.global_ranks))):
         pg_config[trace.group] = {"name": trace.group, "desc": trace.desc, "ranks": str(list(trace.global_ranks))}
         calls = [c for c in trace.entries() if c.seq is not None or c.p2p_seq is not None]
         done = [c.seq for c in calls if c.seq is not None and c.state == COMPLETED]
@@ -435,10 +422,6 @@ def _dump_at_exit() -> None:
         _at_exit.append(atexit.register(write_torch_dump))
 
 
-def _global_rank() -> Optional[int]:
-    return next((trace.global_ranks[trace.rank] for trace in all_traces()), None)
-
-
 def write_torch_dump(path: Optional[str] = None) -> Optional[str]:
     """Writes :func:`torch_dump` (pickled, as torch writes its own) to ``path``, by default
     ``$TORCH_FR_DUMP_TEMP_FILE<global rank>`` (torch's default prefix ``/tmp/nccl_trace_rank_`` is not assumed:
@@ -446,7 +429,7 @@ def write_torch_dump(path: Optional[str] = None) -> Optional[str]:
     try:
         if path is None:
             prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "").strip()
-            rank = _global_rank()
+            rank = next((trace.global_ranks[trace.rank] for trace in list(_traces.values())), None)
             if not prefix or rank is None:
                 return None
             path = f"{prefix}{rank}"

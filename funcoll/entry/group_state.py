@@ -19,11 +19,12 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from funcoll.entry.flight_recorder import GroupTrace
 
 __all__ = ["GroupState", "set_debug", "debug_enabled", "set_guard", "guard_enabled", "sequence_number",
-           "debug_from_env", "guard_from_env", "is_local_store", "unwrap_store"]
+           "guard_from_env", "is_local_store", "unwrap_store"]
 
 _TRUE = ("1", "true", "yes", "on", "detail")
 _FALSE = ("0", "false", "no", "off")
@@ -40,20 +41,11 @@ def _switch(var: str) -> bool:
     return dist.get_debug_level() == dist.DebugLevel.DETAIL
 
 
-def debug_from_env() -> bool:
-    return _switch("FUNCOLL_DEBUG")
-
-
 def guard_from_env() -> bool:
     return _switch("FUNCOLL_GUARD")
 
 
-try:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    _LOCAL_STORES: tuple = (dist.HashStore, FakeStore)
-except ImportError:  # pragma: no cover
-    _LOCAL_STORES = (dist.HashStore,)
+_LOCAL_STORES = (dist.HashStore, FakeStore)
 
 
 def unwrap_store(store):
@@ -79,7 +71,7 @@ class GroupState:
         self.local_store = is_local_store(store)
         self.trace = GroupTrace(name or "(unnamed)", global_ranks, rank, size)
         self._checkable = size > 1 and not self.local_store
-        self.debug = self._checkable and debug_from_env()
+        self.debug = self._checkable and _switch("FUNCOLL_DEBUG")
         self.guard = self._checkable and (guard_from_env() if guard is None else bool(guard))
         self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
         # the size guard's: the CPU transport's gloo backend (set when the group makes its CPU transport) and its

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Optional
 
 import torch
 from torch._C._distributed_c10d import _register_work
@@ -60,21 +60,28 @@ def _finish_native(handle, output: torch.Tensor, tp) -> None:
         _register_work(output, handle)
 
 
-def all_reduce(input, reduce_op, group_name):
-    tp = transport_for(group_name, input.device)
-    red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
-    if red is not None:  # native: one cached lookup, one backend call
-        out, handle = tp.all_reduce_functional(input.contiguous(), red)
-        _finish_native(handle, out, tp)
-        return out
-    return _filled_all_reduce(input, reduce_op, tp)
-
-
 def _filled_all_reduce(input, reduce_op, tp):
     """all_reduce once the lookup said "not native" (the same answer for the contiguous copy: no second lookup)."""
     out = input.clone(memory_format=torch.contiguous_format)
     _finish(algorithms.all_reduce(tp, out, reduce_op), [out], tp)
     return out
+
+
+def _all_reduce(filled):
+    """The all_reduce kernel: the transport and native-ness looked up once; native, one backend call; else
+    ``filled(input, reduce_op, tp)`` (on XLA, functionalized: see below)."""
+    def all_reduce(input, reduce_op, group_name):
+        tp = transport_for(group_name, input.device)
+        red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
+        if red is not None:
+            out, handle = tp.all_reduce_functional(input.contiguous(), red)
+            _finish_native(handle, out, tp)
+            return out
+        return filled(input, reduce_op, tp)
+    return all_reduce
+
+
+all_reduce = _all_reduce(_filled_all_reduce)
 
 
 def all_reduce_(input, reduce_op, group_name):
@@ -162,20 +169,10 @@ def broadcast_(input, src, group_name):
     return input
 
 
-KERNELS = {  # op -> kernel, one flat table (the same kernel on every dispatch key, except _EXTRA)
-    "all_reduce": all_reduce,
-    "all_reduce_": all_reduce_,
-    "all_reduce_coalesced": all_reduce_coalesced,
-    "all_reduce_coalesced_": all_reduce_coalesced_,
-    "all_gather_into_tensor": all_gather_into_tensor,
-    "all_gather_into_tensor_out": all_gather_into_tensor_out,
-    "all_gather_into_tensor_coalesced": all_gather_into_tensor_coalesced,
-    "reduce_scatter_tensor": reduce_scatter_tensor,
-    "reduce_scatter_tensor_coalesced": reduce_scatter_tensor_coalesced,
-    "all_to_all_single": all_to_all_single,
-    "broadcast": broadcast,
-    "broadcast_": broadcast_,
-}
+KERNELS = {fn.__name__: fn for fn in (  # op -> kernel, one flat table (the same on every dispatch key, except _EXTRA)
+    all_reduce, all_reduce_, all_reduce_coalesced, all_reduce_coalesced_, all_gather_into_tensor,
+    all_gather_into_tensor_out, all_gather_into_tensor_coalesced, reduce_scatter_tensor,
+    reduce_scatter_tensor_coalesced, all_to_all_single, broadcast, broadcast_)}
 # Kernels only some device types need, as (op, dispatch key) -> kernel: on XLA, the functionalized kernels, the
 # native all_reduce fast path, wait_tensor and the Functionalize kernels below (filled at the end of this module).
 _EXTRA: Dict[str, Dict[tuple, object]] = {}
@@ -187,14 +184,12 @@ _EXTRA: Dict[str, Dict[tuple, object]] = {}
 # (torch_xla 2.9) calling them raises "Found a custom (non-ATen) operator whose output has alias annotations".
 # These kernels are the functional op plus a copy_ into the argument it mutates (``_MUTATED``): functionalization
 # records the mutation, eagerly and when AOTAutograd traces a graph that contains them.
-_MUTATED: Dict[str, Union[int, str]] = {"all_reduce_": 0, "all_reduce_coalesced_": 0, "broadcast_": 0,
-                                        "all_gather_into_tensor_out": "out"}
+_MUTATED = ("all_reduce_", "all_reduce_coalesced_", "broadcast_", "all_gather_into_tensor_out")
 
 
 def _mutated(name: str, args, kwargs):
-    """The argument (a tensor or a list) the in-place/out variant ``name`` writes into."""
-    where = _MUTATED[name]
-    return kwargs["out"] if where == "out" else args[int(where)]
+    """The argument (a tensor or a list) the in-place/out variant ``name`` writes into: ``out``, or its first."""
+    return kwargs["out"] if name.endswith("_out") else args[0]
 
 
 def _copy_into(dst, src):
@@ -225,8 +220,6 @@ FUNCTIONALIZE = {name: _functionalize(name) for name in _MUTATED}
 # strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
 # kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
 # functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
-_DK = torch._C.DispatchKey
-
 
 def _to_functional(x):
     """``x`` (tensors, lists of them) with every tensor a functional wrapper."""
@@ -252,7 +245,7 @@ def _functionalization():
     # those must not come out as functional wrappers (that segfaults).
     include = torch._C._dispatch_tls_local_include_set()
     exclude = torch._C._dispatch_tls_local_exclude_set()
-    with torch._C._ForceDispatchKeyGuard(include, exclude.remove(_DK.Functionalize)):
+    with torch._C._ForceDispatchKeyGuard(include, exclude.remove(torch._C.DispatchKey.Functionalize)):
         yield
 
 
@@ -276,21 +269,12 @@ def _wait_tensor(tensor):
     return tensor
 
 
-def _xla_all_reduce(input, reduce_op, group_name):
-    """The native fast path first (below functionalization, as torch_xla's own kernel: one lazy all-reduce), the
-    functionalized generic kernel for everything funcoll fills."""
-    tp = transport_for(group_name, input.device)
-    red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
-    if red is not None:
-        return tp.all_reduce_functional(input, red)[0]
-    return _XLA_FILLED_ALL_REDUCE(input, reduce_op, tp)
-
-
-_XLA_FILLED_ALL_REDUCE = _functionalized("all_reduce", _filled_all_reduce)
 # XLA tensors are functional wrappers: the in-place/out variants need a Functionalize kernel to be callable
 _EXTRA["xla"] = {
     **{(name, "XLA"): _functionalized(name, fn) for name, fn in KERNELS.items()},
-    ("all_reduce", "XLA"): _xla_all_reduce,
+    # the native fast path below functionalization, as torch_xla's own kernel (one lazy all-reduce); functionalized
+    # for everything funcoll fills
+    ("all_reduce", "XLA"): _all_reduce(_functionalized("all_reduce", _filled_all_reduce)),
     ("wait_tensor", "XLA"): _wait_tensor,
     **{(name, "Functionalize"): fn for name, fn in FUNCTIONALIZE.items()},
 }

@@ -79,7 +79,6 @@ class ProcessGroupFuncoll(ProcessGroup):
         self._timeout = timeout
         self._options = options or Options()
         self._group_name = group_name
-        self._group_desc = ""
         ranks = tuple(global_ranks) or tuple(range(size))
         self._global_ranks = ranks
         self._world_size = world_size if world_size is not None else size
@@ -120,12 +119,11 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._group_name
 
     def _set_group_desc(self, desc: str) -> None:
-        self._group_desc = desc
         self._state.trace.desc = desc
 
     @property
     def group_desc(self) -> str:
-        return self._group_desc
+        return self._state.trace.desc
 
     @property
     def options(self) -> Options:
@@ -163,12 +161,10 @@ class ProcessGroupFuncoll(ProcessGroup):
         if device_type == "cpu" and hasattr(backend, "_allgather_base"):
             self._state.guard_backend = backend
         if LOG.isEnabledFor(logging.INFO):
-            if device_type == "cpu" and self._options.profile is not None:
-                why = f"profile {self._options.profile!r} from funcoll.Options"
-            elif os.environ.get("FUNCOLL_PROFILE", "").strip():
-                why = f"FUNCOLL_PROFILE={os.environ['FUNCOLL_PROFILE'].strip()}"
-            else:
-                why = "the running stack"
+            env = os.environ.get("FUNCOLL_PROFILE", "").strip()
+            why = (f"profile {self._options.profile!r} from funcoll.Options"
+                   if device_type == "cpu" and self._options.profile is not None
+                   else f"FUNCOLL_PROFILE={env}" if env else "the running stack")
             LOG.info("group %s rank %d/%d: %s transport %s, capabilities %s (%s)", self._group_name or "(unnamed)",
                      self.rank(), self.size(), device_type, type(tp).__name__, tp.caps.name, why)
         for hook in TRANSPORT_HOOKS:
@@ -214,8 +210,6 @@ class ProcessGroupFuncoll(ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         inp = self._one("all_gather", input_tensors)
         outs = output_tensors[0]
-        if len(outs) != self.size():
-            raise ValueError(f"funcoll.all_gather: expected {self.size()} output tensors, got {len(outs)}")
         return self._work(algorithms.all_gather(self._tp(inp), list(outs), inp), outs)
 
     @collective("allgather_into_tensor_coalesced")
@@ -240,10 +234,7 @@ class ProcessGroupFuncoll(ProcessGroup):
     @collective("reduce_scatter")
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = self._one("reduce_scatter", output_tensors)
-        ins = input_tensors[0]
-        if len(ins) != self.size():
-            raise ValueError(f"funcoll.reduce_scatter: expected {self.size()} input tensors, got {len(ins)}")
-        return self._work(algorithms.reduce_scatter(self._tp(out), out, list(ins), _red(opts)), [out])
+        return self._work(algorithms.reduce_scatter(self._tp(out), out, list(input_tensors[0]), _red(opts)), [out])
 
     @collective("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -464,7 +455,6 @@ class ProcessGroupFuncoll(ProcessGroup):
                                     global_ranks=[self._global_ranks[r] for r in ranks],
                                     world_size=self._world_size,
                                     options=opts if isinstance(opts, Options) else self._options)
-        child._set_group_name(name)
         if group_desc:
             child._set_group_desc(group_desc)
         return child
