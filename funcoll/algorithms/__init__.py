@@ -34,7 +34,7 @@ from funcoll.algorithms.move import (
     scatter,
     send,
 )
-from funcoll.algorithms.pending import Pending, _forget, _recorders, record, watched
+from funcoll.algorithms.pending import Pending, record, watched
 from funcoll.algorithms.reduce import (
     R,
     all_reduce,
@@ -60,5 +60,5 @@ __all__ = [  # one function per op, named as the op
     "native_reduce_scatter_request", "native_all_to_all_request", "native_broadcast_request", "watched",
     "native_all_gather_list_request", "native_reduce_scatter_list_request", "native_send_request",
     "native_recv_request", "native_barrier_request", "native_gather_request", "native_scatter_request",
-    "R", "_recorders", "_forget",
+    "R",
 ]

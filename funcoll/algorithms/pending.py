@@ -19,6 +19,13 @@ from funcoll.algorithms.observe import Scope
 from funcoll.transport import Handle, wait_quietly
 
 
+def _left(end: float, secs: float) -> timedelta:
+    """What is left of a wait of ``secs`` seconds ending at ``end`` (past it: a TimeoutError)."""
+    if time.monotonic() >= end:
+        raise TimeoutError(f"funcoll: collective not complete after {secs:g}s")
+    return timedelta(seconds=end - time.monotonic())
+
+
 class Pending(Handle):
     """Native handles to wait on, then local finishing steps to run once, in order."""
 
@@ -44,24 +51,16 @@ class Pending(Handle):
     def wait(self, timeout: Optional[timedelta] = None) -> None:
         """Waits on the native handles (in all, at most ``timeout`` when given: a c10d Work raises past it), then
         runs the finishing steps."""
-        secs = None if timeout is None else timeout.total_seconds()
-        end = None if secs is None else time.monotonic() + secs
-
-        def left() -> Optional[timedelta]:  # what is left of ``timeout`` (past it: a TimeoutError)
-            if end is None:
-                return None
-            if time.monotonic() >= end:
-                raise TimeoutError(f"funcoll: collective not complete after {secs:g}s")
-            return timedelta(seconds=end - time.monotonic())
-
+        secs = 0.0 if timeout is None else timeout.total_seconds()
+        end = None if timeout is None else time.monotonic() + secs
         if self._future is not None:  # handed over to future(): its callback runs the finishing steps
             while end is not None and not self._future.done():
-                left()
+                _left(end, secs)
                 time.sleep(0.001)
             self._future.wait()
             return
         while self._handles:
-            wait_quietly(self._handles[0], left())
+            wait_quietly(self._handles[0], None if end is None else _left(end, secs))
             self._handles.pop(0)
         self._run_thens()
 
@@ -105,7 +104,7 @@ class Pending(Handle):
         return self._source
 
 
-_recorders: List[list] = []
+_recorders: List[tuple] = []  # (log, thread id or None: every thread) per open record() block
 
 
 class _Current(threading.local):
@@ -119,26 +118,19 @@ _current = _Current()
 
 
 @contextlib.contextmanager
-def record():
-    """Collects, for every collective started inside the block, ``(op, [strategies])``.
+def record(thread: Optional[int] = None):
+    """Collects, for every collective started inside the block (by the thread ``thread`` only, when given: the entry
+    pipeline's log of one call), ``(op, [strategies])``.
 
     >>> with funcoll.algorithms.record() as calls: dist.all_reduce(t, op=dist.ReduceOp.AVG)
     >>> calls   # [("all_reduce", ["avg=sum+scale"])] under FUNCOLL_PROFILE=xccl
     """
-    log: list = []
-    _recorders.append(log)
+    mine: tuple = ([], thread)
+    _recorders.append(mine)
     try:
-        yield log
-    finally:
-        _forget(log)
-
-
-def _forget(log: list) -> None:
-    """Removes ``log`` itself from the recorders (by identity: another recorder may hold equal contents)."""
-    for i, other in enumerate(_recorders):
-        if other is log:
-            del _recorders[i]
-            return
+        yield mine[0]
+    finally:  # removed by identity: another block's log may hold equal contents
+        del _recorders[next(i for i, other in enumerate(_recorders) if other is mine)]
 
 
 def _note(strategy: str) -> None:
@@ -169,8 +161,10 @@ def _entry(fn):
             if scope is not None:
                 scope.close(args)
             strategies = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
-            for log in _recorders:
-                log.append((op, strategies))
+            tid = threading.get_ident()
+            for log, thread in _recorders:
+                if thread is None or thread == tid:
+                    log.append((op, strategies))
 
     return wrapper
 

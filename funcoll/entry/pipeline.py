@@ -28,6 +28,7 @@ its logger decorators. Per call:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -47,6 +48,7 @@ from funcoll.transport import before_send, wait_quietly
 __all__ = ["collective", "FAST"]
 
 _now = time.time
+_NO_LOG = contextlib.nullcontext()
 _watched = algorithms.watched
 
 
@@ -55,20 +57,6 @@ class _Depth(threading.local):
 
 
 _tls = _Depth()
-
-
-class _StrategyLog(list):
-    """An ``algorithms.record()`` log that keeps only the calls of the thread that opened it."""
-
-    __slots__ = ("tid",)
-
-    def __init__(self):
-        super().__init__()
-        self.tid = threading.get_ident()
-
-    def append(self, item) -> None:
-        if threading.get_ident() == self.tid:
-            list.append(self, item)
 
 
 def _description(nat, pg, method: str, args) -> dict:
@@ -163,17 +151,12 @@ def collective(method: str) -> Callable:
                         size_guard(st, call)  # blocking CPU collectives, 2+ ranks: sizes agree, or a clear error
 
             # 5. the body
-            log = _StrategyLog() if st.trace.enabled else None
             _tls.depth = 1
             before_send(start)
             try:
-                if log is not None:
-                    algorithms._recorders.append(log)
-                try:
+                # the strategies of this thread's call, for its flight-recorder entry
+                with algorithms.record(threading.get_ident()) if st.trace.enabled else _NO_LOG as log:
                     work = fn(self, *args, **kwargs)
-                finally:
-                    if log is not None:
-                        algorithms._forget(log)  # by identity: the user's record() log may hold equal contents
                 if not numbered:  # nothing to send on this rank (empty tensors, a lazy transport): counted all the same
                     start()
             except (ValueError, TypeError, NotImplementedError) as e:
@@ -196,7 +179,7 @@ def collective(method: str) -> Callable:
                 _tls.depth = 0
             # 6. the Work
             if log:
-                call.strategies = list(dict.fromkeys(s for _, notes in log for s in notes))
+                call.strategies = list(dict.fromkeys([s for _, notes in log for s in notes]))
             if isinstance(work, FuncollWork):
                 work._attach(call, st.trace)
             else:

@@ -176,3 +176,30 @@ def test_no_import_cycles():
 def test_the_design_doc_shows_the_table():
     text = (ROOT.parent / "docs" / "design.md").read_text()
     assert render() in text, "docs/design.md: paste tests.tooling.test_layers.render() in place of its import table"
+
+
+def _file_unit(path: str):
+    """The unit of a file under funcoll/ (``entry/pipeline.py`` -> ``entry/pipeline``), None for a tool."""
+    parts = path[:-len(".py")].split("/")
+    return None if len(parts) < 2 else (f"entry/{parts[1]}" if parts[0] == "entry" else parts[0])
+
+
+def test_an_eager_call_goes_down_and_up_once():
+    """At run time too, calls follow the table: every funcoll function an eager ``dist.all_reduce(t, op=AVG)`` under
+    FUNCOLL_PROFILE=xccl calls (2 CPU ranks, size guard off and on; ``bench.hops`` counts docs/design.md's hops the
+    same way) is in its caller's unit or in a unit the caller's row names, but two, each running a function it was
+    handed: the pipeline's decorator running the method it wraps (``ProcessGroupFuncoll.allreduce``, as c10d's logger
+    decorators run theirs), and the one upward call, the transport running the pipeline's ``before_send`` callback
+    (``pipeline.start``)."""
+    from funcoll.launch import run_world
+
+    res = run_world("bench.hops:eager", 2, profile="xccl", env={"FUNCOLL_GUARD": "0"}, timeout=180)[0]
+    for guard, calls in res.items():
+        up = []
+        for path, name, caller in calls:
+            me, them = _file_unit(path), caller and _file_unit(caller)
+            if them is not None and me is not None and me != them and me not in ALLOWED[them]:
+                up.append((caller, path, name))
+        assert up == [("entry/pipeline.py", "entry/process_group.py", "allreduce"),
+                      ("transport/__init__.py", "entry/pipeline.py", "start")], (guard, up)
+        assert (("entry/checks.py", "size_guard") in {(p, n) for p, n, _ in calls}) == guard  # only when it is on
