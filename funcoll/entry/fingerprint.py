@@ -77,7 +77,10 @@ def _root(opts) -> int:
 
 
 def _device(ts) -> Optional[str]:
-    return next((t.device.type for t in ts if isinstance(t, torch.Tensor)), None)
+    for t in ts:
+        if isinstance(t, torch.Tensor):
+            return t.device.type
+    return None
 
 
 def flat(x) -> list:

@@ -432,7 +432,7 @@ class Transport:
     def _native(self, primitive: str, dtype: Optional[torch.dtype], op: Optional[ReduceOp] = None,
                 uneven: bool = False) -> None:
         caps = self.caps
-        ok = caps.has(primitive) and (dtype is None or caps.moves(dtype))
+        ok = primitive in caps.primitives and (dtype is None or dtype in caps.dtypes)
         if ok and op is not None:
             ok = caps.reduces(primitive, op, dtype)  # type: ignore[arg-type]  # a reducing primitive has a dtype
         if ok and uneven:
