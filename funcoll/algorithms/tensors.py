@@ -73,6 +73,17 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return acc
 
 
+def _count_to_bool_(kind: str, count: torch.Tensor, n: int) -> None:
+    """A count of every rank's Trues back to the bool result of any / all / parity, in place, on a uint8 count that is
+    the bool tensor's own bytes (0/1 afterwards)."""
+    if kind == planner.BOOL_ANY:
+        count.clamp_(max=1)
+    elif kind == planner.BOOL_ALL:
+        count.eq_(n)
+    else:
+        count.bitwise_and_(1)
+
+
 def _padded_flat(t: torch.Tensor, n: int) -> torch.Tensor:
     """``t`` flattened, as is when its size divides by ``n`` (a view: no copy), else copied and padded to it. Callers
     tell the two apart by size, never by ``data_ptr()``: a lazy XLA tensor and its padded copy report the same one."""
