@@ -110,16 +110,17 @@ class Call:
 
 class NativeEntry:
     """The record of a collective the eager fast path issued as one native backend call: its sequence number, op,
-    method, fingerprint (its signature's), times (``t_done`` None while running) and thread id. Read as a
-    :class:`Call`."""
+    method, fingerprint (its signature's), times (``t_done`` None while running) and thread id; ``fut``, the
+    backend's future handed to the caller (:meth:`GroupTrace.watch`). Read as a :class:`Call`."""
 
-    __slots__ = ("seq", "op", "method", "fingerprint", "t_issued", "t_done", "thread", "p2p_seq")
+    __slots__ = ("seq", "op", "method", "fingerprint", "t_issued", "t_done", "thread", "p2p_seq", "fut")
 
     def __init__(self, seq: Optional[int], op: str, method: str, fingerprint: dict, p2p_seq: Optional[int] = None):
         self.seq, self.op, self.method, self.fingerprint, self.p2p_seq = seq, op, method, fingerprint, p2p_seq
         self.t_issued = _time()
         self.t_done: Optional[float] = None
         self.thread = _ident()
+        self.fut = None
 
 
 def describe(fp: dict) -> str:
@@ -148,6 +149,7 @@ class GroupTrace:
         n = buffer_size() if maxlen is None else maxlen
         self.enabled = n > 0
         self.buffer: collections.deque = collections.deque(maxlen=max(n, 1))
+        self._watched: List[NativeEntry] = []  # records whose outcome only a handed-out backend future knows
         _traces[id(self)] = self
         _dump_at_exit()
 
@@ -171,11 +173,45 @@ class GroupTrace:
         strategy "native", its fingerprint the one of its signature, computed once per signature): a
         :class:`NativeEntry`, cheaper to make than a :class:`Call`; read as one (:meth:`entries`); :meth:`promote`
         turns it into one in place (a failure). A point-to-point op (``p2p``) takes the next point-to-point number."""
+        if self._watched:
+            self.discover()
         rec = (NativeEntry(None, op, method, fingerprint, next(self._p2p)) if p2p
                else NativeEntry(next(self._seq), op, method, fingerprint))
         if self.enabled:
             self.buffer.append(rec)
         return rec
+
+    def watch(self, rec: "NativeEntry", fut) -> None:
+        """``rec``'s collective ends when the backend future ``fut`` does, which nothing of funcoll's waits on (the
+        fast path handed it to the caller, as DDP's Reducer asks): its outcome is discovered, as c10d's watchdog
+        discovers a Work's, at the group's next fast-path call and whenever the recorder is read (``time_done`` is
+        the time of discovery). The future is held until then."""
+        rec.fut = fut
+        with self.lock:
+            self._watched.append(rec)
+
+    def discover(self) -> None:
+        """Completes (or fails) the watched records whose future has ended (:meth:`watch`)."""
+        with self.lock:
+            watched, self._watched = self._watched, []
+        running = []
+        for rec in watched:
+            fut, rec.fut = rec.fut, None
+            if fut is None or rec.t_done is not None:  # its Work's wait() has seen it end
+                continue
+            if not fut.done():
+                rec.fut = fut
+                running.append(rec)
+                continue
+            try:
+                fut.value()  # re-raises the backend's error
+            except Exception as e:  # noqa: BLE001 - recorded, as the Work's wait() would
+                self.promote(rec).failed(e)
+                continue
+            rec.t_done = _time()
+        if running:
+            with self.lock:
+                self._watched[:0] = running
 
     def _call_of(self, rec: "NativeEntry", names: Optional[dict] = None) -> Call:
         call = Call(self.group, self.global_ranks, self.rank, self.size, rec.op, rec.method, rec.fingerprint,
@@ -207,6 +243,8 @@ class GroupTrace:
         return call
 
     def entries(self) -> List[Call]:
+        if self._watched:
+            self.discover()
         with self.lock:
             items = list(self.buffer)
         if any(type(c) is NativeEntry for c in items):  # native calls of the fast path: read as Calls

@@ -228,7 +228,8 @@ class NativeWork(FuncollWork):
 
     _done = False
     _exc: Optional[CollectiveError] = None
-    _fut: Optional[torch.futures.Future] = None
+    _fut: Optional[torch.futures.Future] = None  # funcoll's future, for a backend Work without one
+    _bfut: Optional[torch.futures.Future] = None  # the backend Work's own future, handed out as this Work's
     _c: Optional[flight_recorder.Call] = None
     _role = False  # a thread waits on the backend's Work (the caller in wait(), or a background waiter)
     _ev: Optional[threading.Event] = None  # set when that wait has returned: made by whoever waits for it
@@ -410,7 +411,8 @@ class NativeWork(FuncollWork):
     def is_completed(self) -> bool:
         if self._done or self._exc is not None:
             return True
-        if self._h.is_completed():  # the data is in place: finish (the wait returns at once)
+        bf = self._bfut  # gloo completes a Work's future just before the Work itself
+        if self._h.is_completed() or (bf is not None and bf.done()):  # the data is in place: finish (a short wait)
             if self._claim():
                 try:
                     self._wait_h(self._h)
@@ -424,6 +426,23 @@ class NativeWork(FuncollWork):
         return False
 
     def get_future(self) -> torch.futures.Future:
+        """The backend Work's own future where it has one (gloo's all_reduce, broadcast, all_gather, all_to_all, gather,
+        scatter, barrier: what DDP's Reducer asks each bucket's Work for), as a c10d Work's: no Python callback runs
+        on the backend's thread, and it completes, or fails with the backend's own error, when the backend's Work
+        does (``wait()`` names the collective; the full path's futures do too). The call's flight-recorder record
+        learns the outcome from that future at the group's next fast-path call or when the recorder is read. A Work
+        without a future (gloo's send, recv, reduce_scatter) gets one of funcoll's, completed by a background
+        waiter."""
+        bf = self._bfut
+        if bf is not None:
+            return bf
+        if self._exc is None:
+            bf = self._backend_future()  # one call: DDP asks every bucket's Work for its future
+            if bf is not None:
+                self._bfut = bf
+                if not self._done:
+                    self._st.trace.watch(self._rec, bf)
+                return bf
         with _NATIVE_LOCK:
             if self._fut is not None:
                 return self._fut
@@ -432,30 +451,8 @@ class NativeWork(FuncollWork):
             finished = self._done or self._exc is not None
         if finished:
             self._settle(out)
-            return out
-        backend_fut = self._backend_future()  # one call: DDP asks every bucket's Work for its future
-        if backend_fut is None:  # whoever waits on the backend's Work completes the future (_finish)
-            if self._claim():
-                in_background(self._wait_backend)
-            return out
-
-        def finish(f):  # on the backend's thread; the error keeps its type
-            try:
-                value = f.value()  # re-raises the backend's error
-            except Exception as e:  # noqa: BLE001
-                err = self._failure(e)
-                if not out.done():
-                    out.set_exception(err)
-                return
-            self._done = True
-            self._completed()
-            try:
-                out.set_result(value)
-            except RuntimeError:  # completed meanwhile by a wait() on another thread (_finish)
-                pass
-
-        backend_fut.add_done_callback(finish)
-        track_callbacks(backend_fut)
+        elif self._claim():  # whoever waits on the backend's Work completes the future (_finish)
+            in_background(self._wait_backend)
         return out
 
     def _source_rank(self) -> int:

@@ -137,31 +137,45 @@ def _rank_peer_killed_during(rank, n):
     import torch
     import torch.distributed as dist
 
+    from funcoll import flight_recorder
+
     t = torch.ones(1 << 22)  # 16 MB: the peer dies while it is being exchanged
     w = dist.all_reduce(t, async_op=True)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     label = _group_label(n)
     fut = w.get_future()
+    f = _attempt(fut.wait)  # the future first, as DDP's Reducer reads a bucket's Work
+    recorded = flight_recorder.entries()[-1]  # read after the future failed: the failure is discovered
     r = _attempt(w.wait)
     r.update(label=label, completed=w.is_completed(), success=w.is_success(),
-             exception=type(w.exception()).__name__, same_exception=str(w.exception()) == r.get("msg"))
-    f = _attempt(fut.wait)
-    r["future"] = {"ok": f["ok"], "type": f.get("type"), "same": f.get("msg") == r.get("msg")}
+             exception=type(w.exception()).__name__, same_exception=str(w.exception()) == r.get("msg"),
+             recorded=(recorded.op, recorded.seq, recorded.state))
+    r["future"] = {"ok": f["ok"], "type": f.get("type"), "same": f.get("msg") == r.get("msg"),
+                   "msg": f.get("msg", "")}
     r["destroy"] = _attempt(dist.destroy_process_group)
     return r
 
 
-def test_peer_killed_during_a_collective():
-    res = _world("_rank_peer_killed_during")
+@pytest.mark.parametrize("mode", ["default", "debug"])
+def test_peer_killed_during_a_collective(mode):
+    # by default an async all_reduce takes the fast path: its future is gloo's own (as a c10d Work's, no Python
+    # callback on gloo's thread), failing with gloo's error; the debug mode's full path hands out funcoll's, naming it
+    res = _world("_rank_peer_killed_during", env={"FUNCOLL_DEBUG": "1"} if mode == "debug" else None)
     r = _ok(res, 0)
     assert res[1][1] == -9, res[1]
     assert not r["ok"] and r["type"] == "CollectiveError", r
     assert r["msg"].startswith(f"funcoll: all_reduce #0 on {r['label']}; this is rank 0 of 2) failed: "), r["msg"]
     assert r["secs"] < COLL_TIMEOUT + SLACK
-    # the Work tells the truth, and so does its future (DDP comm hooks chain on it)
+    # the Work tells the truth, and so do its future (DDP comm hooks chain on it) and the flight recorder
     assert r["completed"] and not r["success"] and r["exception"] == "CollectiveError" and r["same_exception"], r
-    assert r["future"] == {"ok": False, "type": "CollectiveError", "same": True}, r["future"]
+    assert r["recorded"] == ("all_reduce", 0, "failed"), r["recorded"]
+    f = r["future"]
+    if mode == "debug":
+        assert (f["ok"], f["type"], f["same"]) == (False, "CollectiveError", True), f
+    else:  # the backend's own error: the one the Work's error names as its cause
+        assert (f["ok"], f["type"]) == (False, "RuntimeError") and f["msg"], f
+        assert "failed: " + f["msg"].strip() in r["msg"], (r["msg"], f["msg"])
     assert r["destroy"]["ok"], r["destroy"]
 
 

@@ -201,8 +201,10 @@ def _rank_more(rank, n):
         t = ins[rank].clone()
         w = dist.all_reduce(t, async_op=True)
         before = len(jobs)
-        value = w.get_future().wait()  # as DDP's Reducer: only the future; gloo's all_reduce Work has one of its own
-        got[f"async all_reduce future {attempt}"] = (type(w) is NativeWork, value[0].data_ptr() == t.data_ptr(),
+        fut = w.get_future()  # as DDP's Reducer: only the future; gloo's all_reduce Work has one of its own, handed out
+        value = fut.wait()
+        got[f"async all_reduce future {attempt}"] = (type(w) is NativeWork, type(fut) is torch._C.Future,
+                                                     w.get_future() is fut, value[0].data_ptr() == t.data_ptr(),
                                                      torch.equal(t, sum(ins)), w.is_completed(), w.is_success(),
                                                      funcoll.flight_recorder.entries()[-1].state == "completed")
         waiters[f"all_reduce get_future {attempt}"] = len(jobs) - before
@@ -437,7 +439,7 @@ def test_list_forms_gather_scatter_barrier_and_point_to_point_take_the_fast_path
         # a background waiter only where a Work's missing parts were asked for: a future, a poll of a running Work
         w = r["waiters"]
         assert w["reduce_scatter get_future 0"] == w["reduce_scatter get_future 1"] == 1, w
-        assert w["all_reduce get_future 0"] == w["all_reduce get_future 1"] == 0, w  # chained on gloo's own future
+        assert w["all_reduce get_future 0"] == w["all_reduce get_future 1"] == 0, w  # gloo's own future
         if n > 1:
             assert w["isend/irecv waited 0"] == w["isend/irecv waited 1"] == 0, w
             assert 0 < w["isend/irecv polled 0"] <= 2 and 0 < w["isend/irecv polled 1"] <= 2, w

@@ -111,6 +111,25 @@ def test_future_completes_with_the_outputs_or_the_error():
     assert not work.is_success() and isinstance(work.exception(), CollectiveError)
 
 
+def test_a_handed_out_backend_future_ends_its_record_when_discovered():
+    """The fast path hands a backend Work's own future to the caller (DDP's Reducer reads only that): the record
+    learns the outcome from it at the group's next fast-path call or when the recorder is read."""
+    trace = flight_recorder.GroupTrace("g", (0, 1), 0, 2, maxlen=8)
+    fp = {"op": "all_reduce", "reduce_op": "sum", "tensors": [["float32", [4]]]}
+    ok, bad = torch.futures.Future(), torch.futures.Future()
+    for fut in (ok, bad):
+        trace.watch(trace.native_record("all_reduce", "allreduce", fp), fut)
+    assert [(c.seq, c.state) for c in trace.entries()] == [(0, "issued"), (1, "issued")]
+    ok.set_result([torch.ones(4)])
+    assert [(c.seq, c.state) for c in trace.entries()] == [(0, "completed"), (1, "issued")]
+    bad.set_exception(RuntimeError("[pair.cc:538] Read error: Connection reset by peer"))
+    trace.native_record("all_reduce", "allreduce", fp)  # the next call discovers it
+    calls = trace.entries()
+    assert [(c.seq, c.state) for c in calls] == [(0, "completed"), (1, "failed"), (2, "issued")]
+    assert calls[1].error == "RuntimeError: [pair.cc:538] Read error: Connection reset by peer"
+    assert trace._watched == [] and calls[0].t_done >= calls[0].t_issued
+
+
 def test_wait_timeout_names_the_collective_and_leaves_it_pending(tmp_path, monkeypatch):
     monkeypatch.setenv("FUNCOLL_TRACE_DIR", str(tmp_path))
     work, h, call, steps = _work()
