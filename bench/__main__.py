@@ -39,7 +39,7 @@ def run(blocks: int = BLOCKS, write_docs: bool = True) -> list:
         _LOAD.append(os.getloadavg()[0])
     from bench import training
 
-    rows += training.run(max(2, blocks // 2))  # whole training steps take longer: half as many blocks
+    rows += training.run(2 * blocks)  # a step's ratio varies more than a call's: twice as many blocks
     xla = importlib.util.find_spec("torch_xla") is not None
     if xla:
         for world in (4, 64, 256):
@@ -76,6 +76,8 @@ def table(rows) -> str:
             extra = "losses equal" if r["losses_equal"] else "LOSSES DIFFER"
             if "cpu_delta_us" in r:  # the calling thread's own CPU time per step, funcoll - raw
                 extra = f"cpu {r['cpu_delta_us']:+.0f}us, {extra}"
+            if "m_lo" in r:  # where the median ratio itself lies (95%)
+                extra = f"median in {r['m_lo']:.2f}-{r['m_hi']:.2f}, {extra}"
         elif "d1" in r and not extra:  # the median per-call difference (µs), its quartiles
             extra = f"{r['delta_us']:+.1f}us [{r['d1']:+.0f}..{r['d3']:+.0f}]"
             if "cpu_delta_us" in r:  # the calling thread's own CPU time per call, funcoll - raw

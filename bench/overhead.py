@@ -23,6 +23,7 @@ median difference with its own (the table's ``extra`` column: ``+Δ us [25%..75%
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -52,6 +53,16 @@ def _quartiles(xs) -> list:
     return statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
 
 
+def median_ci(xs) -> tuple:
+    """A 95% confidence interval of the median of ``xs`` (distribution-free: the order statistics n/2 -+ 0.98
+    sqrt(n)); the whole range below 6 values."""
+    s, n = sorted(xs), len(xs)
+    if n < 6:
+        return s[0], s[-1]
+    half = 0.98 * math.sqrt(n)
+    return s[max(0, math.floor(n / 2 - half) - 1)], s[min(n - 1, math.ceil(n / 2 + half) - 1)]
+
+
 def _summary(tr, to, ratios, cpu=None) -> dict:
     """Per-call medians of each side, the median of the per-block ratios with its quartiles, and the median of the
     per-block differences (funcoll - raw, µs per call: ``delta_us``) with its quartiles; with ``cpu`` (per-block
@@ -59,8 +70,9 @@ def _summary(tr, to, ratios, cpu=None) -> dict:
     q = _quartiles(ratios)
     deltas = [(o - b) * 1e6 for o, b in zip(to, tr)]
     d = _quartiles(deltas)
+    lo, hi = median_ci(ratios)
     out = {"raw_us": statistics.median(tr) * 1e6, "funcoll_us": statistics.median(to) * 1e6,
-           "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2], "ratios": ratios,
+           "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2], "ratios": ratios, "m_lo": lo, "m_hi": hi,
            "delta_us": statistics.median(deltas), "d1": d[0], "d3": d[2], "deltas": deltas}
     if cpu:
         out["cpu_delta_us"], out["cpu_deltas"] = statistics.median(cpu), cpu

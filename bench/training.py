@@ -1,9 +1,11 @@
-"""Training steps as users run them, on a funcoll group and on a raw gloo group in the same 2-rank world.
+"""Training steps as users run them, on a funcoll group and on c10d's stock path in the same 2-rank world.
 
-Each row builds the same model twice from the same seed, one on the world's funcoll group and one on a gloo group
-over the same ranks, then times alternating blocks of steps (which side goes first alternates) and reports the median
-of the per-block ratios funcoll / gloo with its quartiles. Every step's loss is compared between the two sides: the
-row records whether they were equal bit for bit (they should be: the same collectives on the same data).
+Each row builds the same model twice from the same seed, one on the world's funcoll group and one on c10d's stock
+ProcessGroup over the very gloo backend funcoll's group uses (:func:`bench.overhead.stock_group`), then times
+alternating blocks of steps (which side goes first alternates; each rank pinned to a CPU of its own) and reports the
+median of the per-block ratios funcoll / stock with its quartiles and a 95% interval of that median. Every step's
+loss is compared between the two sides: the row records whether they were equal bit for bit (they should be: the
+same collectives on the same data).
 
 Rows: DDP (plain and with ``bf16_compress_hook``), FSDP2 (fp32, and bf16 mixed precision), tensor parallel with
 sequence parallel (a two-layer MLP, colwise then rowwise, sequence-sharded around it), and a ZeRO-like loop written
@@ -15,11 +17,12 @@ parameters, a broadcast of a step counter). The defaults are funcoll's (no size 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
-STEPS = 3  # steps per timed block
+STEPS = 10  # steps per timed block
 DIM, BATCH = 64, 16
 
 
@@ -199,7 +202,7 @@ def _rows():
 def rank_main(rank: int, n: int, blocks: int, only=None) -> list:
     import torch.distributed as dist
 
-    from bench.overhead import forget_stock, paired, stock_group
+    from bench.overhead import _pin_process, _unpin, forget_stock, paired, stock_group
 
     torch.set_num_threads(1)
     ours = dist.group.WORLD
@@ -209,8 +212,15 @@ def rank_main(rank: int, n: int, blocks: int, only=None) -> list:
         if only and case not in only:
             continue
         a, b = _Side(make(ours, rank)), _Side(make(raw, rank))
+        # each rank on a CPU of its own, with its gloo threads (FUNCOLL_BENCH_PIN=0: the machine's scheduling): on 2
+        # shared vCPUs, where each thread wakes decides a step's time more than the software does (measured: the
+        # quartiles of a DDP step's ratio 0.90-1.35 unpinned, 0.98-1.25 pinned; FSDP2 0.94-1.16 and 0.91-1.07)
+        pinned = _pin_process(rank % max(1, len(os.sched_getaffinity(0))))
         # overhead.paired: a warm-up step each (lazy init, connections), then alternating blocks of STEPS steps
-        r = paired(b.step, a.step, blocks, k=STEPS)
+        try:
+            r = paired(b.step, a.step, blocks, k=STEPS)
+        finally:
+            _unpin(pinned)
         for key in ("ratios", "deltas", "cpu_deltas"):
             r.pop(key, None)
         rows.append({"case": f"train step: {case}", "bytes": 0, "world": n, **r,
