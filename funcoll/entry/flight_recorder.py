@@ -229,10 +229,19 @@ class GroupTrace:
         """The :class:`Call` of a record, put in its place in the buffer: its state is the Call's from now on."""
         call = self._call_of(rec)
         with self.lock:
-            for i, c in enumerate(self.buffer):
-                if c is rec:
-                    self.buffer[i] = call
+            # the fast path appends without the lock (a deque's append is atomic): a Python loop over the deque could
+            # see it change and raise, so the record is found in a copy (made in C, at once) and replaced only where
+            # it still is (an append to a full buffer shifts every index by one)
+            for _ in range(3):
+                i = next((i for i, c in enumerate(list(self.buffer)) if c is rec), None)
+                if i is None:  # no longer in the buffer
                     break
+                try:
+                    if self.buffer[i] is rec:
+                        self.buffer[i] = call
+                        break
+                except IndexError:
+                    pass
         return call
 
     def keep(self, call: Call) -> Call:

@@ -130,6 +130,31 @@ def test_a_handed_out_backend_future_ends_its_record_when_discovered():
     assert trace._watched == [] and calls[0].t_done >= calls[0].t_issued
 
 
+def test_a_record_is_promoted_while_another_thread_records():
+    """A failed fast-path call turns its record into a Call in place while other threads keep recording (the fast
+    path appends without the lock): no error, and the Call is where the record was."""
+    import threading
+
+    trace = flight_recorder.GroupTrace("g", (0, 1), 0, 2, maxlen=4096)
+    fp = {"op": "all_reduce", "reduce_op": "sum", "tensors": [["float32", [4]]]}
+    stop = threading.Event()
+
+    def record():
+        while not stop.is_set():
+            trace.native_record("all_reduce", "allreduce", fp)
+
+    other = threading.Thread(target=record)
+    other.start()
+    try:
+        for _ in range(200):
+            rec = trace.native_record("broadcast", "broadcast", fp)
+            call = trace.promote(rec)
+            assert rec not in trace.buffer and (call in trace.buffer or len(trace.buffer) == 4096)
+    finally:
+        stop.set()
+        other.join()
+
+
 def test_wait_timeout_names_the_collective_and_leaves_it_pending(tmp_path, monkeypatch):
     monkeypatch.setenv("FUNCOLL_TRACE_DIR", str(tmp_path))
     work, h, call, steps = _work()
