@@ -27,6 +27,9 @@ def free_port() -> int:
 
 
 def _child(rank, world, port, target, args, backend, q, coll_timeout):
+    import faulthandler
+
+    faulthandler.enable(all_threads=True)  # a rank that crashes (a signal, an abort) prints every thread's stack
     try:  # (spawn gives the child the parent's sys.path)
         import importlib
 

@@ -158,6 +158,8 @@ class GroupTrace:
 
     def call(self, op: str, method: str, fingerprint: dict) -> Call:
         """A new entry, not numbered yet (:meth:`number` when its first byte is about to be sent)."""
+        if self._watched:
+            self.discover()
         return Call(self.group, self.global_ranks, self.rank, self.size, op, method, fingerprint)
 
     def number(self, call: Call, p2p: bool = False) -> Call:
@@ -184,8 +186,8 @@ class GroupTrace:
     def watch(self, rec: "NativeEntry", fut) -> None:
         """``rec``'s collective ends when the backend future ``fut`` does, which nothing of funcoll's waits on (the
         fast path handed it to the caller, as DDP's Reducer asks): its outcome is discovered, as c10d's watchdog
-        discovers a Work's, at the group's next fast-path call and whenever the recorder is read (``time_done`` is
-        the time of discovery). The future is held until then."""
+        discovers a Work's, at the group's next call and whenever the recorder is read (``time_done`` is the time of
+        discovery). The future is held until then."""
         rec.fut = fut
         with self.lock:
             self._watched.append(rec)

@@ -430,7 +430,7 @@ class NativeWork(FuncollWork):
         scatter, barrier: what DDP's Reducer asks each bucket's Work for), as a c10d Work's: no Python callback runs
         on the backend's thread, and it completes, or fails with the backend's own error, when the backend's Work
         does (``wait()`` names the collective; the full path's futures do too). The call's flight-recorder record
-        learns the outcome from that future at the group's next fast-path call or when the recorder is read. A Work
+        learns the outcome from that future at the group's next call or when the recorder is read. A Work
         without a future (gloo's send, recv, reduce_scatter) gets one of funcoll's, completed by a background
         waiter."""
         bf = self._bfut

@@ -128,6 +128,11 @@ def test_a_handed_out_backend_future_ends_its_record_when_discovered():
     assert [(c.seq, c.state) for c in calls] == [(0, "completed"), (1, "failed"), (2, "issued")]
     assert calls[1].error == "RuntimeError: [pair.cc:538] Read error: Connection reset by peer"
     assert trace._watched == [] and calls[0].t_done >= calls[0].t_issued
+    late = torch.futures.Future()  # a full-path call (AVG, a list all_to_all ...) discovers too
+    trace.watch(trace.buffer[-1], late)  # the record of call #2
+    late.set_result([])
+    trace.call("all_reduce", "allreduce", fp)
+    assert trace._watched == [] and trace.buffer[-1].t_done is not None
 
 
 def test_a_record_is_promoted_while_another_thread_records():
