@@ -221,30 +221,30 @@ def _fast_allreduce(pg, args, _opts=_C.AllreduceOptions, _lookup=algorithms.nati
     return None
 
 
-def _fast_allgather_base(pg, args):
-    if len(args) != 3 or type(args[2]) is not _C.AllgatherOptions:
-        return None
-    out, inp = args[0], args[1]
-    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN:
-        return None
-    tp = _tp_of(pg, inp)
-    if tp is None:
-        return None
-    nat = algorithms.native_all_gather_request(tp, out, inp)
-    return nat if nat is not None and _dense(out) and _dense(inp) else None
+# (the adapters FSDP2 and ZeRO engines call most, all_gather_into_tensor and reduce_scatter_tensor, are written out
+# like _fast_allreduce: inside a training step, between two collectives, each Python call of the adapter runs from
+# cold caches and costs several us)
+def _fast_allgather_base(pg, args, _opts=_C.AllgatherOptions, _lookup=algorithms.native_all_gather_request):
+    if len(args) == 3 and type(args[2]) is _opts:
+        out, inp = args[0], args[1]
+        if (out.__class__ in _PLAIN and inp.__class__ in _PLAIN and out.layout is _STRIDED and inp.layout is _STRIDED
+                and out.is_contiguous() and inp.is_contiguous()):
+            tp = pg._transports.get("cpu" if inp.is_cpu else inp.device.type)
+            if tp is not None:
+                return _lookup(tp, out, inp)
+    return None
 
 
-def _fast_reduce_scatter_base(pg, args):
-    if len(args) != 3 or type(args[2]) is not _C.ReduceScatterOptions:
-        return None
-    out, inp, opts = args
-    if inp.__class__ not in _PLAIN or out.__class__ not in _PLAIN:
-        return None
-    tp = _tp_of(pg, inp)
-    if tp is None:
-        return None
-    nat = algorithms.native_reduce_scatter_request(tp, opts.reduceOp, out, inp)
-    return nat if nat is not None and _dense(out) and _dense(inp) else None
+def _fast_reduce_scatter_base(pg, args, _opts=_C.ReduceScatterOptions,
+                              _lookup=algorithms.native_reduce_scatter_request):
+    if len(args) == 3 and type(args[2]) is _opts:
+        out, inp = args[0], args[1]
+        if (out.__class__ in _PLAIN and inp.__class__ in _PLAIN and out.layout is _STRIDED and inp.layout is _STRIDED
+                and out.is_contiguous() and inp.is_contiguous()):
+            tp = pg._transports.get("cpu" if inp.is_cpu else inp.device.type)
+            if tp is not None:
+                return _lookup(tp, args[2].reduceOp, out, inp)
+    return None
 
 
 def _fast_alltoall_base(pg, args):
