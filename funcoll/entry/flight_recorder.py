@@ -196,7 +196,7 @@ class GroupTrace:
         """Completes (or fails) the watched records whose future has ended (:meth:`watch`)."""
         with self.lock:
             watched, self._watched = self._watched, []
-        running = []
+        running: List[NativeEntry] = []
         for rec in watched:
             fut, rec.fut = rec.fut, None
             if fut is None or rec.t_done is not None:  # its Work's wait() has seen it end
