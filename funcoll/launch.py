@@ -4,6 +4,14 @@ backend over gloo). Used by the demo and the tests; handy for users' own multi-r
 Every rendezvous and collective has a timeout, and the parent kills the world when it overruns, so a test
 never hangs. ``target`` is "module:function" (importable with the parent's sys.path); it is called as
 ``fn(rank, world_size, *args)`` after ``init_process_group`` and its return value (picklable) comes back.
+
+Ranks start from a fork server that has imported torch once (multiprocessing's ``forkserver``): a world starts in
+a fraction of a second instead of each rank importing torch (seconds per rank). A rank is still a fresh process
+with the environment, ``sys.path``, working directory, stdout and stderr it would get when spawned. Where that cannot
+be guaranteed -- an environment variable other than funcoll's own (``FUNCOLL_*``), the runtimes' read later (``PJRT_*``,
+``XLA_*``, ``TPU_*``) and pytest's (``PYTEST_*``) differs from the environment torch was imported under
+(``TORCH_LOGS`` and ``TORCH_DISTRIBUTED_DEBUG`` are read at import) -- the ranks are spawned as before.
+``FUNCOLL_LAUNCH=spawn`` always spawns.
 """
 
 from __future__ import annotations
@@ -17,7 +25,6 @@ import time
 import traceback
 from datetime import timedelta
 from typing import Mapping, Optional, Sequence, Tuple
-from unittest import mock
 
 
 def free_port() -> int:
@@ -26,9 +33,63 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank, world, port, target, args, backend, q, coll_timeout):
+# what the fork server imports once (not funcoll: it reads FUNCOLL_* at import), and the environment variables a rank
+# may hold with a value other than the fork server's: torch does not read them (funcoll, a runtime the server has not
+# imported, pytest's name of the running test)
+_PRELOAD = ["torch", "torch.distributed"]
+_LATE_ENV = ("FUNCOLL_", "PJRT_", "XLA_", "TPU_", "PYTEST_")
+_server: dict = {}  # the fork server this process started: its pid and environment
+
+
+def _context(rank_env: Mapping[str, str]):
+    """The multiprocessing context to start ranks of environment ``rank_env`` with: the fork server when its ranks
+    would be what spawned ones are (see the module's docstring), else ``spawn``."""
+    if os.environ.get("FUNCOLL_LAUNCH", "forkserver") == "spawn" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    from multiprocessing import forkserver
+
+    fs = forkserver._forkserver  # the process-wide fork server
+    pid = getattr(fs, "_forkserver_pid", None)
+    if not _server and pid is not None:  # started by someone else, importing who knows what, under who knows what
+        return mp.get_context("spawn")
+    if pid is None or pid != _server.get("pid"):  # not started yet, or died: (re)started here, now
+        mp.set_forkserver_preload(_PRELOAD)
+        forkserver.ensure_running()
+        _server.update(pid=getattr(fs, "_forkserver_pid", None), env=dict(os.environ))
+    env = _server["env"]
+    for k in set(env) | set(rank_env):
+        if env.get(k) != rank_env.get(k) and not k.startswith(_LATE_ENV):
+            return mp.get_context("spawn")
+    return mp.get_context("forkserver")
+
+
+def _as_spawned(env: Mapping[str, str], parent: int) -> None:
+    """In a rank started by the fork server: the environment, stdout and stderr a spawned rank has (the launching
+    process's, which the fork server's are not)."""
+    os.environ.clear()
+    os.environ.update(env)
+    for fd in (1, 2):
+        try:
+            target = os.open(f"/proc/{parent}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
+        except OSError:  # a socket, or no /proc: the fork server's
+            continue
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _set_env(env: Mapping[str, Optional[str]]) -> None:
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=None):
     import faulthandler
 
+    if forked is not None:
+        _as_spawned(*forked)
     faulthandler.enable(all_threads=True)  # a rank that crashes (a signal, an abort) prints every thread's stack
     try:  # (spawn gives the child the parent's sys.path)
         import importlib
@@ -69,18 +130,26 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     ``("err", traceback)`` or None (the rank died without a result); ranks still running at ``deadline`` seconds
     are killed and listed in ``hung``. ``env`` sets (None: removes) environment variables of the ranks;
     ``profile`` is their ``FUNCOLL_PROFILE``."""
-    ctx = mp.get_context("spawn")
+    env = {**(env or {}), "FUNCOLL_PROFILE": profile}
+    rank_env = {**os.environ, **{k: v for k, v in env.items() if v is not None}}
+    for k in [k for k, v in env.items() if v is None]:
+        rank_env.pop(k, None)
+    ctx = _context(rank_env)
+    forked = (rank_env, os.getpid()) if ctx.get_start_method() == "forkserver" else None
     q = ctx.Queue()
     port = free_port()
-    env = {**(env or {}), "FUNCOLL_PROFILE": profile}
-    with mock.patch.dict(os.environ, {k: v for k, v in env.items() if v is not None}):  # the ranks inherit it at start
-        for k in [k for k, v in env.items() if v is None]:
-            os.environ.pop(k, None)
-        procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, q, coll_timeout),
-                             daemon=True)
-                 for r in range(world_size)]
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, q, coll_timeout,
+                                              forked), daemon=True)
+             for r in range(world_size)]
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        if forked is None:  # spawned ranks inherit the environment at start
+            _set_env(env)
         for p in procs:
             p.start()
+    finally:
+        if forked is None:
+            _set_env(saved)
     results: dict = {}
     end = time.monotonic() + deadline
     try:

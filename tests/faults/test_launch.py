@@ -23,3 +23,54 @@ def test_a_rank_that_dies_in_the_teardown_is_reported_with_its_result_and_exit_c
         assert results[rank] is not None, f"rank {rank}'s result was lost"
         status, value = results[rank]
         assert status == "ok" and value == {"rank": rank, "payload": b"x" * PAYLOAD}
+
+
+def _rank_reports(rank, n, keys):
+    """What a rank sees: its parent process, the environment variables ``keys``, torch's distributed debug level
+    (read when torch.distributed is imported); it prints a line to stdout and one to stderr."""
+    import sys
+
+    import torch.distributed as dist
+
+    print(f"stdout of rank {rank}", flush=True)
+    print(f"stderr of rank {rank}", file=sys.stderr, flush=True)
+    return os.getppid(), {k: os.environ.get(k) for k in keys}, str(dist.get_debug_level())
+
+
+def test_ranks_start_from_the_fork_server_with_the_environment_of_the_launch(monkeypatch, tmp_path):
+    from funcoll.launch import run_world
+
+    keys = ["FUNCOLL_LAUNCH_PROBE", "FUNCOLL_GONE", "FUNCOLL_PROFILE"]
+    run_world("tests.faults.test_launch:_rank_reports", 2, args=(keys,), timeout=60)  # the fork server is running
+    monkeypatch.setenv("FUNCOLL_LAUNCH_PROBE", "set after the server started")
+    monkeypatch.setenv("FUNCOLL_GONE", "removed for the ranks")
+    # the ranks print into this process's stdout and stderr of now, not the fork server's
+    out, err = tmp_path / "out", tmp_path / "err"
+    saved = os.dup(1), os.dup(2)
+    try:
+        with open(out, "wb") as o, open(err, "wb") as e:
+            os.dup2(o.fileno(), 1)
+            os.dup2(e.fileno(), 2)
+            got = run_world("tests.faults.test_launch:_rank_reports", 2, profile="xccl", args=(keys,), timeout=60,
+                            env={"FUNCOLL_GONE": None})
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+    for rank, (ppid, env, debug) in enumerate(got):
+        assert ppid != os.getpid(), f"rank {rank} was spawned, not forked by the fork server"
+        assert env == {"FUNCOLL_LAUNCH_PROBE": "set after the server started", "FUNCOLL_GONE": None,
+                       "FUNCOLL_PROFILE": "xccl"}
+        assert debug == str(__import__("torch.distributed").distributed.get_debug_level())
+        assert f"stdout of rank {rank}\n" in out.read_text()
+        assert f"stderr of rank {rank}\n" in err.read_text()
+
+
+def test_ranks_whose_torch_reads_another_environment_at_import_are_spawned():
+    """TORCH_DISTRIBUTED_DEBUG is read when torch.distributed is imported: the fork server's import cannot serve a
+    rank that sets it, so the ranks are spawned and see it (torch's debug level is DETAIL)."""
+    from funcoll.launch import run_world
+
+    got = run_world("tests.faults.test_launch:_rank_reports", 2, args=([],), timeout=120,
+                    env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    for ppid, _, debug in got:
+        assert ppid == os.getpid() and debug == "DebugLevel.DETAIL", (ppid, debug)
