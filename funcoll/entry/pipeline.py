@@ -221,30 +221,27 @@ def _fast_allreduce(pg, args, _opts=_C.AllreduceOptions, _lookup=algorithms.nati
     return None
 
 
-# (the adapters FSDP2 and ZeRO engines call most, all_gather_into_tensor and reduce_scatter_tensor, are written out
-# like _fast_allreduce: inside a training step, between two collectives, each Python call of the adapter runs from
-# cold caches and costs several us)
-def _fast_allgather_base(pg, args, _opts=_C.AllgatherOptions, _lookup=algorithms.native_all_gather_request):
-    if len(args) == 3 and type(args[2]) is _opts:
-        out, inp = args[0], args[1]
-        if (out.__class__ in _PLAIN and inp.__class__ in _PLAIN and out.layout is _STRIDED and inp.layout is _STRIDED
-                and out.is_contiguous() and inp.is_contiguous()):
-            tp = pg._transports.get("cpu" if inp.is_cpu else inp.device.type)
-            if tp is not None:
-                return _lookup(tp, out, inp)
-    return None
+def _fast_base(opts_type, lookup, reduces: bool):
+    """The adapter of ``_allgather_base`` (``reduces`` False) or ``_reduce_scatter_base`` (``reduces``: the options'
+    reduce op is passed on): ``(out, inp, opts)``, one dense tensor each. The adapters FSDP2 and ZeRO engines call most,
+    written out like :func:`_fast_allreduce` (inside a training step, between two collectives, each Python call of
+    an adapter runs from cold caches and costs several us)."""
+
+    def adapter(pg, args):
+        if len(args) == 3 and type(args[2]) is opts_type:
+            out, inp = args[0], args[1]
+            if (out.__class__ in _PLAIN and inp.__class__ in _PLAIN and out.layout is _STRIDED
+                    and inp.layout is _STRIDED and out.is_contiguous() and inp.is_contiguous()):
+                tp = pg._transports.get("cpu" if inp.is_cpu else inp.device.type)
+                if tp is not None:
+                    return lookup(tp, args[2].reduceOp, out, inp) if reduces else lookup(tp, out, inp)
+        return None
+
+    return adapter
 
 
-def _fast_reduce_scatter_base(pg, args, _opts=_C.ReduceScatterOptions,
-                              _lookup=algorithms.native_reduce_scatter_request):
-    if len(args) == 3 and type(args[2]) is _opts:
-        out, inp = args[0], args[1]
-        if (out.__class__ in _PLAIN and inp.__class__ in _PLAIN and out.layout is _STRIDED and inp.layout is _STRIDED
-                and out.is_contiguous() and inp.is_contiguous()):
-            tp = pg._transports.get("cpu" if inp.is_cpu else inp.device.type)
-            if tp is not None:
-                return _lookup(tp, args[2].reduceOp, out, inp)
-    return None
+_fast_allgather_base = _fast_base(_C.AllgatherOptions, algorithms.native_all_gather_request, False)
+_fast_reduce_scatter_base = _fast_base(_C.ReduceScatterOptions, algorithms.native_reduce_scatter_request, True)
 
 
 def _fast_alltoall_base(pg, args):

@@ -328,7 +328,7 @@ class NativeWork(FuncollWork):
                 fut.set_exception(self._exc)
             else:
                 fut.set_result(value)
-        except RuntimeError:  # completed meanwhile, by the backend future's callback
+        except RuntimeError:  # settled meanwhile by another thread: get_future() and the waiting thread both may
             pass
 
     def _release(self) -> None:
