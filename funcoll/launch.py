@@ -8,9 +8,10 @@ never hangs. ``target`` is "module:function" (importable with the parent's sys.p
 Ranks start from a fork server that has imported torch once (multiprocessing's ``forkserver``): a world starts in
 a fraction of a second instead of each rank importing torch (seconds per rank). A rank is still a fresh process
 with the environment, ``sys.path``, working directory, stdout and stderr it would get when spawned. Where that cannot
-be guaranteed -- an environment variable other than funcoll's own (``FUNCOLL_*``), the runtimes' read later (``PJRT_*``,
-``XLA_*``, ``TPU_*``) and pytest's (``PYTEST_*``) differs from the environment torch was imported under
-(``TORCH_LOGS`` and ``TORCH_DISTRIBUTED_DEBUG`` are read at import) -- the ranks are spawned as before.
+be guaranteed -- an environment variable other than funcoll's own (``FUNCOLL_*``), those read later (``TORCHDYNAMO_*``,
+``TORCHINDUCTOR_*``, ``PJRT_*``, ``XLA_*``, ``TPU_*``) and pytest's (``PYTEST_*``) differs from the environment torch
+was imported under (``TORCH_LOGS`` and ``TORCH_DISTRIBUTED_DEBUG`` are read at import) -- the ranks are spawned as
+before.
 ``FUNCOLL_LAUNCH=spawn`` always spawns.
 """
 
@@ -34,10 +35,11 @@ def free_port() -> int:
 
 
 # what the fork server imports once (not funcoll: it reads FUNCOLL_* at import), and the environment variables a rank
-# may hold with a value other than the fork server's: torch does not read them (funcoll, a runtime the server has not
-# imported, pytest's name of the running test)
+# may hold with a value other than the fork server's: importing torch does not read them (funcoll's, those of the
+# runtimes and of the parts of torch the server has not imported -- Dynamo, Inductor, torch_xla, libtpu --, pytest's
+# name of the running test)
 _PRELOAD = ["torch", "torch.distributed"]
-_LATE_ENV = ("FUNCOLL_", "PJRT_", "XLA_", "TPU_", "PYTEST_")
+_LATE_ENV = ("FUNCOLL_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PJRT_", "XLA_", "TPU_", "PYTEST_")
 _server: dict = {}  # the fork server this process started: its pid and environment
 
 

@@ -40,10 +40,12 @@ def _rank_reports(rank, n, keys):
 def test_ranks_start_from_the_fork_server_with_the_environment_of_the_launch(monkeypatch, tmp_path):
     from funcoll.launch import run_world
 
-    keys = ["FUNCOLL_LAUNCH_PROBE", "FUNCOLL_GONE", "FUNCOLL_PROFILE"]
+    keys = ["FUNCOLL_LAUNCH_PROBE", "FUNCOLL_GONE", "FUNCOLL_PROFILE", "TORCHINDUCTOR_CACHE_DIR"]
     run_world("tests.faults.test_launch:_rank_reports", 2, args=(keys,), timeout=60)  # the fork server is running
     monkeypatch.setenv("FUNCOLL_LAUNCH_PROBE", "set after the server started")
     monkeypatch.setenv("FUNCOLL_GONE", "removed for the ranks")
+    # what Inductor sets in this process at its first compile: read by torch only once Inductor is imported
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     # the ranks print into this process's stdout and stderr of now, not the fork server's
     out, err = tmp_path / "out", tmp_path / "err"
     saved = os.dup(1), os.dup(2)
@@ -59,7 +61,7 @@ def test_ranks_start_from_the_fork_server_with_the_environment_of_the_launch(mon
     for rank, (ppid, env, debug) in enumerate(got):
         assert ppid != os.getpid(), f"rank {rank} was spawned, not forked by the fork server"
         assert env == {"FUNCOLL_LAUNCH_PROBE": "set after the server started", "FUNCOLL_GONE": None,
-                       "FUNCOLL_PROFILE": "xccl"}
+                       "FUNCOLL_PROFILE": "xccl", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
         assert debug == str(__import__("torch.distributed").distributed.get_debug_level())
         assert f"stdout of rank {rank}\n" in out.read_text()
         assert f"stderr of rank {rank}\n" in err.read_text()
