@@ -33,8 +33,8 @@ from funcoll.entry.work import (
     FuncollWork,  # the Work of every collective (exception(), futures, timeouts: funcoll.entry.work)
 )
 from funcoll.semantics import groups
-from funcoll.transport import Transport, gloo
-from funcoll.transport.registry import GroupContext, funcoll_factory
+from funcoll.transport import Transport
+from funcoll.transport.registry import GroupContext, cpu_transport, funcoll_factory
 
 __all__ = ["ProcessGroupFuncoll", "Options", "FuncollWork", "BACKEND_NAME", "TRANSPORT_HOOKS"]
 
@@ -144,8 +144,7 @@ class ProcessGroupFuncoll(ProcessGroup):
                                    self.rank(), self.size(), self._timeout, self._global_ranks,
                                    self._world_size)
                 if device_type == "cpu" and self._options.profile is not None:
-                    tp = gloo.create(dist.PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size,
-                                     ctx.timeout, self._options.profile)
+                    tp = cpu_transport(ctx, self._options.profile)
                 else:
                     tp = funcoll_factory(device_type)(ctx)
                 self._made(device_type, tp)

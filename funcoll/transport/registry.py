@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -147,8 +147,10 @@ def forget(group_name: str) -> None:
 
 
 # -- the CPU reference transport ---------------------------------------------------------------------
-def _cpu_funcoll(ctx: GroupContext) -> Transport:
-    return gloo.create(dist.PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
+def cpu_transport(ctx: GroupContext, profile: Optional[str] = None) -> Transport:
+    """A funcoll group's CPU transport: a gloo backend of its own, under the store prefix ``funcoll-gloo/``
+    (``profile``: run under that backend's capabilities, ``FUNCOLL_PROFILE``)."""
+    return gloo.create(dist.PrefixStore("funcoll-gloo/", ctx.store), ctx.rank, ctx.size, ctx.timeout, profile)
 
 
 def _cpu_c10d(pg, device) -> Transport:
@@ -157,4 +159,4 @@ def _cpu_c10d(pg, device) -> Transport:
                     lambda b: gloo.C10dTransport(b, gloo.capabilities(), "cpu"))
 
 
-register_device("cpu", funcoll=_cpu_funcoll, c10d=_cpu_c10d)
+register_device("cpu", funcoll=cpu_transport, c10d=_cpu_c10d)
