@@ -28,12 +28,10 @@ def test_a_rank_that_dies_in_the_teardown_is_reported_with_its_result_and_exit_c
 def _rank_reports(rank, n, keys):
     """What a rank sees: its parent process, the environment variables ``keys``, torch's distributed debug level
     (read when torch.distributed is imported); it prints a line to stdout and one to stderr."""
-    import sys
-
     import torch.distributed as dist
 
-    print(f"stdout of rank {rank}", flush=True)
-    print(f"stderr of rank {rank}", file=sys.stderr, flush=True)
+    os.write(1, f"stdout of rank {rank}\n".encode())  # one write per line: the ranks' lines never interleave
+    os.write(2, f"stderr of rank {rank}\n".encode())
     return os.getppid(), {k: os.environ.get(k) for k in keys}, str(dist.get_debug_level())
 
 
