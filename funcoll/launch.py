@@ -7,12 +7,11 @@ never hangs. ``target`` is "module:function" (importable with the parent's sys.p
 
 Ranks start from a fork server that has imported torch once (multiprocessing's ``forkserver``): a world starts in
 a fraction of a second instead of each rank importing torch (seconds per rank). A rank is still a fresh process
-with the environment, ``sys.path``, working directory, stdout and stderr it would get when spawned. Where that cannot
-be guaranteed -- an environment variable other than funcoll's own (``FUNCOLL_*``), those read later (``TORCHDYNAMO_*``,
-``TORCHINDUCTOR_*``, ``PJRT_*``, ``XLA_*``, ``TPU_*``) and pytest's (``PYTEST_*``) differs from the environment torch
-was imported under (``TORCH_LOGS`` and ``TORCH_DISTRIBUTED_DEBUG`` are read at import) -- the ranks are spawned as
-before.
-``FUNCOLL_LAUNCH=spawn`` always spawns.
+with the environment, ``sys.path``, working directory, stdout and stderr (on Linux) it would get when spawned. Where
+that cannot be guaranteed -- an environment variable other than funcoll's own (``FUNCOLL_*``), those read later
+(``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``PJRT_*``, ``XLA_*``, ``TPU_*``) and pytest's (``PYTEST_*``) differs from
+the environment torch was imported under (``TORCH_LOGS`` and ``TORCH_DISTRIBUTED_DEBUG`` are read at import) -- the
+ranks are spawned as before. ``FUNCOLL_LAUNCH=spawn`` always spawns.
 """
 
 from __future__ import annotations
