@@ -126,7 +126,7 @@ def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=Non
 def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
                 deadline: float = 180, backend: str = "funcoll", coll_timeout: float = 60,
                 env: Optional[Mapping[str, Optional[str]]] = None) -> Tuple[list, list, list]:
-    """Runs ``target`` on ``world_size`` spawned ranks and reports what happened, ranks that die included (fault
+    """Runs ``target`` on ``world_size`` new ranks and reports what happened, ranks that die included (fault
     tests kill ranks on purpose). Returns ``(results, exit codes, hung)``: ``results[rank]`` is ``("ok", value)``,
     ``("err", traceback)`` or None (the rank died without a result); ranks still running at ``deadline`` seconds
     are killed and listed in ``hung``. ``env`` sets (None: removes) environment variables of the ranks;
