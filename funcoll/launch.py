@@ -24,7 +24,7 @@ import socket
 import time
 import traceback
 from datetime import timedelta
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import Mapping, MutableMapping, Optional, Sequence, Tuple
 
 
 def free_port() -> int:
@@ -50,13 +50,14 @@ def _context(rank_env: Mapping[str, str]):
     from multiprocessing import forkserver
 
     fs = forkserver._forkserver  # the process-wide fork server
-    pid = getattr(fs, "_forkserver_pid", None)
-    if not _server and pid is not None:  # started by someone else, importing who knows what, under who knows what
-        return mp.get_context("spawn")
-    if pid is None or pid != _server.get("pid"):  # not started yet, or died: (re)started here, now
+    if not _server:
+        if getattr(fs, "_forkserver_pid", None) is not None:  # started by someone else: imports and environment unknown
+            return mp.get_context("spawn")
         mp.set_forkserver_preload(_PRELOAD)
-        forkserver.ensure_running()
-        _server.update(pid=getattr(fs, "_forkserver_pid", None), env=dict(os.environ))
+    forkserver.ensure_running()  # starts it, or starts it again if it died: under this process's environment of now
+    pid = getattr(fs, "_forkserver_pid", None)
+    if pid != _server.get("pid"):
+        _server.update(pid=pid, env=dict(os.environ))
     env = _server["env"]
     for k in set(env) | set(rank_env):
         if env.get(k) != rank_env.get(k) and not k.startswith(_LATE_ENV):
@@ -78,12 +79,13 @@ def _as_spawned(env: Mapping[str, str], parent: int) -> None:
         os.close(target)
 
 
-def _set_env(env: Mapping[str, Optional[str]]) -> None:
+def _apply(environ: MutableMapping[str, str], env: Mapping[str, Optional[str]]) -> None:
+    """Sets the variables of ``env`` in ``environ``; removes those whose value is None."""
     for k, v in env.items():
         if v is None:
-            os.environ.pop(k, None)
+            environ.pop(k, None)
         else:
-            os.environ[k] = v
+            environ[k] = v
 
 
 def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=None):
@@ -132,9 +134,8 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     are killed and listed in ``hung``. ``env`` sets (None: removes) environment variables of the ranks;
     ``profile`` is their ``FUNCOLL_PROFILE``."""
     env = {**(env or {}), "FUNCOLL_PROFILE": profile}
-    rank_env = {**os.environ, **{k: v for k, v in env.items() if v is not None}}
-    for k in [k for k, v in env.items() if v is None]:
-        rank_env.pop(k, None)
+    rank_env = dict(os.environ)
+    _apply(rank_env, env)
     ctx = _context(rank_env)
     forked = (rank_env, os.getpid()) if ctx.get_start_method() == "forkserver" else None
     q = ctx.Queue()
@@ -145,12 +146,12 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     saved = {k: os.environ.get(k) for k in env}
     try:
         if forked is None:  # spawned ranks inherit the environment at start
-            _set_env(env)
+            _apply(os.environ, env)
         for p in procs:
             p.start()
     finally:
         if forked is None:
-            _set_env(saved)
+            _apply(os.environ, saved)
     results: dict = {}
     end = time.monotonic() + deadline
     try:

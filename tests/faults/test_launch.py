@@ -1,6 +1,8 @@
-"""funcoll.launch: what the harness reports about a world whose ranks die."""
+"""funcoll.launch: what the harness reports about a world whose ranks die; how its ranks start."""
 
 import os
+import signal
+import time
 
 from funcoll.launch import spawn_world
 
@@ -74,3 +76,32 @@ def test_ranks_whose_torch_reads_another_environment_at_import_are_spawned():
                     env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     for ppid, _, debug in got:
         assert ppid == os.getpid() and debug == "DebugLevel.DETAIL", (ppid, debug)
+
+
+def _kill_fork_server() -> None:
+    from multiprocessing import forkserver
+
+    pid = forkserver._forkserver._forkserver_pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{pid}/stat").read().split()[2] != "Z":  # a zombie until the next launch reaps it
+        assert time.monotonic() < deadline, "the fork server did not die"
+        time.sleep(0.01)
+
+
+def test_a_fork_server_that_died_is_started_again_and_its_new_environment_is_the_one_compared(monkeypatch):
+    """The fork server is killed, then the launching process sets a variable torch reads at import: the server started
+    again imports torch under it, so ranks that must not see it are spawned (torch's debug level stays OFF)."""
+    from funcoll.launch import run_world
+
+    run_world("tests.faults.test_launch:_rank_reports", 2, args=([],), timeout=60)
+    _kill_fork_server()
+    try:
+        with monkeypatch.context() as m:
+            m.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+            got = run_world("tests.faults.test_launch:_rank_reports", 2, args=(["TORCH_DISTRIBUTED_DEBUG"],),
+                            timeout=120, env={"TORCH_DISTRIBUTED_DEBUG": None})
+    finally:
+        _kill_fork_server()  # the next launch starts it again, under the environment of the tests that follow
+    for _, env, debug in got:
+        assert env == {"TORCH_DISTRIBUTED_DEBUG": None} and debug == "DebugLevel.OFF", (env, debug)
