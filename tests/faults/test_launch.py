@@ -38,6 +38,8 @@ def _rank_reports(rank, n, keys):
 
 
 def test_ranks_start_from_the_fork_server_with_the_environment_of_the_launch(monkeypatch, tmp_path):
+    import torch.distributed as dist
+
     from funcoll.launch import run_world
 
     keys = ["FUNCOLL_LAUNCH_PROBE", "FUNCOLL_GONE", "FUNCOLL_PROFILE", "TORCHINDUCTOR_CACHE_DIR"]
@@ -62,7 +64,7 @@ def test_ranks_start_from_the_fork_server_with_the_environment_of_the_launch(mon
         assert ppid != os.getpid(), f"rank {rank} was spawned, not forked by the fork server"
         assert env == {"FUNCOLL_LAUNCH_PROBE": "set after the server started", "FUNCOLL_GONE": None,
                        "FUNCOLL_PROFILE": "xccl", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-        assert debug == str(__import__("torch.distributed").distributed.get_debug_level())
+        assert debug == str(dist.get_debug_level())
         assert f"stdout of rank {rank}\n" in out.read_text()
         assert f"stderr of rank {rank}\n" in err.read_text()
 
