@@ -52,9 +52,11 @@ BACKEND_NAME = "tpu_dist"  # ProcessGroupTpu::getBackendName()
 VERSION_ROWS = ("0.2",)
 KNOWN_UNTIL = "torch_tpu 0.2.0 wheel, torch-2.15 glue (read 2026-11)"
 
-# Evidence tags (../shared/research/torchtpu-0.2-collectives.md): W file:line = a Python file of the wheel; SO = a
-# literal in libpywrap_2_15_0_common.so (ProcessGroupTpu); vt[n] = slot n of ProcessGroupTpu's vtable (a c10d
-# default there means "not overridden"); RUN = executed without a TPU; M = the public mirror (corroboration only).
+# Evidence tags (the torch-tpu 0.2.0 wheel, https://pypi.org/project/torch-tpu/0.2.0/): W file:line = a Python file
+# of the wheel (under torch_tpu/); SO = a literal in its csrc/common/glue_2_15_0/libpywrap_2_15_0_common.so
+# (ProcessGroupTpu); vt[n] = slot n of ProcessGroupTpu's vtable (a c10d default there means "not overridden"); RUN =
+# executed without a TPU; M = the public mirror github.com/jonathan1920/torch_tpu (csrc/distributed/
+# process_group_tpu.{h,cc}; version unknown: corroboration only).
 _INTS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
                    torch.uint64})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
