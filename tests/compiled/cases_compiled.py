@@ -378,9 +378,12 @@ def training(rank, n):
     for i, g in enumerate(got):
         if INDUCTOR_PROMOTES_WAIT_TENSORS:
             # torch 2.15's Inductor lowers wait_tensors (which it emits after every coalesced op) as an elementwise
-            # op with type promotion: the later tensors of a mixed-dtype coalesced op come back in the first one's
-            # dtype, copied before the wait (whatever the backend: gloo refuses mixed dtypes, funcoll serves them).
-            # Checked as it is, so the day upstream fixes it this fails and the exception goes.
+            # op with type promotion (torch/_inductor/comm_lowering.py registers it with register_lowering's default
+            # promotion): the later tensors of a mixed-dtype coalesced op come back in the first one's dtype, copied
+            # before the wait, which then waits on the copies (whatever the backend: gloo refuses mixed dtypes,
+            # funcoll serves them). Their values are whatever the buffers held when copied (measured on 2.15.0: the
+            # rank's own input, or uninitialized memory, differing from run to run): no reference can pin them.
+            # The dtype is checked as it is, so the day upstream fixes it this fails and the exception goes.
             for j in MIXED_COALESCED_LATER:
                 c.check(f"inductor every_op step {i} [{j}] promoted by Inductor's wait_tensors lowering",
                         lambda x=g[j], y=eager[0][j]: None if x.dtype == torch.float32 != y.dtype
