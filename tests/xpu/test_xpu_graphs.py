@@ -27,8 +27,7 @@ WORLD_SIZE = 4
 def fake_world():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
+    assert not dist.is_initialized(), "another test left a default process group behind"
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE)
     try:
         yield
