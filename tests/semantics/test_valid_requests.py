@@ -116,6 +116,18 @@ def _kind(dt: torch.dtype, op: str) -> str:
     return "uint64 avg" if (dt, op) == (torch.uint64, "avg") else "int premul_sum"
 
 
+def _call(entry: str, t: torch.Tensor, op) -> None:
+    """``entry`` (a key of :data:`_ENTRIES`) on the 4 elements of ``t``, at world 2."""
+    if entry == "all_reduce":
+        dist.all_reduce(t, op=op)
+    elif entry == "reduce":
+        dist.reduce(t, 1, op=op)
+    elif entry == "reduce_scatter_tensor":
+        dist.reduce_scatter_tensor(t[:2], t, op=op)
+    else:
+        dist.reduce_scatter(t[:2], [t[:2], t[2:]], op=op)
+
+
 def refused_requests(rank, n):
     """Rank 0 makes every refused request on every reducing entry while rank 1 waits; then both all-reduce, which
     comes out right only if nothing of the refused requests reached the wire."""
@@ -130,16 +142,12 @@ def refused_requests(rank, n):
                     continue
                 count += 1
                 t = torch.zeros(4 * dt.itemsize, dtype=torch.uint8).view(dt)
-                call = {"all_reduce": lambda: dist.all_reduce(t, op=c10d_op(op)),
-                        "reduce": lambda: dist.reduce(t, 1, op=c10d_op(op)),
-                        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(t[:2], t, op=c10d_op(op)),
-                        "reduce_scatter": lambda: dist.reduce_scatter(t[:2], [t[:2], t[2:]], op=c10d_op(op))}[entry]
                 want = _MESSAGES[_kind(dt, op)].format(op=entry, r=op, dt=dt)
                 error = TypeError
                 if entry == "all_reduce" and dt in oracle.COMPLEX and op not in ("sum", "avg", "premul_sum"):
                     want, error = _TORCH_COMPLEX.format(c10d=c10d_op(op)), ValueError
                 try:
-                    call()
+                    _call(entry, t, c10d_op(op))
                 except error as e:
                     if str(e) != want:
                         failures.append(f"{entry} {dt} {op}: message {str(e)!r}, expected {want!r}")
