@@ -151,7 +151,7 @@ TORCHTPU_FACTS: Dict[str, Fact] = {f.key: f for f in (
          strategy="broadcast of the stacked inputs (bit-exact, as above), keep this rank's slice",
          source="ProcessGroupTpu::scatter: the root concatenates its inputs, the others send zeros, then a SUM "
                 "_reduce_scatter_base (vt[50]; cat, stack, zeros in the disassembly)",
-         by_version=(("0.2", "zeros + SUM reduce_scatter: -0.0 lost like broadcast"),)),
+         by_version=(("0.2", "zeros + SUM reduce_scatter: -0.0 lost like broadcast (inferred, not run)"),)),
     Fact("reduce",
          "reduce (to one rank)",
          native=_NONE,

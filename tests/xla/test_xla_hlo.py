@@ -158,7 +158,7 @@ multiply(f32[4], f32[4]) -> f32[4]
 all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add""")
 
     def test_bitwise_and_unsigned(self):
-        # BXOR, and integer BAND/BOR (XLA runs and/or all-reduces on bool only): all-gather, then a local reduce
+        # BXOR, and integer BAND/BOR (XLA runs and/or all-reduces on bool only): all-to-all, a local reduce, all-gather
         self.assertExpectedInline(show(
             (4, "world all_reduce bxor int32"), (4, "world all_reduce band int32"),
             (4, "world all_reduce max uint32")), """\
