@@ -3,11 +3,11 @@
 (``new_subgroups(3)``: replica groups {{0,1,2},{3,4,5}}) and over that whole world of 6 (divisor 2 * 3).
 
 The reference is computed here from every rank's values with Python integers, independently of funcoll: NCCL's
-integer AVG (ncclAvg -> FuncSumPostDiv, NVIDIA/nccl src/device/reduce_kernel.h at 0180f9abe2ccbee8666c44685d1bd4c3dfafaaab,
-``FuncSumPostDiv::divide``) sums in the tensor's dtype and divides the absolute value, i.e. the quotient is truncated
-toward zero. funcoll sums integers in int64: int64 wraps exactly as NCCL's sum does, and a 32-bit sum never
-overflows there, so funcoll's 32-bit result is the exact mean truncated toward zero (where NCCL's 32-bit sum would
-wrap, funcoll promises more; the columns whose sum fits in 32 bits are the ones where both agree).
+integer AVG (ncclAvg -> FuncSumPostDiv: NVIDIA/nccl, src/device/reduce_kernel.h, ``FuncSumPostDiv::divide``, at
+commit 0180f9abe2ccbee8666c44685d1bd4c3dfafaaab) sums in the tensor's dtype and divides the absolute value, i.e. the
+quotient is truncated toward zero. funcoll sums integers in int64: int64 wraps exactly as NCCL's sum does, and a
+32-bit sum never overflows there, so funcoll's 32-bit result is the exact mean truncated toward zero (where NCCL's
+32-bit sum would wrap, funcoll promises more; the columns whose sum fits in 32 bits are the ones where both agree).
 
 The replicas run in a subprocess (``python -m tests.xla.test_xla_int_avg``: each rank of a virtual world is the
 default process group in turn), which prints every rank's results as JSON.
