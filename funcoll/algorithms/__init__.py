@@ -8,6 +8,7 @@ then runs the local finishing steps (unpad, scale, narrow, copy back).
 
 Where each op lives: :mod:`~funcoll.algorithms.reduce` (all_reduce, reduce_scatter, reduce and their forms),
 :mod:`~funcoll.algorithms.move` (gathers, all_to_all, broadcast, scatter, send/recv, barrier),
+:mod:`~funcoll.algorithms.p2p` (a group of sends and receives: ``batch_isend_irecv``),
 :mod:`~funcoll.algorithms.pending` (Pending, ``record()``), :mod:`~funcoll.algorithms.tensors` (local steps).
 This module is their one flat table: every name the other layers use is ``funcoll.algorithms.<name>``.
 """
@@ -34,6 +35,7 @@ from funcoll.algorithms.move import (
     scatter,
     send,
 )
+from funcoll.algorithms.p2p import P2P, Batch, batch_isend_irecv, p2p_op
 from funcoll.algorithms.pending import Pending, record, watched
 from funcoll.algorithms.reduce import (
     R,
@@ -55,6 +57,8 @@ __all__ = [  # one function per op, named as the op
     "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
     "all_to_all_single", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
     "send", "recv", "barrier",
+    # a group of point-to-point operations (batch_isend_irecv), issued in an order that cannot deadlock
+    "P2P", "Batch", "p2p_op", "batch_isend_irecv",
     # the fast paths: is this request's plan one native call? (the transport hands back the backend's callable)
     "Native", "native_all_reduce", "native_all_reduce_request", "native_all_gather_request",
     "native_reduce_scatter_request", "native_all_to_all_request", "native_broadcast_request", "watched",

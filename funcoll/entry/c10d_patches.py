@@ -2,8 +2,9 @@
 (:func:`register_backend`), funcoll declared self-recording to torch >= 2.15's flight recorder, Dynamo's rewrite of
 ``dist.broadcast`` for funcoll groups (torch's own rewrites cover all_reduce, all_gather_into_tensor,
 reduce_scatter_tensor and all_to_all_single), the kernel of a compiled ``batch_isend_irecv`` (torch >= 2.15) on
-funcoll groups, and, on torch versions whose ``dist.monitored_barrier`` accepts only groups named "gloo" (2.9),
-:func:`patch_monitored_barrier`. Every other group keeps torch's own behaviour.
+funcoll groups, eager ``batch_isend_irecv`` on funcoll groups as one batch on torch 2.9, and, on torch versions
+whose ``dist.monitored_barrier`` accepts only groups named "gloo" (2.9), :func:`patch_monitored_barrier`. Every other
+group keeps torch's own behaviour.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def _batch_p2p_ops(op_list, peer_list, tag_list, tensors, group_name):
     """torch >= 2.15 compiles ``dist.batch_isend_irecv`` (with ``enable_p2p_compilation``) into
     ``_c10d_functional.batch_p2p_ops``, whose kernel coalesces through the group's C++ backend for the tensors'
     device; a Python process group has none ("No backend type associated with device type cpu"). On a funcoll group
-    the batch is the group's own isend/irecv (group-local peers), each Work registered for ``wait_tensor`` as torch's
+    the batch is the group's own isend/irecv (group-local peers) between its _start_coalescing and _end_coalescing, as
+    eager batch_isend_irecv sends them (one group, sends first), each Work registered for ``wait_tensor`` as torch's
     kernel does; on any other group torch's own kernel runs."""
     group = c10d._resolve_process_group(group_name)
     if not isinstance(group, ProcessGroupFuncoll):
@@ -85,22 +87,58 @@ def _batch_p2p_ops(op_list, peer_list, tag_list, tensors, group_name):
     if not len(op_list) == len(peer_list) == len(tag_list) == len(tensors):
         raise ValueError(f"funcoll: batch_p2p_ops got {len(op_list)} ops, {len(peer_list)} peers, {len(tag_list)} "
                          f"tags and {len(tensors)} tensors; one of each per operation")
-    outs = []
-    for op, peer, tag, t in zip(op_list, peer_list, tag_list, tensors):
-        if op == "isend":
-            work, out = group.send([t], int(peer), int(tag)), t.new_empty(0)
-        elif op == "irecv":
-            work, out = group.recv([t], int(peer), int(tag)), t
-        else:
-            raise ValueError(f"funcoll: batch_p2p_ops: unknown operation {op!r} (isend or irecv)")
-        _register_work(out, work)
-        outs.append(out)
+    bad = [op for op in op_list if op not in ("isend", "irecv")]
+    if bad:
+        raise ValueError(f"funcoll: batch_p2p_ops: unknown operation {bad[0]!r} (isend or irecv)")
+    outs: list = []
+    if not tensors:
+        return outs
+    device = tensors[0].device
+    group._start_coalescing(device)  # one group, as eager batch_isend_irecv (funcoll.algorithms.batch_isend_irecv)
+    try:
+        for op, peer, tag, t in zip(op_list, peer_list, tag_list, tensors):
+            if op == "isend":
+                work, out = group.send([t], int(peer), int(tag)), t.new_empty(0)
+            else:
+                work, out = group.recv([t], int(peer), int(tag)), t
+            _register_work(out, work)
+            outs.append(out)
+    finally:
+        group._end_coalescing(device)
     return outs
 
 
 _BATCH_P2P = getattr(getattr(torch.ops._c10d_functional, "batch_p2p_ops", None), "default", None)
 _COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 _LIBS: list = []
+
+
+def _patch_batch_isend_irecv() -> None:
+    """torch 2.9's ``dist.batch_isend_irecv`` coalesces only a group whose class is ProcessGroup itself
+    (``type(group) == ProcessGroup``): a funcoll group got its sends and receives one at a time, never as one batch.
+    Where that is so, this wraps it: a batch on a funcoll group goes through c10d's coalescing manager, as torch >= 2.10
+    sends it (funcoll then issues it as one group, sends first: :mod:`funcoll.algorithms.p2p`); every other group
+    calls the original function."""
+    orig = c10d.batch_isend_irecv
+    if getattr(orig, "__funcoll_patch__", False) or "type" not in orig.__code__.co_names:
+        return
+
+    @functools.wraps(orig)
+    def batch_isend_irecv(p2p_op_list):
+        c10d._check_p2p_op_list(p2p_op_list)
+        group = p2p_op_list[0].group or c10d._get_default_group()
+        if not isinstance(group, ProcessGroupFuncoll):
+            return orig(p2p_op_list)
+        with c10d._coalescing_manager(group, p2p_op_list[0].tensor.device, async_ops=True) as cm:
+            for op in p2p_op_list:
+                peer = {"group_dst" if op.op == c10d.isend else "group_src": op.group_peer}
+                op.op(op.tensor, group=op.group, tag=op.tag, **peer)
+        return cm.works
+
+    batch_isend_irecv.__funcoll_patch__ = True  # type: ignore[attr-defined]
+    c10d.batch_isend_irecv = batch_isend_irecv
+    if dist.batch_isend_irecv is orig:
+        dist.batch_isend_irecv = batch_isend_irecv
 
 
 def _register_compiled_batch_p2p() -> None:
@@ -120,6 +158,7 @@ def register_backend() -> None:
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])
     _declare_self_recording()
     _register_traceable_broadcast()
+    _patch_batch_isend_irecv()
     _register_compiled_batch_p2p()
 
 

@@ -85,6 +85,8 @@ class ProcessGroupFuncoll(ProcessGroup):
         self._transports: Dict[str, Transport] = {}
         self._lock = threading.Lock()
         self._coalesced: Optional[list] = None  # the Works issued since _start_coalescing
+        self._batch: Optional[algorithms.Batch] = None  # the point-to-point operations held since _start_coalescing
+        self._held: list = []  # their Works
         self._state = GroupState(store, rank, size, timeout, group_name, ranks, self._options.guard)
         flight_recorder.register(self, self._state.trace)
         if group_name:
@@ -276,12 +278,25 @@ class ProcessGroupFuncoll(ProcessGroup):
     @collective("send")
     def send(self, tensors, dstRank, tag=0):
         t = self._one("send", tensors)
+        if self._batch is not None:
+            return self._hold(True, t, dstRank, tag, tensors)
         return self._work(algorithms.send(self._tp(t), t, dstRank, tag), tensors)
 
     @collective("recv")
     def recv(self, tensors, srcRank, tag=0):
         t = self._one("recv", tensors)
+        if self._batch is not None:
+            return self._hold(False, t, srcRank, tag, tensors)
         return self._work(algorithms.recv(self._tp(t), t, srcRank, tag), tensors)
+
+    def _hold(self, send: bool, t, peer: int, tag: int, tensors) -> FuncollWork:
+        """A send or receive between _start_coalescing and _end_coalescing (``batch_isend_irecv``): checked now, held,
+        and issued with the others of its batch as one group when the batch ends (:mod:`funcoll.algorithms.p2p`)."""
+        tp = self._tp(t)
+        assert self._batch is not None
+        work = FuncollWork(self._batch.hold(tp, algorithms.p2p_op(tp, send, t, peer, tag)), tensors)
+        self._held.append(work)
+        return work
 
     # -- the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones) ------
     # Each runs its older twin's body under its own name (fingerprint.ALIASES); the C++ defaults would look for a
@@ -353,8 +368,10 @@ class ProcessGroupFuncoll(ProcessGroup):
     # -- lifecycle and the rest of c10d's ProcessGroup surface (torch 2.9 to the newest) -----------------------
     # A Python process group has no per-device backends registered in C++; where c10d asks for one
     # (``_get_backend``/``get_backend``: batch_isend_irecv, init_process_group(device_id=...), split_group), the
-    # group answers for itself, and it says it does not coalesce natively, so c10d takes its generic paths.
-    supports_coalescing = False
+    # group answers for itself.
+    # c10d's batch_isend_irecv hands a batch to a group that coalesces as one (its coalescing manager around the
+    # group's send/recv); funcoll issues it as one group of the transport, in an order that cannot deadlock on XCCL
+    supports_coalescing = True
     supports_splitting = True  # split_group() below; c10d asks the backend of the accelerator (torch >= 2.10)
     # torch >= 2.15 asks before registering abort or completion hooks (the C++ answer looks for a registered backend
     # and raises for a Python group): funcoll runs neither kind of hook
@@ -401,18 +418,30 @@ class ProcessGroupFuncoll(ProcessGroup):
                 adder(timeout)
 
     def _start_coalescing(self, device=None) -> None:
-        """c10d's coalescing manager with a device: the collectives issued until :meth:`_end_coalescing` run as they
-        come (every rank issues them in the same order), and the Work of ``_end_coalescing`` waits for all of them."""
+        """c10d's coalescing manager with a device (``batch_isend_irecv``): the collectives issued until
+        :meth:`_end_coalescing` run as they come (every rank issues them in the same order); the sends and receives
+        are held and issued at the end as one group (:func:`funcoll.algorithms.batch_isend_irecv`: sends first, as
+        XCCL needs). The Work of ``_end_coalescing`` waits for all of them."""
         if self._coalesced is not None:
             raise RuntimeError(f"funcoll: group {self._group_name!r} is already coalescing; end it first")
-        self._coalesced = []
+        self._coalesced, self._batch, self._held = [], algorithms.Batch(), []
 
     def _end_coalescing(self, device=None) -> FuncollWork:
-        if self._coalesced is None:
+        if self._coalesced is None or self._batch is None:
             raise RuntimeError(f"funcoll: _end_coalescing on group {self._group_name!r} without _start_coalescing")
         works, self._coalesced = self._coalesced, None
-        return FuncollWork(algorithms.Pending([w._pending for w in works]),
-                           [t for w in works for t in w._result])
+        batch, held, self._batch, self._held = self._batch, self._held, None, []
+        pendings = [w._pending for w in works]
+        if batch.ops:
+            try:  # a backend that runs the group as it is issued (oneCCL's groupEnd) fails here
+                pendings.append(batch.issue())
+            except Exception as e:
+                errors = [w._failure(e) for w in held]  # each held call records it; the first one is raised
+                raise errors[0] from e
+        done = algorithms.Pending(pendings)
+        if held:  # the held operations' own Works complete with the batch (their flight-recorder entries too)
+            done.and_then(lambda: [w.wait() for w in held])
+        return FuncollWork(done, [t for w in works + held for t in w._result])
 
     def _wait_for_pending_works(self) -> None:
         """Nothing to do: funcoll keeps no Work of its own alive after it is handed to the caller (the backends'

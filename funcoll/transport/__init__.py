@@ -18,14 +18,14 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field, fields, replace
-from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
 from funcoll.semantics import FLOAT8, ReduceOp, Reduction
 
 __all__ = ["Capabilities", "Handle", "wait_quietly", "Done", "Transport", "NativeRefused", "Native", "PROFILES",
-           "profile", "active_profile_name"]
+           "profile", "active_profile_name", "P2P"]
 
 R = ReduceOp
 
@@ -287,6 +287,16 @@ def _run_before_send() -> None:
         fn()
 
 
+class P2P(NamedTuple):
+    """One operation of a group of point-to-point operations (:meth:`Transport.p2p_group`): a send of ``tensor`` to
+    group rank ``peer`` (``send`` True) or a receive into it from ``peer``, with the user's ``tag``."""
+
+    send: bool
+    tensor: torch.Tensor
+    peer: int
+    tag: int = 0
+
+
 class Handle:
     """What a primitive returns: something to wait on."""
 
@@ -496,6 +506,19 @@ class Transport:
     def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> Handle:
         self._native("send_recv", t.dtype)
         return self._recv(t, src, tag)
+
+    def p2p_group(self, ops: Sequence["P2P"]) -> list:
+        """One group of point-to-point operations, handed to the backend in the order given; the handles to wait on.
+        Each transport issues it as its backend does a group (XCCL: one oneCCL group; the CPU reference under the xccl
+        profile: as oneCCL runs one, :class:`funcoll.transport.gloo.StrictC10dTransport`); here, one operation after
+        the other."""
+        for op in ops:
+            self._native("send_recv", op.tensor.dtype)
+        return self._p2p_group(ops)
+
+    def _p2p_group(self, ops: Sequence["P2P"]) -> list:
+        return [self._send(op.tensor, op.peer, op.tag) if op.send else self._recv(op.tensor, op.peer, op.tag)
+                for op in ops]
 
     # -- rank-dependent values as data, and promises the algorithms may use -------------------------------
     # A lazy transport (XLA) must compile the same program on every rank: rank-dependent values reach the

@@ -12,14 +12,23 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
 from funcoll.semantics import ReduceOp, Reduction
-from funcoll.transport import Capabilities, Native, Transport, _run_before_send, active_profile_name, profile
+from funcoll.transport import (
+    DONE,
+    P2P,
+    Capabilities,
+    Native,
+    Transport,
+    _run_before_send,
+    active_profile_name,
+    profile,
+)
 
 _C10D_OP = {op: getattr(dist.ReduceOp, op.name) for op in ReduceOp if op is not ReduceOp.PREMUL_SUM}
 
@@ -271,6 +280,22 @@ class C10dTransport(Transport):
     def _send(self, t, dst, tag):
         return waited(self.backend.send([t], dst, tag), [t])
 
+    def _p2p_group(self, ops: Sequence[P2P]) -> list:
+        """A backend that coalesces (ProcessGroupXCCL) gets the group between its ``_start_coalescing`` and
+        ``_end_coalescing`` (oneCCL's groupStart/groupEnd: one group, replayed in the order given); gloo, which has no
+        groups, each operation as it comes."""
+        backend = self.backend
+        if not getattr(backend, "supports_coalescing", False):
+            return super()._p2p_group(ops)
+        device = ops[0].tensor.device
+        backend._start_coalescing(device)
+        try:
+            for op in ops:
+                (backend.send if op.send else backend.recv)([op.tensor], op.peer, op.tag)
+        finally:
+            work = backend._end_coalescing(device)
+        return [work] if work is not None else []
+
     def _recv(self, t, src, tag):
         return waited(self.backend.recv([t], src, tag), [t])
 
@@ -278,7 +303,45 @@ class C10dTransport(Transport):
         return self.backend.barrier(C.BarrierOptions())
 
 
+# ---------------------------------------------------------------------------------------------------
+# Point-to-point as oneCCL runs it: what the xccl profile adds to gloo
+# ---------------------------------------------------------------------------------------------------
+# gloo never blocks a caller that issues a send or a receive, so on gloo every order of a batch of point-to-point
+# operations "works". oneCCL does not (sources read 2026-11):
+# * a group (onecclGroupStart ... onecclGroupEnd; ProcessGroupXCCL opens one in startCoalescing and closes it in
+#   endCoalescing, so one batch_isend_irecv is one group) is stored and replayed at its end in the order it was given,
+#   one operation after the other (oneCCL src/coll/group/group.cpp, group_impl::end; uxlfoundation/oneCCL b382bf7);
+# * in that replay a receive blocks the host in its IPC handle exchange until the peer's matching send has been
+#   reached, while a send is posted and the replay goes on: a batch that lists an irecv before its isend on every rank
+#   deadlocks inside onecclGroupEnd (meta-pytorch/torchcomms#2885, which fixed its XCCL backend by issuing sends first);
+# * a single send or receive is a group of one since torch 2.12 (ProcessGroupXCCL::pointToPoint wraps it in an
+#   OnecclGroupGuard: intel/torch-xpu-ops#3071, f09e211c9): its receive blocks the same way.
+# Not emulated: the isend that busy-polls until its peer posts the receive, reported for a single send issued outside
+# any group (sgl-project/sglang#23645: ProcessGroupXCCL before 2.12). funcoll issues no single send of its own in an
+# order that needs it (its pairwise all_to_all rounds alternate along each cycle), and cannot reorder a user's separate
+# isend calls; docs/xpu.md says so.
+class StrictC10dTransport(C10dTransport):
+    """A gloo backend whose point-to-point operations run as oneCCL runs them (above): a receive blocks until its data
+    has arrived (up to the group's timeout, past which gloo raises), a group is replayed in the order given."""
+
+    def _recv(self, t, src, tag):
+        self.backend.recv([t], src, tag).wait()
+        return DONE
+
+    def _p2p_group(self, ops: Sequence[P2P]) -> list:
+        handles = []
+        for op in ops:  # oneCCL's replay: in the order given, each receive complete before the next operation
+            if op.send:
+                handles.append(waited(self.backend.send([op.tensor], op.peer, op.tag), [op.tensor]))
+            else:
+                self.backend.recv([op.tensor], op.peer, op.tag).wait()
+        return handles
+
+
 def create(store, rank: int, size: int, timeout, profile_name: Optional[str] = None) -> C10dTransport:
-    """A gloo backend of its own for one funcoll group (collective: every rank of the group calls it)."""
+    """A gloo backend of its own for one funcoll group (collective: every rank of the group calls it); under the xccl
+    profile its point-to-point operations run as oneCCL runs them (:class:`StrictC10dTransport`)."""
     backend = dist.ProcessGroupGloo(store, rank, size, timeout)
-    return C10dTransport(backend, capabilities(profile_name), "cpu")
+    name = profile_name if profile_name is not None else active_profile_name()
+    cls = StrictC10dTransport if name == "xccl" else C10dTransport
+    return cls(backend, capabilities(profile_name), "cpu")

@@ -1,0 +1,182 @@
+"""Point-to-point on the xccl profile, run as oneCCL runs it (funcoll.transport.gloo.StrictC10dTransport): a group is
+replayed in the order given and a receive blocks until its send has arrived.
+
+* A batch that lists its ``irecv`` before its ``isend`` on every rank of a ring (2, 3 and 4 ranks) deadlocks when the
+  batch reaches the backend in the user's order (funcoll's ordering switched off by a test-only module flag): every
+  rank is still blocked in its first receive when the group's timeout fires. With funcoll's ordering (sends first) the
+  same batch completes with the ring's data.
+* torch's pipeline schedules (every one the running torch has, of GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
+  InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) give the losses and gradients of plain gloo bit for bit on that
+  profile: 2 ranks, and 4 ranks as a 2x2 mesh (two pipelines side by side, their gradients summed across the data
+  parallel dimension).
+* torch 2.9's pipeline warm-up (``_get_init_p2p_neighbors_ops``) sends an int64 scalar into a float32 buffer of one
+  element, which makes gloo abort the receiving process; the schedules here run with it patched, the same on both
+  sides (the send made float32). Under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` a send whose size differs from its receive
+  is a clear error on both ranks instead.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from funcoll.launch import run_world
+
+RING_TIMEOUT = 3  # seconds: the group's timeout, which ends a deadlocked ring
+
+
+def _ring_once(rank, n, ordered):
+    """Each rank receives from the previous rank and sends to the next, the receive listed first."""
+    from funcoll.algorithms import p2p
+
+    p2p._ORDERED = ordered
+    x = torch.arange(5, dtype=torch.float32) + 10 * rank
+    got = torch.full((5,), -1.0)
+    ops = [dist.P2POp(dist.irecv, got, (rank - 1) % n), dist.P2POp(dist.isend, x, (rank + 1) % n)]
+    t0 = time.monotonic()
+    try:
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+    except RuntimeError as e:
+        return {"error": f"{type(e).__name__}: {e}", "s": time.monotonic() - t0}
+    return {"got": got, "s": time.monotonic() - t0}
+
+
+def ring(rank, n, orders):
+    """The ring once per entry of ``orders`` (funcoll's ordering on or off), in that order."""
+    return [_ring_once(rank, n, ordered) for ordered in orders]
+
+
+def _ring_data(res, r, n):
+    return "got" in res and torch.equal(res["got"], torch.arange(5, dtype=torch.float32) + 10 * ((r - 1) % n))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_irecv_first_ring_deadlocks_in_the_given_order_and_completes_sends_first(n):
+    # funcoll's order first (it completes), then the user's (it deadlocks, and leaves the group unusable)
+    res = run_world("tests.xpu.test_xpu_p2p:ring", n, "xccl", args=([True, False],), coll_timeout=RING_TIMEOUT,
+                    timeout=60)
+    assert [_ring_data(ordered, r, n) for r, (ordered, _) in enumerate(res)] == [True] * n, res
+    timed_out = []
+    for r, (_, given) in enumerate(res):
+        # every rank blocked in its first receive of the batch (p2p #2: #0 and #1 were the first batch's): until the
+        # group's timeout, or until a peer that timed out first gave up and closed its connections
+        assert "error" in given and "recv p2p #2" in given["error"], (r, given)
+        if "CollectiveTimeoutError" in given["error"]:
+            assert "timed out" in given["error"] and given["s"] >= RING_TIMEOUT * 0.9, (r, given)
+            timed_out.append(r)
+        else:
+            assert "Connection closed by peer" in given["error"] or "Connection reset" in given["error"], (r, given)
+    assert timed_out, res
+
+
+def test_irecv_first_ring_completes_on_gloo_in_the_given_order():
+    """Without the xccl profile the backend is gloo, whose receives never block a batch: any order completes."""
+    res = run_world("tests.xpu.test_xpu_p2p:ring", 3, None, args=([False],), coll_timeout=RING_TIMEOUT, timeout=60)
+    assert [_ring_data(got, r, 3) for r, (got,) in enumerate(res)] == [True] * 3, res
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch's pipeline schedules
+# ---------------------------------------------------------------------------------------------------------------
+SCHEDULES = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleLoopedBFS",
+             "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV"]
+V_SHAPED = {"ScheduleZBVZeroBubble", "ScheduleDualPipeV"}  # rank r holds stages r and 2*pp-1-r
+SINGLE = {"ScheduleGPipe", "Schedule1F1B"}  # one stage per rank
+MICROBATCHES, WIDTH = 4, 8
+
+
+def _same_dtype_warm_up():
+    """torch 2.9's warm-up sends ``torch.tensor(stage_index)`` (int64, 8 bytes) into ``torch.zeros(1)`` (float32, 4
+    bytes): patched to send a float32 of one element, as the receive expects. A V-shaped schedule's two middle stages
+    are on one rank, whose warm-up then sends to itself, which gloo refuses ("Pair is not connected"): those
+    operations are left out."""
+    from torch.distributed.pipelining import stage as stage_mod
+
+    base = stage_mod._PipelineStageBase
+    if not hasattr(base, "_get_init_p2p_neighbors_ops"):
+        return
+    orig = base._get_init_p2p_neighbors_ops
+
+    def warm_up(self):
+        me = dist.get_rank(self.group)
+        return [dist.P2POp(op.op, op.tensor.float().reshape(1), group_peer=op.group_peer, group=op.group)
+                if op.op is dist.isend else op for op in orig(self) if op.group_peer != me]
+
+    base._get_init_p2p_neighbors_ops = warm_up
+
+
+def schedules_to_compare():
+    """The schedules of SCHEDULES the running torch has and gloo runs: torch 2.9's V-shaped schedules pass their two
+    middle stages' data by a send from the rank to itself, which gloo refuses ("Pair is not connected")."""
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import stage as stage_mod
+
+    self_sends = hasattr(stage_mod._PipelineStageBase, "_get_init_p2p_neighbors_ops")  # torch 2.9's pipelining
+    return [s for s in SCHEDULES if hasattr(pipelining, s) and not (self_sends and s in V_SHAPED)]
+
+
+def _pipeline_groups(n, backend):
+    """(pipeline group, data-parallel group or None) of this rank, made with ``backend`` (None: the world's)."""
+    if n == 4:  # a 2x2 mesh: pipelines {0,1} and {2,3}, data parallel {0,2} and {1,3}
+        pp_group, _ = dist.new_subgroups_by_enumeration([[0, 1], [2, 3]], backend=backend)
+        dp_group, _ = dist.new_subgroups_by_enumeration([[0, 2], [1, 3]], backend=backend)
+        return pp_group, dp_group
+    return (dist.new_group(list(range(n)), backend=backend) if backend else dist.group.WORLD), None
+
+
+def _one_step(name, rank, pp_group, dp_group):
+    """One step of schedule ``name`` on a pipeline of 2 ranks: the last stage's losses, this rank's gradients (summed
+    across data parallel)."""
+    from torch.distributed import pipelining
+
+    pp = 2
+    cls = getattr(pipelining, name)
+    pp_rank, dp_rank = rank % pp, rank // pp
+    per_rank = 1 if name in SINGLE else 2
+    stages = pp * per_rank
+    mine = [pp_rank, 2 * pp - 1 - pp_rank] if name in V_SHAPED else [pp_rank + k * pp for k in range(per_rank)]
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()) for _ in range(stages)]
+    x = torch.randn(2 * MICROBATCHES, WIDTH) + dp_rank
+    y = torch.randn(2 * MICROBATCHES, WIDTH)
+    built = [pipelining.PipelineStage(layers[i], i, stages, torch.device("cpu"), group=pp_group) for i in mine]
+    sched = cls(built[0] if per_rank == 1 else built, n_microbatches=MICROBATCHES, loss_fn=torch.nn.MSELoss())
+    losses: list = []
+    last = stages - 1 in mine
+    kw = {"target": y, "losses": losses} if last else {}
+    if 0 in mine:
+        sched.step(x, **kw)
+    else:
+        sched.step(**kw)
+    grads = torch.cat([p.grad.reshape(-1) for i in mine for p in layers[i].parameters()])
+    if dp_group is not None:
+        dist.all_reduce(grads, group=dp_group)
+    return {"losses": [t.detach() for t in losses], "grads": grads}
+
+
+def pipelines(rank, n, names):
+    """Each schedule of ``names``, one step, on groups of the funcoll world (the xccl profile) and on plain gloo groups
+    of the same ranks: ``{name: (funcoll's result, gloo's)}``. 2 ranks: one pipeline; 4: two, side by side."""
+    _same_dtype_warm_up()
+    ours, theirs = _pipeline_groups(n, None), _pipeline_groups(n, "gloo")
+    return {name: (_one_step(name, rank, *ours), _one_step(name, rank, *theirs)) for name in names}
+
+
+@pytest.mark.parametrize("n", [2, 4], ids=["2ranks", "2x2mesh"])
+def test_pipeline_schedules_give_gloos_numbers_on_the_xccl_profile(n):
+    ran = schedules_to_compare()
+    assert len(ran) >= 5, ran  # torch 2.9: five of them; 2.15: all seven
+    res = run_world("tests.xpu.test_xpu_p2p:pipelines", n, "xccl", args=(ran,), timeout=170, coll_timeout=30)
+    for r in range(n):
+        assert list(res[r]) == ran, (r, list(res[r]))
+        for name in ran:
+            g, w = res[r][name]
+            assert len(g["losses"]) == len(w["losses"]), (r, name)
+            assert all(torch.equal(a, b) for a, b in zip(g["losses"], w["losses"])), (r, name, g, w)
+            assert torch.equal(g["grads"], w["grads"]) and g["grads"].abs().sum() > 0, (r, name)
+    for name in ran:  # the stage that computes the loss is on one rank of each pipeline
+        assert sum(len(res[r][name][0]["losses"]) == MICROBATCHES for r in range(n)) == n // 2, name
