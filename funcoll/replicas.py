@@ -171,10 +171,12 @@ def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> Wor
     what torch_xla's own ``_c10d_functional`` kernels compile for the same calls. ``fn`` reads its rank with
     ``dist.get_rank()``, may create groups and meshes, and returns the XLA tensors to compute (a tensor, or lists,
     tuples or dicts of them). The module is the one torch_xla would compile for those tensors; nothing is executed.
-    An uneven ``all_to_all_single`` without ``funcoll.xla.static_split_bound`` agrees on the largest split with a
-    collective a virtual world cannot run: every rank is then captured twice, the second time with the agreement
-    answered from every rank's splits of the first. Needs torch_xla (PJRT_DEVICE=CPU) and no default process group
-    in this process."""
+    An uneven ``all_to_all_single`` without ``funcoll.xla.static_split_bound`` agrees on the largest split with an
+    all_gather and a host read, which a virtual world cannot run in the middle of a rank's program: a first pass
+    records the values each rank sends, the agreements' all_gathers are then run on the replicas (funcoll's
+    all_gather over each agreement's group, :func:`_run_agreements`), and every rank is captured again with what its
+    own all_gather returned as the answer. Needs torch_xla (PJRT_DEVICE=CPU), jaxlib when there is an agreement,
+    and no default process group in this process."""
     import torch.distributed as dist
 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -183,18 +185,57 @@ def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> Wor
         raise RuntimeError("funcoll.replicas.capture builds a virtual world per rank as the default process group; "
                            "this process already has one: call it in a process without one (e.g. a subprocess)")
     # The split-size agreement of an uneven all_to_all (without static_split_bound) gathers every rank's values with a
-    # collective, which a virtual world cannot run: a first pass records each rank's values, a second builds the
-    # programs with every member's values as the answer. Without such an agreement the first pass is the only one.
+    # collective and reads them on the host, which a virtual world cannot run in the middle of a rank's program: a
+    # first pass records each rank's values, the agreements' all_gathers run on the replicas, and a second pass
+    # builds the programs with what each rank's all_gather returned. Without an agreement the first pass is the only
+    # one.
     told: dict = {}
     programs = _capture_pass(fn, world_size, install, _Agreements(told, None))
     if told:
-        programs = _capture_pass(fn, world_size, install, _Agreements({}, told))
+        programs = _capture_pass(fn, world_size, install, _Agreements({}, _run_agreements(told, world_size)))
     return World(world_size, programs)
 
 
+def _run_agreements(told: dict, world_size: int) -> dict:
+    """Runs the split-size agreements a first pass recorded (``told``: (this global rank, the group's global ranks,
+    the agreement's index on that group) -> the values this rank sends) as the ranks would: every member's values
+    all-gathered over the agreement's group by funcoll's all_gather, executed on ``world_size`` replicas. Returns
+    the same keys -> the rows this rank's all_gather returned (one row per member, in group order)."""
+    import torch.distributed as dist
+    import torch_xla
+
+    keys = sorted({(ranks, i) for (_, ranks, i) in told})
+    for ranks, i in keys:
+        missing = [r for r in ranks if (r, ranks, i) not in told]
+        if missing:
+            me = next(r for r in ranks if (r, ranks, i) in told)
+            raise RuntimeError(f"funcoll.replicas: ranks {missing} made no split-size agreement #{i} on the group "
+                               f"{list(ranks)} while rank {me} did: the ranks' programs diverge")
+    everyone = tuple(range(world_size))
+
+    def gather_values():
+        rank = dist.get_rank()
+        # every rank makes every group, in one order (c10d's rule); a member gathers its values on the group
+        groups = {ranks: dist.group.WORLD if ranks == everyone else dist.new_group(list(ranks))
+                  for ranks in dict.fromkeys(r for r, _ in keys)}
+        out = {}
+        for ranks, i in keys:
+            if rank in ranks:
+                mine = torch.tensor(told[(rank, ranks, i)], dtype=torch.int64).to(torch_xla.device())
+                rows = mine.new_empty((len(ranks) * mine.numel(),))
+                dist.all_gather_into_tensor(rows, mine, group=groups[ranks])
+                out[f"{list(ranks)} #{i}"] = rows
+        return out or {"no agreement on this rank": torch.zeros(1, dtype=torch.int64).to(torch_xla.device())}
+
+    got = execute(capture(gather_values, world_size))
+    return {(me, ranks, i): got[me][f"{list(ranks)} #{i}"].view(len(ranks), -1).tolist()
+            for (me, ranks, i) in told}
+
+
 class _Agreements:
-    """Serves XlaTransport.agreed: records what each rank would send (``record``), answers from ``known`` (the values
-    every rank recorded in the first pass) or, in the first pass, as if every member had this rank's values."""
+    """Serves XlaTransport.agreed: records what each rank would send (``record``), answers from ``known`` (what each
+    rank's all_gather of the first pass's values returned on the replicas: :func:`_run_agreements`) or, in the first
+    pass, as if every member had this rank's values."""
 
     def __init__(self, record: dict, known: Optional[dict]):
         self.record, self.known = record, known
@@ -206,11 +247,11 @@ class _Agreements:
         self.record[(me, ranks, i)] = values
         if self.known is None:
             return [values for _ in ranks]
-        missing = [r for r in ranks if (r, ranks, i) not in self.known]
-        if missing:
-            raise RuntimeError(f"funcoll.replicas: ranks {missing} made no split-size agreement #{i} on the group "
-                               f"{list(ranks)} while rank {me} did: the ranks' programs diverge")
-        return [self.known[(r, ranks, i)] for r in ranks]
+        if (me, ranks, i) not in self.known:
+            raise RuntimeError(f"funcoll.replicas: rank {me} made a split-size agreement #{i} on the group "
+                               f"{list(ranks)} in its second pass but not in its first: its program depends on more "
+                               f"than its own values")
+        return self.known[(me, ranks, i)]
 
 
 def _capture_pass(fn, world_size: int, install: bool, agreements: _Agreements) -> List[RankProgram]:

@@ -1,0 +1,112 @@
+"""The split-size agreement of an uneven ``all_to_all_single`` (no ``funcoll.xla.static_split_bound``) executed on XLA
+CPU replicas: funcoll.replicas runs each agreement's all_gather on the replicas (funcoll's all_gather over the
+agreement's group) and builds every rank's program with what its own all_gather returned.
+
+Runs in a subprocess (``python -m tests.xla.test_xla_agreement``: each rank of a virtual world is the default process
+group in turn), which prints JSON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORLD = 4
+
+
+def splits(rank: int) -> tuple:
+    """(output splits, input splits) of ``rank``: rank i sends i + j + 1 rows to rank j (2 to 7: uneven everywhere)."""
+    return [rank + j + 1 for j in range(WORLD)], [j + rank + 1 for j in range(WORLD)]
+
+
+def main() -> int:
+    import torch
+    import torch.distributed as dist
+
+    from funcoll import replicas
+    from tests.xla.xla_replica_cases import dev
+
+    seen: dict = {"executed": 0}
+    execute, run_agreements = replicas.execute, replicas._run_agreements
+
+    def counted(*args, **kwargs):
+        seen["executed"] += 1
+        return execute(*args, **kwargs)
+
+    def recorded(told, world_size):
+        rows = run_agreements(told, world_size)
+        seen["agreements"] = [[me, list(ranks), i, told[(me, ranks, i)], rows[(me, ranks, i)]]
+                              for (me, ranks, i) in sorted(told)]
+        return rows
+
+    def fn():
+        r = dist.get_rank()
+        outs, ins = splits(r)
+        o = torch.empty((sum(outs),), dtype=torch.int32, device=dev())
+        x = torch.arange(sum(ins), dtype=torch.int32) + 1000 * r
+        dist.all_to_all_single(o, x.to(dev()), outs, ins)
+        return o
+
+    replicas.execute, replicas._run_agreements = counted, recorded
+    try:
+        programs = replicas.capture(fn, WORLD)
+    finally:
+        replicas.execute, replicas._run_agreements = execute, run_agreements
+    got = replicas.execute(programs)
+    print("JSON:" + json.dumps({"executed during capture": seen["executed"], "agreements": seen.get("agreements"),
+                                "all_to_all": [t.tolist() for t in got]}))
+    return 0
+
+
+_cache: dict = {}
+
+
+def results() -> dict:
+    if not _cache:
+        pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
+        if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
+            pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas; the xla "
+                        "environment's xla-replicas extra)")
+        env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
+        env.pop("FUNCOLL_PROFILE", None)
+        p = subprocess.run([sys.executable, "-m", "tests.xla.test_xla_agreement"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-4000:]
+        _cache.update(json.loads(p.stdout.split("JSON:", 1)[1]))
+    return _cache
+
+
+pytestmark = pytest.mark.xla
+
+
+def test_the_agreement_is_each_ranks_all_gather_run_on_the_replicas():
+    res = results()
+    assert res["executed during capture"] == 1  # the agreements' all_gathers: one run on the replicas
+    sent = {me: values for me, _, _, values, _ in res["agreements"]}
+    assert sorted(sent) == list(range(WORLD))
+    assert len({json.dumps(v) for v in sent.values()}) == WORLD  # every rank sends its own values
+    for me, ranks, i, _, rows in res["agreements"]:
+        assert (ranks, i) == (list(range(WORLD)), 0)
+        # what this rank's all_gather returned: every member's values, in group order
+        assert rows == [sent[q] for q in ranks], me
+
+
+def test_the_uneven_all_to_all_built_on_that_answer_moves_every_row():
+    res = results()
+    for r, got in enumerate(res["all_to_all"]):
+        want = []
+        for q in range(WORLD):
+            sends = splits(q)[1]
+            start = sum(sends[:r])
+            want += [1000 * q + k for k in range(start, start + sends[r])]
+        assert got == want, r
+
+
+if __name__ == "__main__":
+    sys.exit(main())
