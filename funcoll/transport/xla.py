@@ -118,8 +118,8 @@ def normalize_device(device: Union[None, int, str, torch.device] = None) -> torc
 
 
 # funcoll.replicas sets ``serve(group's global ranks, this global rank, values) -> every member's values`` while it
-# builds a virtual world's programs: the split-size agreement of an uneven all_to_all then has its answer without a
-# collective (XlaTransport.agreed)
+# builds a virtual world's programs: the split-size agreement of an uneven all_to_all then has the answer its
+# all_gather returned when funcoll.replicas ran it on the replicas, without a sync here (XlaTransport.agreed)
 _agreements = threading.local()
 
 

@@ -328,7 +328,7 @@ def rank_program(n: int):
                 dist.all_to_all_single(o, ref.make(torch.float32, (sum(ins), 2), r, "a2a uneven").to(dev()), outs, ins)
             res[f"all_to_all uneven, static bound {bound}"] = o
         o = torch.empty((sum(outs), 2), device=dev())
-        # no bound: the ranks agree on the largest split (funcoll.replicas answers the agreement from every rank's)
+        # no bound: the ranks agree on the largest split (funcoll.replicas runs the agreement's all_gather first)
         dist.all_to_all_single(o, ref.make(torch.float32, (sum(ins), 2), r, "a2a uneven").to(dev()), outs, ins)
         res["all_to_all uneven, agreed bound"] = o
         o = torch.empty((sum(outs),), dtype=torch.int32, device=dev())
