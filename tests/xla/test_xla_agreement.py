@@ -17,11 +17,11 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORLD = 4
+WORLD = 3
 
 
 def splits(rank: int) -> tuple:
-    """(output splits, input splits) of ``rank``: rank i sends i + j + 1 rows to rank j (2 to 7: uneven everywhere)."""
+    """(output splits, input splits) of ``rank``: rank i sends i + j + 1 rows to rank j (1 to 5: uneven everywhere)."""
     return [rank + j + 1 for j in range(WORLD)], [j + rank + 1 for j in range(WORLD)]
 
 
