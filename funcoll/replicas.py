@@ -199,8 +199,10 @@ def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> Wor
 def _run_agreements(told: dict, world_size: int) -> dict:
     """Runs the split-size agreements a first pass recorded (``told``: (this global rank, the group's global ranks,
     the agreement's index on that group) -> the values this rank sends) as the ranks would: every member's values
-    all-gathered over the agreement's group by funcoll's all_gather, executed on ``world_size`` replicas. Returns
-    the same keys -> the rows this rank's all_gather returned (one row per member, in group order)."""
+    all-gathered over the agreement's group by funcoll's all_gather, executed on ``world_size`` replicas (a sub-group
+    is made anew from its ranks: its replica groups are those funcoll gives such a group when no partition was
+    registered). Returns the same keys -> the rows this rank's all_gather returned (one row per member, in group
+    order)."""
     import torch.distributed as dist
     import torch_xla
 
