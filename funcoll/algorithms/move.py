@@ -86,21 +86,27 @@ def native_broadcast_request(tp: Transport, t: torch.Tensor, src, root_tensor) -
     return tp.native_request(key, _broadcast_native, t, src, root_tensor)
 
 
-def _all_gather_list_native(tp: Transport, outs: tuple, inp: torch.Tensor) -> Optional[tuple]:
-    if len(outs) != tp.size:
-        raise ValueError(f"funcoll.all_gather: expected {tp.size} output tensors, got {len(outs)}")
-    if any(dtype != inp.dtype or shape != inp.shape for dtype, shape in outs):
-        raise ValueError("funcoll.all_gather: an output differs from the input")  # the full path names it
+def _ag_list_native(tp: Transport, dtype: torch.dtype, shapes: Sequence[tuple]) -> bool:
+    """Whether ``dist.all_gather`` (the list form) goes to the backend's own list all_gather: a function of what every
+    rank shares (the transport, the dtype, every rank's output shape). gloo's takes one shape for every output."""
     caps = tp.caps
-    if inp.numel() == 0 or not caps.has("all_gather") or not caps.moves(inp.dtype):
-        return None
+    return ("all_gather" in tp.list_forms and caps.has("all_gather") and caps.moves(dtype)
+            and (len(set(shapes)) == 1 or caps.uneven_all_gather))
+
+
+def _all_gather_list_native(tp: Transport, outs: tuple, inp: torch.Tensor) -> Optional[tuple]:
+    sizes = [math.prod(s) for _, s in outs]
+    if len(outs) != tp.size or any(d != inp.dtype for d, _ in outs) or sizes[tp.rank] != inp.numel():
+        raise ValueError("funcoll.all_gather: an output differs from the input")  # the full path names it
+    if outs[tp.rank][1] != inp.shape or not any(sizes) or not _ag_list_native(tp, inp.dtype, [s for _, s in outs]):
+        return None  # (the full path hands the backend this rank's input in its output's shape)
     return ("all_gather", "", inp.dtype, "allgather")
 
 
 def native_all_gather_list_request(tp: Transport, outs: Sequence[torch.Tensor],
                                    inp: torch.Tensor) -> Optional[Native]:
     """``ProcessGroup.allgather([outs], [inp], opts)`` (``dist.all_gather``) as one native call of the backend's
-    ``allgather`` (its list form)."""
+    ``allgather`` (its list form; ``outs[r]`` in rank r's input size)."""
     sig = tuple([(o.dtype, o.shape) for o in outs])
     key = ("all_gather list", sig, None if outs[0].is_cpu else outs[0].device, inp.dtype, inp.shape,
            None if inp.is_cpu else inp.device)
@@ -425,14 +431,37 @@ def barrier(tp: Transport) -> Pending:
 # ---------------------------------------------------------------------------------------------------
 @_entry
 def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> Pending:
-    """``dist.all_gather``: every rank's ``inp`` lands in ``outs[rank]``."""
-    if len(outs) != tp.size:
-        raise ValueError(f"funcoll.all_gather: expected {tp.size} output tensors, got {len(outs)}")
-    for i, o in enumerate(outs):
-        semantics.check_same_tensor("all_gather", f"output[{i}]", o, inp, inp.shape)
+    """``dist.all_gather``: every rank's ``inp`` lands in ``outs[rank]``; ``outs[r]`` has rank r's input size, which may
+    differ per rank (as NCCL and XCCL serve the list form)."""
+    sizes = semantics.check_rank_list("all_gather", "output", outs, inp, tp.size, tp.rank)
+    if not any(sizes):
+        return Pending()  # nothing to send on any rank (every rank sees every size): complete at once
     flat = _flat(_contig_in(inp)).reshape(-1)
-    g = flat.new_empty((tp.size * flat.numel(),))
-    return _ag(tp, g, flat).and_then(lambda: _unflatten(g, outs))
+    if _ag_list_native(tp, inp.dtype, [tuple(o.shape) for o in outs]):
+        # the backend's own list form (into contiguous outputs, copied back where the caller's are not), whatever the
+        # layouts: the exchange the fast path issues on another rank
+        work = [o if o.is_contiguous() else o.new_empty(o.shape) for o in outs]
+        staged = [(o, w) for o, w in zip(outs, work) if w is not o]
+        p = Pending([tp.all_gather_list(work, flat.view(work[tp.rank].shape))])
+        return p.and_then(lambda: [o.copy_(w) for o, w in staged]) if staged else p
+    n, big, total = tp.size, max(sizes), sum(sizes)
+    if len(set(sizes)) == 1:
+        g = flat.new_empty((n * flat.numel(),))
+        return _ag(tp, g, flat).and_then(lambda: _unflatten(g, outs))
+    if n * big > 2 * total and tp.caps.has("broadcast"):
+        # padding would more than double the bytes: one broadcast per rank, each of its own size (NCCL's and XCCL's
+        # uneven list all_gather), no padding
+        _note("uneven all_gather=broadcast per rank")
+        bufs = [flat if q == tp.rank else flat.new_empty((s,)) for q, s in enumerate(sizes)]
+        p = Pending([_bc(tp, b, q) for q, b in enumerate(bufs) if b.numel()])
+        return p.and_then(lambda: _unflatten(torch.cat(bufs), outs))
+    # every rank's input padded to the largest, one even all_gather, the padding cut off: every size is in every
+    # rank's list, so no agreement and no host sync (XLA)
+    _note(f"uneven all_gather=pad to {big}+all_gather+unpad")
+    padded = flat if flat.numel() == big else torch.cat([flat, flat.new_zeros((big - flat.numel(),))])
+    g = flat.new_empty((n * big,))
+    return _ag(tp, g, padded).and_then(lambda: _unflatten(
+        torch.cat([g[q * big:q * big + s] for q, s in enumerate(sizes)]), outs))
 
 
 @_entry

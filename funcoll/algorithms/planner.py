@@ -28,6 +28,14 @@ listed here so that every strategy is in one list:
                          to a bound every rank promised or to the largest split (agreed on with a tiny all_gather),
                          one even all_to_all, unpad
 * coalesced           -> one tuple op where native, else one flat buffer per dtype, one collective each
+* list reduce_scatter / all_gather (dist.reduce_scatter, dist.all_gather; a size per rank, as NCCL serves them)
+                      -> the backend's own list form where it serves the request (gloo's list reduce_scatter: one
+                         all_reduce per destination; XCCL's: one reduce / broadcast per rank when sizes differ), for
+                         every rank whatever its layouts; even sizes elsewhere: the concatenation's even collective;
+                         uneven elsewhere: every block padded to the largest, one even collective, unpad, or, where
+                         padding would more than double the bytes, reduce_scatter as one all_reduce of the
+                         concatenation with this rank's block kept, all_gather as one broadcast per rank (where the
+                         transport has broadcast); every size is in every rank's list: no agreement, no host sync
 * broadcast           -> a masked SUM all_reduce of the tensor (exact, in its own dtype) where there is no broadcast
 * all_gather          -> a masked all_reduce of n rows where there is none; all_to_all -> all_gather + select
 * gather / scatter    -> all_gather / broadcast + slice; barrier -> an all_reduce of one element

@@ -7,6 +7,7 @@ fast paths' question "is this request's plan one native call?" (:meth:`funcoll.t
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
@@ -114,14 +115,27 @@ def native_reduce_scatter_request(tp: Transport, op, out: torch.Tensor, inp: tor
     return tp.native_request(key, _reduce_scatter_native, op, out, inp)
 
 
+def _rs_list_native(tp: Transport, red: Reduction, dtype: torch.dtype, sizes: Sequence[int]) -> bool:
+    """Whether ``dist.reduce_scatter`` (the list form) goes to the backend's own list reduce_scatter: a function of what
+    every rank shares (the transport, the reduce op, the dtype, every destination's size), so that every rank of a
+    call issues the same exchange, whatever its tensors' layouts and whether the fast path took it."""
+    caps = tp.caps
+    if (red.op is R.PREMUL_SUM or "reduce_scatter" not in tp.list_forms or not caps.moves(dtype)
+            or not planner.plan(caps, "reduce_scatter", red.op, dtype, tp.size).native):
+        return False
+    # uneven: XCCL and NCCL send one reduce per destination (the reduce plan must be native too); gloo one all_reduce
+    return len(set(sizes)) == 1 or (caps.uneven_reduce_scatter
+                                    and planner.plan(caps, "reduce", red.op, dtype, tp.size).native)
+
+
 def _reduce_scatter_list_native(tp: Transport, op, out: torch.Tensor, ins: tuple) -> Optional[tuple]:
     red = semantics.parse_reduction(op, "reduce_scatter")
     semantics.check_reduction("reduce_scatter", red, out.dtype)
-    if len(ins) != tp.size or any(d != out.dtype or s != out.shape for d, s in ins):
+    sizes = [math.prod(s) for _, s in ins]
+    if len(ins) != tp.size or any(d != out.dtype for d, _ in ins) or sizes[tp.rank] != out.numel():
         raise ValueError("funcoll.reduce_scatter: the inputs differ from the output")  # the full path names it
-    caps = tp.caps
-    if (out.numel() == 0 or red.op is R.PREMUL_SUM or not caps.moves(out.dtype)
-            or not planner.plan(caps, "reduce_scatter", red.op, out.dtype, tp.size).native):
+    # the backend wants this rank's output in its own input's shape (the full path hands it a view)
+    if ins[tp.rank][1] != out.shape or not any(sizes) or not _rs_list_native(tp, red, out.dtype, sizes):
         return None
     return ("reduce_scatter", str(red.op), out.dtype, "reduce_scatter")
 
@@ -129,7 +143,7 @@ def _reduce_scatter_list_native(tp: Transport, op, out: torch.Tensor, ins: tuple
 def native_reduce_scatter_list_request(tp: Transport, op, out: torch.Tensor,
                                        ins: Sequence[torch.Tensor]) -> Optional[Native]:
     """``ProcessGroup.reduce_scatter([out], [ins], opts)`` (``dist.reduce_scatter``) as one native call of the
-    backend's ``reduce_scatter`` (its list form)."""
+    backend's ``reduce_scatter`` (its list form; ``ins[r]`` in rank r's output size)."""
     sig = tuple([(t.dtype, t.shape) for t in ins])
     key = ("reduce_scatter list", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), out.dtype, out.shape,
            None if out.is_cpu else out.device, sig)
@@ -392,16 +406,39 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
 
 @_entry
 def reduce_scatter(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], op="sum") -> Pending:
-    """``dist.reduce_scatter``: ``inps[r]`` of every rank is reduced into ``out`` on rank r."""
+    """``dist.reduce_scatter``: ``inps[r]`` of every rank is reduced into ``out`` on rank r; ``inps[r]`` has rank r's
+    output size, which may differ per destination (as NCCL, XCCL and gloo serve the list form)."""
     red = semantics.parse_reduction(op, "reduce_scatter")
     semantics.check_reduction("reduce_scatter", red, out.dtype)
-    if len(inps) != tp.size:
-        raise ValueError(f"funcoll.reduce_scatter: expected {tp.size} input tensors, got {len(inps)}")
-    for i, t in enumerate(inps):
-        semantics.check_same_tensor("reduce_scatter", f"input[{i}]", t, out, out.shape)
-    if out.numel() == 0:
-        return Pending()  # nothing to send: complete at once
-    flat = torch.cat([t.reshape(-1) for t in inps])
-    return _with_contig_out(out, lambda o: _rs(tp, o.view(-1), flat, red))
+    sizes = semantics.check_rank_list("reduce_scatter", "input", inps, out, tp.size, tp.rank)
+    if not any(sizes):
+        return Pending()  # nothing to send on any rank (every rank sees every size): complete at once
+    shape = inps[tp.rank].shape
+    if _rs_list_native(tp, red, out.dtype, sizes):
+        # the backend's own list form, with contiguous copies where the caller's tensors are not: the exchange the
+        # fast path issues for the same call on another rank
+        ins = [_contig_in(t) for t in inps]
+        return _with_contig_out(out, lambda o: Pending([tp.reduce_scatter_list(o.view(shape), ins, red)]))
+    if len(set(sizes)) == 1:
+        flat = torch.cat([t.reshape(-1) for t in inps])
+        return _with_contig_out(out, lambda o: _rs(tp, o.view(-1), flat, red))
+    return _with_contig_out(out, lambda o: _rs_uneven(tp, o.view(-1), inps, sizes, red))
 
 
+def _rs_uneven(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], sizes: Sequence[int],
+               red: Reduction) -> Pending:
+    """Uneven list reduce_scatter where the backend's list form does not serve it: every block padded to the largest,
+    one even reduce_scatter (the planner's plan), the padding cut off; or, where padding would more than double the
+    bytes (n * largest > 2 * total), one all_reduce of the concatenation (2(n-1)/n of it sent per rank, as a ring),
+    this rank's block kept. Every size is in every rank's list: no agreement, no host sync (XLA)."""
+    n, big, total = tp.size, max(sizes), sum(sizes)
+    lo = sum(sizes[:tp.rank])
+    if n * big > 2 * total:
+        _note("uneven reduce_scatter=all_reduce+slice")
+        flat = torch.cat([t.reshape(-1) for t in inps])
+        return _ar(tp, flat, red).and_then(lambda: out.copy_(flat[lo:lo + out.numel()]))
+    _note(f"uneven reduce_scatter=pad to {big}+reduce_scatter+unpad")
+    padded = torch.cat([t.reshape(-1) if s == big else torch.cat([t.reshape(-1), t.new_zeros((big - s,))])
+                        for t, s in zip(inps, sizes)])
+    block = padded.new_empty((big,))
+    return _rs(tp, block, padded, red).and_then(lambda: out.copy_(block[:out.numel()]))

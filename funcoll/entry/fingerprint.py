@@ -133,7 +133,7 @@ def _edge(kind: int, src: int, dst: int, value) -> int:
     return _mix(_mix(_mix((kind << 48) ^ src) ^ dst) ^ (v & _M))
 
 
-_A2A, _A2A_LIST, _GATHER, _SCATTER = 1, 2, 3, 4
+_A2A, _A2A_LIST, _GATHER, _SCATTER, _AG_LIST, _RS_LIST = 1, 2, 3, 4, 5, 6
 _NUMEL = 0x9E3779B97F4A7C15 | 1  # odd: multiplying by it is a bijection mod 2**64
 
 
@@ -228,6 +228,44 @@ def _share_gather_single(fp: dict, rank: int) -> int:
     return s
 
 
+def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, str]) -> "Rule":
+    """The list all_gather (``own_key`` "input_shape", this rank's input; ``list_key`` "output_shapes", what it
+    expects from each rank) and the list reduce_scatter ("output_shape", "input_shapes": what it reduces into each
+    rank): sizes may differ per rank, but each rank's list must carry every rank's own size (numbers of elements, as
+    NCCL reads them). ``words``: (the list's argument, what the list's entry does, what the own tensor is)."""
+    arg, verb, own_name = words
+    gathers = kind == _AG_LIST
+
+    def check(fps: List[dict], n: int) -> Optional[str]:
+        for r in range(n):
+            own = fps[r].get(own_key)
+            for q in range(n):
+                shapes = fps[q].get(list_key)
+                if own is None or shapes is None:
+                    continue
+                if len(shapes) != n:
+                    return f"rank {q} passes {len(shapes)} {arg} tensors for a group of {n}"
+                if _numel(shapes[r]) != _numel(own):
+                    return (f"the sizes do not match: rank {q} {verb} {_numel(shapes[r])} elements "
+                            f"{'from' if gathers else 'into'} rank {r} ({arg}[{r}] of shape {shapes[r]}) but rank "
+                            f"{r}'s {own_name} has "
+                            f"{_numel(own)} (shape {own})")
+        return None
+
+    def share(fp: dict, rank: int) -> int:
+        own, shapes = fp.get(own_key), fp.get(list_key)
+        if own is None or shapes is None:
+            return 0
+        mine, each = _numel(own), [_numel(s) for s in shapes]
+        if gathers:  # sends its input to every rank, receives each rank's from it
+            return (sum(_edge(kind, rank, q, mine) for q in range(len(each)))
+                    - sum(_edge(kind, q, rank, v) for q, v in enumerate(each)))
+        return (sum(_edge(kind, rank, q, v) for q, v in enumerate(each))
+                - sum(_edge(kind, q, rank, mine) for q in range(len(each))))
+
+    return Rule((own_key, list_key), check, share)
+
+
 class Rule(NamedTuple):
     """What every rank of a group must agree on for one op: ``per_rank``, the fingerprint fields that differ between
     ranks; ``check(fps, n)``, the message when those fields do not pair up (None when they do); ``share(fp, rank)``,
@@ -242,9 +280,11 @@ class Rule(NamedTuple):
 _PLAIN = Rule()
 
 RULES: Dict[str, Rule] = {  # op -> its cross-rank rule (ops without per-rank fields: every field equal)
-    "all_reduce": _PLAIN, "all_reduce_coalesced": _PLAIN, "all_gather_into_tensor": _PLAIN, "all_gather": _PLAIN,
+    "all_reduce": _PLAIN, "all_reduce_coalesced": _PLAIN, "all_gather_into_tensor": _PLAIN,
+    "all_gather": _sized_list(_AG_LIST, "input_shape", "output_shapes", ("output", "expects", "input")),
     "all_gather_into_tensor_coalesced": _PLAIN, "all_gather_coalesced": _PLAIN, "reduce_scatter_tensor": _PLAIN,
-    "reduce_scatter": _PLAIN, "reduce_scatter_tensor_coalesced": _PLAIN, "broadcast": _PLAIN, "reduce": _PLAIN,
+    "reduce_scatter": _sized_list(_RS_LIST, "output_shape", "input_shapes", ("input", "reduces", "output")),
+    "reduce_scatter_tensor_coalesced": _PLAIN, "broadcast": _PLAIN, "reduce": _PLAIN,
     "barrier": _PLAIN,
     "all_to_all_single": _pairwise(_A2A, "input_split_sizes", "output_split_sizes", _check_a2a_single),
     "all_to_all": _pairwise(_A2A_LIST, "per_peer_in", "per_peer_out", _check_a2a),
@@ -296,6 +336,21 @@ def _fp_a2a_single(pg, a):
             "input_split_sizes": _splits(_at(a, 3), inp, n), "output_split_sizes": _splits(_at(a, 2), out, n)}
 
 
+def _fp_sized_list(op: str, own_key: str, list_key: str, list_first: bool):
+    """The list all_gather ``([outs], [inp], opts)`` (``list_first``) and reduce_scatter ``([out], [ins], opts)``: the
+    dtype and device (shared), this rank's own tensor's shape and its list's shapes (per rank: sizes may differ)."""
+    def fn(pg, a):
+        many, one = (a[0], a[1]) if list_first else (a[1], a[0])
+        many, own = list(many[0]), _listed(one)[0]
+        fp: dict = {"op": op}
+        if not list_first:
+            fp["reduce_op"] = _reduce_op(_at(a, 2), op)
+        fp.update({"tensors": [[dtype_name(own.dtype), None]], "device": own.device.type,
+                   own_key: list(own.shape), list_key: _shapes(many)})
+        return fp
+    return fn
+
+
 def _fp_a2a(pg, a):
     outs, ins = list(a[0]), list(a[1])
     return {"op": "all_to_all", "tensors": [[dtype_name(t.dtype), None] for t in ins[:1]], "device": _device(ins),
@@ -332,11 +387,11 @@ METHODS: Dict[str, Spec] = {
     "allreduce": _plain("all_reduce", 0, red=True),
     "allreduce_coalesced": _plain("all_reduce_coalesced", 0, red=True),
     "_allgather_base": _plain("all_gather_into_tensor", mine=1, other=0),
-    "allgather": _plain("all_gather", mine=1, other=0),
+    "allgather": Spec("all_gather", _fp_sized_list("all_gather", "input_shape", "output_shapes", True)),
     "allgather_into_tensor_coalesced": _plain("all_gather_into_tensor_coalesced", mine=1, other=0),
     "allgather_coalesced": _plain("all_gather_coalesced", mine=1, other=0),
     "_reduce_scatter_base": _plain("reduce_scatter_tensor", mine=1, other=0, red=True),
-    "reduce_scatter": _plain("reduce_scatter", other=1, key="inputs", red=True),
+    "reduce_scatter": Spec("reduce_scatter", _fp_sized_list("reduce_scatter", "output_shape", "input_shapes", False)),
     "reduce_scatter_tensor_coalesced": _plain("reduce_scatter_tensor_coalesced", mine=1, other=0, red=True),
     "alltoall_base": Spec("all_to_all_single", _fp_a2a_single),
     "alltoall": Spec("all_to_all", _fp_a2a),

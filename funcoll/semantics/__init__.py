@@ -24,6 +24,7 @@ __all__ = [
     "check_root",
     "check_layout",
     "check_same_tensor",
+    "check_rank_list",
     "dtype_kind",
     "dtype_name",
     "ranks_text",
@@ -188,6 +189,27 @@ def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor,
         raise ValueError(
             f"funcoll.{opname}: {arg} is on {t.device}, expected {ref.device} (the input's device)"
         )
+
+
+def check_rank_list(opname: str, role: str, tensors: Sequence[torch.Tensor], own: torch.Tensor, group_size: int,
+                    rank: int) -> list:
+    """The tensor list of ``dist.all_gather`` (``role="output"``: ``tensors[r]`` receives rank r's input) or of
+    ``dist.reduce_scatter`` (``"input"``: ``tensors[r]`` is reduced into rank r's output): one tensor per rank of the
+    group, each of ``own``'s dtype and device; their sizes may differ per rank, as NCCL's, XCCL's and gloo's list
+    forms serve (shapes are read as numbers of elements, as NCCL's do), except the one at this rank's own index, which
+    holds as many elements as ``own`` (this rank's input, or output). Returns the number of elements per rank."""
+    if len(tensors) != group_size:
+        raise ValueError(f"funcoll.{opname}: expected {group_size} {role} tensors, got {len(tensors)} (one per rank "
+                         f"of the group)")
+    for i, t in enumerate(tensors):
+        check_same_tensor(opname, f"{role}[{i}]", t, own, t.shape)  # dtype and device
+    mine = tensors[rank].numel()
+    if mine != own.numel():
+        other = "input" if role == "output" else "output"
+        raise ValueError(
+            f"funcoll.{opname}: {role}[{rank}] (this rank's own) has {mine} elements but the {other} has "
+            f"{own.numel()}; {role}[r] must have rank r's {other} size (its number of elements)")
+    return [t.numel() for t in tensors]
 
 
 def check_all_gather(opname: str, out: torch.Tensor, inp: torch.Tensor, group_size: int) -> tuple:

@@ -67,6 +67,11 @@ class Capabilities:
     # (primitive, reduce op) pairs refused on that primitive only (XCCL: AVG on reduce; PREMUL_SUM on reduce_scatter,
     # whose input ProcessGroupXCCL would scale in place)
     refused_on: frozenset = frozenset()
+    # the backend's list forms serve a size per rank: all_gather's outputs (ProcessGroupXCCL, ProcessGroupNCCL: one
+    # broadcast per rank) and reduce_scatter's per-destination inputs (gloo: one all_reduce per destination; XCCL, NCCL:
+    # one reduce per destination); False: funcoll fills them (funcoll.algorithms.move.all_gather, reduce.reduce_scatter)
+    uneven_all_gather: bool = False
+    uneven_reduce_scatter: bool = False
 
     def has(self, primitive: str) -> bool:
         return primitive in self.primitives
@@ -93,6 +98,8 @@ class Capabilities:
             p2p_any_shape=self.p2p_any_shape and other.p2p_any_shape,
             sources={**self.sources, **other.sources},
             refused_on=self.refused_on | other.refused_on,
+            uneven_all_gather=self.uneven_all_gather and other.uneven_all_gather,
+            uneven_reduce_scatter=self.uneven_reduce_scatter and other.uneven_reduce_scatter,
         )
 
 
@@ -149,7 +156,13 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         reduce_dtypes=_GLOO_DTYPES,
         refused_pairs=_pairs([R.AVG], _INTS | {torch.bool}) | _pairs([R.BAND, R.BOR, R.BXOR], _FLOATS),
         uneven_all_to_all=True,
+        uneven_reduce_scatter=True,
         sources={
+            "gloo.uneven_lists": "ProcessGroupGloo::reduce_scatter (the list form) is one all_reduce per destination "
+                                 "of that destination's input, so per-destination sizes are served (it checks only "
+                                 "this rank's own input against its output: dtype and sizes); ProcessGroupGloo::"
+                                 "allgather asserts one size for every output ('invalid tensor size'); pytorch/pytorch "
+                                 "torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, measured on torch 2.9.0 and 2.15.0",
             "gloo.dtypes": "probe: int16/uint16/uint32/uint64/float8 raise 'Invalid scalar type' (torch 2.9.0)",
             "gloo.avg": "probe: AVG works for floating dtypes, raises for integers (torch 2.9.0)",
             "gloo.premul_sum": "gloo has no PREMUL_SUM (ProcessGroupGloo.cpp, torch 2.9.0)",
@@ -564,6 +577,29 @@ class Transport:
         run. Eager transports run it anyway; a lazy one (XLA) must keep it, or this rank never runs the
         collective its peers wait for."""
 
+    # the list forms of reduce_scatter and all_gather the backend has (c10d's ``reduce_scatter`` and ``allgather``
+    # with tensor lists), by primitive; what ``reduce_scatter_list`` / ``all_gather_list`` may be asked for
+    list_forms: frozenset = frozenset()
+
+    def reduce_scatter_list(self, out: torch.Tensor, ins: Sequence[torch.Tensor], red: Reduction) -> Handle:
+        """The backend's list reduce_scatter: ``ins[r]`` of every rank reduced into rank r's ``out`` (contiguous;
+        ``out`` in ``ins[rank]``'s shape); sizes per destination may differ where the capabilities say so."""
+        self._list_form("reduce_scatter", ins, self.caps.uneven_reduce_scatter)
+        self._native("reduce_scatter", out.dtype, red.op)
+        return self._reduce_scatter_list(out, ins, red)
+
+    def all_gather_list(self, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> Handle:
+        """The backend's list all_gather: every rank's ``inp`` lands in ``outs[rank]`` (contiguous; ``outs[rank]`` in
+        ``inp``'s shape); sizes per rank may differ where the capabilities say so."""
+        self._list_form("all_gather", outs, self.caps.uneven_all_gather)
+        self._native("all_gather", inp.dtype)
+        return self._all_gather_list(outs, inp)
+
+    def _list_form(self, primitive: str, ts: Sequence[torch.Tensor], uneven_ok: bool) -> None:
+        if primitive not in self.list_forms or not (uneven_ok or len({t.numel() for t in ts}) <= 1):
+            raise NativeRefused(f"funcoll internal error: {self.caps.name} transport was asked for its list "
+                                f"{primitive} with sizes {[t.numel() for t in ts]}, which it does not have")
+
     def barrier(self) -> Handle:
         self._native("barrier", None)
         return self._barrier()
@@ -581,3 +617,5 @@ class Transport:
     _send: Callable[..., Handle]
     _recv: Callable[..., Handle]
     _barrier: Callable[..., Handle]
+    _reduce_scatter_list: Callable[..., Handle]
+    _all_gather_list: Callable[..., Handle]

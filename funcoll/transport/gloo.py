@@ -206,6 +206,10 @@ class C10dTransport(Transport):
         self.backend = backend
         self.device_type = device_type
         self.premul_in_place = isinstance(backend, dist.ProcessGroupGloo)
+        # the backend's list forms, where this class keeps the stock primitive (the fast path hands the same requests
+        # to the same methods: native_method)
+        self.list_forms = frozenset(p for p in ("reduce_scatter", "all_gather")
+                                    if getattr(type(self), "_" + p) is getattr(C10dTransport, "_" + p))
 
     def _premul(self, t: torch.Tensor, red: Reduction) -> Reduction:
         """The reduction to hand the backend for ``red`` on ``t``: PREMUL_SUM's factor as the backend needs it (a
@@ -259,6 +263,13 @@ class C10dTransport(Transport):
             red = self._premul(inp, red)
         o = _options(C.ReduceScatterOptions, reduceOp=c10d_op(red))
         return waited(self.backend._reduce_scatter_base(out, inp, o), [out])
+
+    def _reduce_scatter_list(self, out, ins, red):
+        o = _options(C.ReduceScatterOptions, reduceOp=c10d_op(red))
+        return waited(self.backend.reduce_scatter([out], [list(ins)], o), [out])
+
+    def _all_gather_list(self, outs, inp):
+        return self.backend.allgather([list(outs)], [inp], C.AllgatherOptions())
 
     def _all_to_all(self, out, inp, out_splits, in_splits):
         return self.backend.alltoall_base(out, inp, out_splits or [], in_splits or [], C.AllToAllOptions())

@@ -210,6 +210,9 @@ def _issue(kind, rank):
     if kind == "gather_list":  # all_gather of a list: rank 1's tensors are larger
         outs = [torch.empty(2 + rank) for _ in range(2)]
         return dist.all_gather(outs, torch.ones(2 + rank))
+    if kind == "reduce_scatter_list":  # rank 0 thinks rank 1 gets 2 elements, rank 1 that it gets 3
+        sizes = [1, 2 + rank]
+        return dist.reduce_scatter(torch.empty(sizes[rank]), [torch.ones(s) for s in sizes])
     if kind == "gather_tensor":
         return dist.all_gather_into_tensor(torch.empty(2 * (2 + rank)), torch.ones(2 + rank))
     if kind == "reduce_scatter":
@@ -252,9 +255,10 @@ MISMATCHES = {
                "expects 3 from rank 1 (output_split_sizes=[1, 3])", []),
     "even_splits": ("the split sizes do not match: rank 1 sends 3 rows to rank 0 (input_split_sizes=[3, 3]) but "
                     "rank 0 expects 2 from rank 1 (output_split_sizes=[2, 2])", []),
-    "gather_list": ("they differ in the shapes, the output shapes",
-                    ["rank 0: all_gather(float32[2], outputs=[[[2], [2]]])",
-                     "rank 1: all_gather(float32[3], outputs=[[[3], [3]]])"]),
+    "gather_list": ("the sizes do not match: rank 1 expects 3 elements from rank 0 (output[0] of shape [3]) but rank "
+                    "0's input has 2 (shape [2])",
+                    ["rank 0: all_gather(float32, input_shape=[2], output_shapes=[[2], [2]])",
+                     "rank 1: all_gather(float32, input_shape=[3], output_shapes=[[3], [3]])"]),
     "gather_tensor": ("they differ in the shapes, the output shapes",
                       ["rank 0: all_gather_into_tensor(float32[2], outputs=[[4]])",
                        "rank 1: all_gather_into_tensor(float32[3], outputs=[[6]])"]),
@@ -265,6 +269,11 @@ MISMATCHES = {
                                                       "rank 1: broadcast(root=0, float32[5])"]),
     "gather": ("they differ in the shapes", ["rank 0: gather(root=0, float32[2], root_outputs=[[2], [2]])",
                                              "rank 1: gather(root=0, float32[3])"]),
+    "reduce_scatter_list": (
+        "the sizes do not match: rank 0 reduces 2 elements into rank 1 (input[1] of shape [2]) but rank 1's output "
+        "has 3 (shape [3])",
+        ["rank 0: reduce_scatter(reduce_op=sum, float32, output_shape=[1], input_shapes=[[1], [2]])",
+         "rank 1: reduce_scatter(reduce_op=sum, float32, output_shape=[3], input_shapes=[[1], [3]])"]),
 }
 
 

@@ -3,11 +3,22 @@ gloo transport and under the xccl, xla and torchtpu capability profiles (the gap
 
 The rank bodies (``all_ops``, ``functional``, ``subgroups``) run on every rank of a real world
 (``funcoll.launch.run_world``); each rank builds the inputs of *every* rank from a seed and compares its results
-with references computed locally (tests/reference.py). One world per (size, profile) runs every body that applies
-to it, one after the other (``bodies``), and returns their results labelled by body; the tests below assert on them.
+with references computed locally (tests/reference.py). The valid (op, dtype, reduce op) requests come from
+tests/oracle.py (what NCCL, gloo and XCCL accept plus funcoll's promises), not from funcoll's table. One world per
+(size, profile) runs every body that applies to it, one after the other (``bodies``), and returns their results
+labelled by body; the tests below assert on them.
+
+``all_ops`` runs twice per world: on the path users get by default (the eager fast path on: which strategies ran is
+read from the flight recorder, which native calls were made from the transport's ``calls`` counter) and on the full
+path (inside ``funcoll.record()``, which turns the fast path off). In both, the ranks hand every op different memory
+layouts: one rank's tensors contiguous, the others' strided, transposed or offset views (``lay``), inputs and outputs
+alike, the contiguous rank changing from case to case.
 """
 
 from __future__ import annotations
+
+import collections
+import contextlib
 
 import pytest
 import torch
@@ -17,6 +28,7 @@ import torch.distributed._functional_collectives as fc
 import funcoll
 from funcoll.launch import run_world
 from tests import reference as ref
+from tests.semantics.test_layouts import lay
 from tests.torchtpu.torchtpu_cases import check_torchtpu_strategies
 
 R = dist.ReduceOp
@@ -25,32 +37,66 @@ INTS = [torch.int32, torch.int64, torch.int8, torch.uint8, torch.int16, torch.ui
 DTYPES = FLOATS + INTS + [torch.bool, torch.complex64]
 MOVABLE = DTYPES + [torch.float8_e4m3fn, torch.float8_e5m2]
 PROFILES = [None, "xccl", "xla", "torchtpu"]
+ODD_LAYOUTS = ("strided", "transposed", "offset")  # tests/semantics/test_layouts.py's lay(); a 1-d shape: offset
+
+
+class Layouts:
+    """Which memory layout this rank gives the tensors of each case: case k's are contiguous on rank k % n and one of
+    :data:`ODD_LAYOUTS` on every other rank (a different one per rank where there are several)."""
+
+    def __init__(self, rank: int, n: int):
+        self.rank, self.n, self.k = rank, n, 0
+
+    def next(self) -> str:
+        k, self.k = self.k, self.k + 1
+        return "contiguous" if self.rank == k % self.n else ODD_LAYOUTS[(k + self.rank) % len(ODD_LAYOUTS)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(_bits(a), _bits(b))
 
 
 # -- rank bodies: run on every rank by funcoll.launch.run_world; the tests below assert on what they return --
-def all_ops(rank, n):
-    """Every op of docs/design.md section 5, every dtype, every reduce op that applies."""
+def all_ops(rank, n, path="default"):
+    """Every op of docs/design.md section 5, every dtype, every reduce op that applies, with mixed layouts across the
+    ranks (:class:`Layouts`). ``path``: "default" (the fast path on) or "full" (inside ``funcoll.record()``)."""
     c = ref.Cases(rank, n)
     others = range(n)
-    with funcoll.record() as log:
+    layouts = Layouts(rank, n)
+    check = c.check
+
+    def case(name, fn):  # each case: its own layout on this rank, named in a failure
+        mine = layouts.next()
+        check(f"{name} [{mine} on rank {rank}]", lambda: fn(lambda t: lay(t, mine)))
+
+    c.check = case
+    tp = dist.group.WORLD.transport("cpu")
+    before = collections.Counter(tp.calls)
+    trace = funcoll.flight_recorder.trace_of(None)
+    first_seq = trace.seq
+    with (funcoll.record() if path == "full" else contextlib.nullcontext([])) as log:
         for dt in DTYPES:
             for op in ref.valid_ops(dt):
                 vals = "small" if op in ("product", "avg") else "random"  # products and int averages in range
 
                 for shape, tag in (((5,), "v"), ((2, 3), "m")):
-                    def ar(dt=dt, op=op, vals=vals, shape=shape, tag=tag):
+                    def ar(L, dt=dt, op=op, vals=vals, shape=shape, tag=tag):
                         salt = f"ar/{op}/{tag}"
-                        t = ref.make(dt, shape, rank, salt, vals)
+                        t = L(ref.make(dt, shape, rank, salt, vals))
                         dist.all_reduce(t, op=ref.c10d_op(op))
                         want = ref.reduce(op, ref.all_inputs(n, dt, shape, salt, vals))
                         return ref.close(t, want, n, op)
 
                     c.check(f"all_reduce {dt} {op} {shape}", ar)
 
-                def rs(dt=dt, op=op, vals=vals):
+                def rs(L, dt=dt, op=op, vals=vals):
                     salt = f"rs/{op}"
-                    inp = ref.make(dt, (n * 3, 2), rank, salt, vals)
-                    out = torch.empty((3, 2), dtype=dt)
+                    inp = L(ref.make(dt, (n * 3, 2), rank, salt, vals))
+                    out = L(torch.empty((3, 2), dtype=dt))
                     dist.reduce_scatter_tensor(out, inp, op=ref.c10d_op(op))
                     want = ref.reduce(op, ref.all_inputs(n, dt, (n * 3, 2), salt, vals))
                     want = want[rank * 3:rank * 3 + 3]
@@ -58,72 +104,71 @@ def all_ops(rank, n):
 
                 c.check(f"reduce_scatter_tensor {dt} {op}", rs)
 
-                def red(dt=dt, op=op, vals=vals):
+                def red(L, dt=dt, op=op, vals=vals):
                     salt = f"red/{op}"
-                    t = ref.make(dt, (4,), rank, salt, vals)
+                    t = L(ref.make(dt, (2, 3), rank, salt, vals))
                     orig = t.clone()
                     dist.reduce(t, dst=n - 1, op=ref.c10d_op(op))
                     if rank == n - 1:
-                        want = ref.reduce(op, ref.all_inputs(n, dt, (4,), salt, vals))
+                        want = ref.reduce(op, ref.all_inputs(n, dt, (2, 3), salt, vals))
                         return ref.close(t, want, n, op)
-                    return None if torch.equal(t.view(torch.uint8), orig.view(torch.uint8)) else "non-dst changed"
+                    return None if same_bits(t, orig) else "non-dst changed"
 
                 c.check(f"reduce {dt} {op}", red)
 
-            def rsl(dt=dt):
+            def rsl(L, dt=dt):
                 op = "sum" if dt != torch.bool else "bor"
-                ins = [ref.make(dt, (3,), rank, f"rsl/{j}") for j in range(n)]
-                out = torch.empty(3, dtype=dt)
+                ins = [L(ref.make(dt, (3, 2), rank, f"rsl/{j}")) for j in range(n)]
+                out = L(torch.empty((3, 2), dtype=dt))
                 dist.reduce_scatter(out, ins, op=ref.c10d_op(op))
-                return ref.close(out, ref.reduce(op, ref.all_inputs(n, dt, (3,), f"rsl/{rank}")), n, op)
+                return ref.close(out, ref.reduce(op, ref.all_inputs(n, dt, (3, 2), f"rsl/{rank}")), n, op)
 
             c.check(f"reduce_scatter(list) {dt}", rsl)
 
         for dt in MOVABLE:
-            def ag(dt=dt):
-                inp = ref.make(dt, (2, 3), rank, "ag")
-                out = torch.empty((2 * n, 3), dtype=dt)
+            def ag(L, dt=dt):
+                inp = L(ref.make(dt, (2, 3), rank, "ag"))
+                out = L(torch.empty((2 * n, 3), dtype=dt))
                 dist.all_gather_into_tensor(out, inp)
                 want = torch.cat(ref.all_inputs(n, dt, (2, 3), "ag"))
-                return None if torch.equal(out.view(torch.uint8), want.view(torch.uint8)) else "mismatch"
+                return None if same_bits(out, want) else "mismatch"
 
             c.check(f"all_gather_into_tensor {dt}", ag)
 
-            def agl(dt=dt):
-                inp = ref.make(dt, (3,), rank, "agl")
-                outs = [torch.empty(3, dtype=dt) for _ in others]
+            def agl(L, dt=dt):
+                inp = L(ref.make(dt, (3, 2), rank, "agl"))
+                outs = [L(torch.empty((3, 2), dtype=dt)) for _ in others]
                 dist.all_gather(outs, inp)
-                ok = all(torch.equal(o.view(torch.uint8), ref.make(dt, (3,), r, "agl").view(torch.uint8))
-                         for r, o in enumerate(outs))
+                ok = all(same_bits(o, ref.make(dt, (3, 2), r, "agl")) for r, o in enumerate(outs))
                 return None if ok else "mismatch"
 
             c.check(f"all_gather(list) {dt}", agl)
 
-            def bc(dt=dt):
+            def bc(L, dt=dt):
                 src = n - 1
-                t = ref.make(dt, (4,), rank, "bc")
+                t = L(ref.make(dt, (2, 2), rank, "bc"))
                 dist.broadcast(t, src=src)
-                want = ref.make(dt, (4,), src, "bc")
-                return None if torch.equal(t.view(torch.uint8), want.view(torch.uint8)) else "mismatch"
+                want = ref.make(dt, (2, 2), src, "bc")
+                return None if same_bits(t, want) else "mismatch"
 
             c.check(f"broadcast src={n - 1} {dt}", bc)
 
-            def a2a_even(dt=dt):
-                inp = ref.make(dt, (2 * n, 2), rank, "a2ae")
-                out = torch.empty_like(inp)
+            def a2a_even(L, dt=dt):
+                inp = L(ref.make(dt, (2 * n, 2), rank, "a2ae"))
+                out = L(torch.empty((2 * n, 2), dtype=dt))
                 dist.all_to_all_single(out, inp)
                 want = torch.cat([ref.make(dt, (2 * n, 2), r, "a2ae")[2 * rank:2 * rank + 2] for r in others])
-                return None if torch.equal(out.view(torch.uint8), want.view(torch.uint8)) else "mismatch"
+                return None if same_bits(out, want) else "mismatch"
 
             c.check(f"all_to_all_single even {dt}", a2a_even)
 
-            def a2a_uneven(dt=dt):
+            def a2a_uneven(L, dt=dt):
                 # rank r sends splits[r][j] rows to rank j; zeros included
                 splits = [[(r + j) % 3 for j in others] for r in others]
                 ins = splits[rank]
                 outs = [splits[j][rank] for j in others]
-                inp = ref.make(dt, (sum(ins), 2), rank, "a2au")
-                out = torch.empty((sum(outs), 2), dtype=dt)
+                inp = L(ref.make(dt, (sum(ins), 2), rank, "a2au"))
+                out = L(torch.empty((sum(outs), 2), dtype=dt))
                 dist.all_to_all_single(out, inp, outs, ins)
                 parts = []
                 for j in others:
@@ -131,59 +176,59 @@ def all_ops(rank, n):
                     off = sum(splits[j][:rank])
                     parts.append(src[off:off + splits[j][rank]])
                 want = torch.cat(parts)
-                return None if torch.equal(out.view(torch.uint8), want.view(torch.uint8)) else "mismatch"
+                return None if same_bits(out, want) else "mismatch"
 
             c.check(f"all_to_all_single uneven {dt}", a2a_uneven)
 
-        def a2a_list():
-            ins = [ref.make(torch.float32, (j + 1,), rank, f"a2al/{j}") for j in others]
-            outs = [torch.empty(rank + 1) for _ in others]
+        def a2a_list(L):
+            ins = [L(ref.make(torch.float32, (j + 1, 2), rank, f"a2al/{j}")) for j in others]
+            outs = [L(torch.empty(rank + 1, 2)) for _ in others]
             dist.all_to_all(outs, ins)
-            ok = all(torch.equal(outs[j], ref.make(torch.float32, (rank + 1,), j, f"a2al/{rank}")) for j in others)
+            ok = all(torch.equal(outs[j], ref.make(torch.float32, (rank + 1, 2), j, f"a2al/{rank}")) for j in others)
             return None if ok else "mismatch"
 
         c.check("all_to_all(list) uneven sizes", a2a_list)
 
         for dt in (torch.float32, torch.int64, torch.bool, torch.uint16):
-            def gat(dt=dt):
+            def gat(L, dt=dt):
                 dst = 1 % n
-                inp = ref.make(dt, (3,), rank, "gat")
-                outs = [torch.empty(3, dtype=dt) for _ in others] if rank == dst else None
+                inp = L(ref.make(dt, (3, 2), rank, "gat"))
+                outs = [L(torch.empty((3, 2), dtype=dt)) for _ in others] if rank == dst else None
                 dist.gather(inp, outs, dst=dst)
                 if rank != dst:
                     return None
-                ok = all(torch.equal(o.view(torch.uint8), ref.make(dt, (3,), r, "gat").view(torch.uint8))
-                         for r, o in enumerate(outs))
+                ok = all(same_bits(o, ref.make(dt, (3, 2), r, "gat")) for r, o in enumerate(outs))
                 return None if ok else "mismatch"
 
             c.check(f"gather dst=1 {dt}", gat)
 
-            def sca(dt=dt):
+            def sca(L, dt=dt):
                 src = 1 % n
-                ins = [ref.make(dt, (3,), j, "sca") for j in others] if rank == src else None
-                out = torch.empty(3, dtype=dt)
+                ins = [L(ref.make(dt, (3, 2), j, "sca")) for j in others] if rank == src else None
+                out = L(torch.empty((3, 2), dtype=dt))
                 dist.scatter(out, ins, src=src)
-                return None if torch.equal(out.view(torch.uint8), ref.make(dt, (3,), rank, "sca").view(torch.uint8)) \
-                    else "mismatch"
+                return None if same_bits(out, ref.make(dt, (3, 2), rank, "sca")) else "mismatch"
 
             c.check(f"scatter src=1 {dt}", sca)
 
-        def p2p():
+        def p2p(L):
             nxt, prv = (rank + 1) % n, (rank - 1) % n
-            t = ref.make(torch.float32, (4,), rank, "p2p")
-            got = torch.empty(4)
+            t = L(ref.make(torch.float32, (2, 2), rank, "p2p"))
+            got = L(torch.empty(2, 2))
             if rank % 2 == 0:
                 dist.send(t, nxt)
                 dist.recv(got, prv)
             else:
                 dist.recv(got, prv)
                 dist.send(t, nxt)
-            return None if torch.equal(got, ref.make(torch.float32, (4,), prv, "p2p")) else "mismatch"
+            return None if torch.equal(got, ref.make(torch.float32, (2, 2), prv, "p2p")) else "mismatch"
 
         c.check("send/recv ring", p2p)
-        c.check("barrier", lambda: dist.barrier())
+        c.check("barrier", lambda L: dist.barrier())
 
-        def coalesced():
+        # the functional collectives take contiguous inputs only (upstream's CPU kernels refuse others on the calling
+        # rank: "Expected tensor.is_contiguous() to be true"): these cases ignore their layout
+        def coalesced(L):
             ts = [ref.make(torch.float32, (3,), rank, "co/a"), ref.make(torch.int32, (2, 2), rank, "co/b"),
                   ref.make(torch.float32, (1,), rank, "co/c"), ref.make(torch.bfloat16, (2,), rank, "co/d")]
             outs = fc.all_reduce_coalesced(ts, "sum", dist.group.WORLD)
@@ -193,7 +238,7 @@ def all_ops(rank, n):
 
         c.check("all_reduce_coalesced sum mixed dtypes", coalesced)
 
-        def coalesced_avg():
+        def coalesced_avg(L):
             ts = [ref.make(torch.float32, (3,), rank, "coa/a"), ref.make(torch.bfloat16, (2,), rank, "coa/b")]
             outs = fc.all_reduce_coalesced(ts, "avg", dist.group.WORLD)
             errs = [ref.close(fc.wait_tensor(o), ref.reduce("avg", ref.all_inputs(n, t.dtype, t.shape, s)), n)
@@ -202,7 +247,7 @@ def all_ops(rank, n):
 
         c.check("all_reduce_coalesced avg", coalesced_avg)
 
-        def ag_coalesced():
+        def ag_coalesced(L):
             ins = [ref.make(torch.float32, (2,), rank, "agc/a"), ref.make(torch.int8, (1, 3), rank, "agc/b"),
                    ref.make(torch.float32, (3,), rank, "agc/c")]
             outs = fc.all_gather_into_tensor_coalesced(ins, dist.group.WORLD)
@@ -215,7 +260,7 @@ def all_ops(rank, n):
 
         c.check("all_gather_into_tensor_coalesced", ag_coalesced)
 
-        def rs_coalesced():
+        def rs_coalesced(L):
             ins = [ref.make(torch.float32, (n * 2,), rank, "rsc/a"), ref.make(torch.int64, (n, 2), rank, "rsc/b")]
             outs = fc.reduce_scatter_tensor_coalesced(ins, "sum", [0, 0], dist.group.WORLD)
             errs = []
@@ -229,7 +274,7 @@ def all_ops(rank, n):
 
         c.check("reduce_scatter_tensor_coalesced", rs_coalesced)
 
-        def noncontig():
+        def noncontig(L):
             base = ref.make(torch.float32, (4, 6), rank, "nc")
             t = base.t()  # non-contiguous view
             dist.all_reduce(t, op=R.AVG)
@@ -238,26 +283,38 @@ def all_ops(rank, n):
 
         c.check("all_reduce non-contiguous avg", noncontig)
 
-        def zero_dim():
-            t = ref.make(torch.float32, (), rank, "zd")
+        def zero_dim(L):
+            t = L(ref.make(torch.float32, (), rank, "zd"))
             dist.all_reduce(t, op=R.MAX)
             return ref.close(t, ref.reduce("max", ref.all_inputs(n, torch.float32, (), "zd")), n, "max")
 
         c.check("all_reduce 0-dim max", zero_dim)
 
-        def async_work():
-            t = ref.make(torch.float32, (1024,), rank, "async")
+        def async_work(L):
+            t = L(ref.make(torch.float32, (32, 32), rank, "async"))
             w = dist.all_reduce(t, op=R.AVG, async_op=True)
             w.wait()
-            return ref.close(t, ref.reduce("avg", ref.all_inputs(n, torch.float32, (1024,), "async")), n)
+            return ref.close(t, ref.reduce("avg", ref.all_inputs(n, torch.float32, (32, 32), "async")), n)
 
         c.check("all_reduce async_op avg", async_work)
 
-    tp = dist.group.WORLD.transport("cpu")
-    calls = {(p, o, str(d)): v for (p, o, d), v in tp.calls.items()}  # (primitive, reduce op or "", dtype)
-    strategies = sorted({s for _, notes in log for s in notes})
-    return {"failures": c.failures, "count": c.count, "calls": calls, "strategies": strategies,
+    # the native calls this body made: (primitive, reduce op or "", dtype) -> count
+    calls = {(p, o, str(d)): v - before[(p, o, d)] for (p, o, d), v in tp.calls.items() if v > before[(p, o, d)]}
+    if path == "full":
+        strategies = {s for _, notes in log for s in notes}
+    else:  # the flight recorder: "native" for the fast path's calls, the strategies of the others
+        calls_seen = [e for e in funcoll.flight_recorder.entries() if e.seq is not None and e.seq >= first_seq]
+        if len(calls_seen) != trace.seq - first_seq:
+            c.failures.append(f"[rank {rank}] the flight recorder kept {len(calls_seen)} of the "
+                              f"{trace.seq - first_seq} calls (FUNCOLL_TRACE_BUFFER_SIZE)")
+        strategies = {s for e in calls_seen for s in e.strategies}
+    return {"failures": c.failures, "count": c.count, "calls": calls, "strategies": sorted(strategies),
             "caps": tp.caps.name}
+
+
+def all_ops_full(rank, n):
+    """:func:`all_ops` on the full path (inside ``funcoll.record()``: the fast path off)."""
+    return all_ops(rank, n, "full")
 
 
 def functional(rank, n):
@@ -368,16 +425,20 @@ def subgroups(rank, n):
 
 
 def bodies(rank, n, names):
-    """The rank bodies ``names`` one after the other in this world: ``{name: its result}``. ``all_ops`` runs first,
-    so the calls it counts on the transport are its own."""
+    """The rank bodies ``names`` one after the other in this world: ``{name: its result}`` (``all_ops`` and
+    ``all_ops_full`` count the native calls they make themselves)."""
     return {name: globals()[name](rank, n) for name in names}
 
 
-# which bodies run in the world of (size, profile), all_ops first; the deadline is the sum of theirs
-BODIES = {(2, None): ("all_ops", "functional"), (2, "xccl"): ("all_ops", "functional"), (2, "xla"): ("all_ops",),
-          (3, None): ("all_ops", "subgroups"), (3, "xccl"): ("all_ops", "subgroups"), (3, "xla"): ("all_ops",),
-          (2, "torchtpu"): ("all_ops", "functional"), (3, "torchtpu"): ("all_ops",)}
-DEADLINE = {"all_ops": 400, "functional": 300, "subgroups": 200}
+# which bodies run in the world of (size, profile); the deadline is the sum of theirs
+_ALL = ("all_ops", "all_ops_full")
+BODIES = {(2, None): _ALL + ("functional",), (2, "xccl"): _ALL + ("functional",), (2, "xla"): _ALL,
+          (3, None): _ALL + ("subgroups",), (3, "xccl"): _ALL + ("subgroups",), (3, "xla"): _ALL,
+          (2, "torchtpu"): _ALL + ("functional",), (3, "torchtpu"): _ALL}
+DEADLINE = {"all_ops": 400, "all_ops_full": 400, "functional": 300, "subgroups": 200}
+# the flight recorder keeps every call of all_ops (its strategies are read there on the default path)
+ENV = {"FUNCOLL_TRACE_BUFFER_SIZE": "100000"}
+PATHS = {"default": "all_ops", "full": "all_ops_full"}
 
 
 # -- the tests -----------------------------------------------------------------------------------------
@@ -389,14 +450,19 @@ def _report(results):
 @pytest.fixture(scope="module")
 def worlds():
     """``worlds(size, profile, body)``: every rank's result of ``body`` in the one world of (size, profile)."""
-    cache = {}
+    cache: dict = {}
 
     def get(world, profile, body):
         key = (world, profile)
         if key not in cache:
             names = BODIES[key]
-            cache[key] = run_world("tests.numerics.test_numerics:bodies", world, profile, args=(names,),
-                                   timeout=sum(DEADLINE[b] for b in names))
+            try:
+                cache[key] = run_world("tests.numerics.test_numerics:bodies", world, profile, args=(names,),
+                                       timeout=sum(DEADLINE[b] for b in names), env=ENV)
+            except (AssertionError, TimeoutError) as e:  # a world that failed fails every test reading it, once
+                cache[key] = e
+        if isinstance(cache[key], Exception):
+            raise cache[key]
         return [r[body] for r in cache[key]]
 
     return get
@@ -404,13 +470,15 @@ def worlds():
 
 @pytest.fixture(scope="module")
 def matrix(worlds):
-    return lambda world, profile: worlds(world, profile, "all_ops")
+    """``matrix(size, profile, path="default")``: every rank's result of :func:`all_ops` on ``path``."""
+    return lambda world, profile, path="default": worlds(world, profile, PATHS[path])
 
 
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("profile", PROFILES, ids=["gloo", "xccl", "xla", "torchtpu"])
-def test_every_op_dtype_reduce_op(matrix, world, profile):
-    results = matrix(world, profile)
+def test_every_op_dtype_reduce_op(matrix, world, profile, path):
+    results = matrix(world, profile, path)
     assert results[0]["count"] > 300
     assert results[0]["caps"] == ("gloo" if profile is None else f"gloo[{profile}]")
     _report(results)
@@ -420,9 +488,10 @@ _XCCL_PREMUL_NATIVE = funcoll.PROFILES["xccl"].reduces("all_reduce", funcoll.sem
                                                          torch.float32)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("world", [2, 3])
-def test_xccl_profile_never_calls_what_xccl_lacks(matrix, world):
-    results = matrix(world, "xccl")
+def test_xccl_profile_never_calls_what_xccl_lacks(matrix, world, path):
+    results = matrix(world, "xccl", path)
     for r in results:
         calls = r["calls"]
         for key in calls:
@@ -446,9 +515,10 @@ def test_xccl_profile_never_calls_what_xccl_lacks(matrix, world):
         assert "torch.float8_e4m3fn moved as torch.uint8" in s
 
 
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("world", [2, 3])
-def test_native_gloo_uses_native_avg_and_bitwise(matrix, world):
-    results = matrix(world, None)
+def test_native_gloo_uses_native_avg_and_bitwise(matrix, world, path):
+    results = matrix(world, None, path)
     calls = results[0]["calls"]
     assert calls.get(("all_reduce", "avg", "torch.float32"), 0) > 0
     assert calls.get(("all_reduce", "bxor", "torch.int32"), 0) > 0
@@ -462,12 +532,13 @@ def test_native_gloo_uses_native_avg_and_bitwise(matrix, world):
     assert "avg=sum+scale" not in results[0]["strategies"]
 
 
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("world", [2, 3])
-def test_torchtpu_profile_never_calls_what_processgrouptpu_lacks(matrix, world):
+def test_torchtpu_profile_never_calls_what_processgrouptpu_lacks(matrix, world, path):
     """Under FUNCOLL_PROFILE=torchtpu no request ProcessGroupTpu refuses or gets wrong reaches the backend: no
     PREMUL_SUM, no AVG on integers or fp16/bf16 (summed in the dtype), no reduce, no coalesced all_reduce, no uneven
     all_to_all (a store round trip per call), no broadcast or scatter (zeros + SUM: -0.0 lost)."""
-    for r in matrix(world, "torchtpu"):
+    for r in matrix(world, "torchtpu", path):
         for prim, op, dtype in r["calls"]:
             assert op != "premul_sum", (prim, op, dtype)
             assert not (op == "avg" and dtype not in ("torch.float32", "torch.float64")), (prim, op, dtype)
@@ -479,8 +550,9 @@ def test_torchtpu_profile_never_calls_what_processgrouptpu_lacks(matrix, world):
         assert r["calls"].get(("all_reduce", "bxor", "torch.int32"), 0) > 0
 
 
-def test_xla_profile_fills_broadcast_and_bxor(matrix):
-    s = matrix(2, "xla")[0]["strategies"]
+@pytest.mark.parametrize("path", list(PATHS))
+def test_xla_profile_fills_broadcast_and_bxor(matrix, path):
+    s = matrix(2, "xla", path)[0]["strategies"]
     assert "broadcast=masked all_reduce" in s, s
     assert "all_to_all+local bxor+all_gather" in s and "gather=all_gather" in s and "scatter=broadcast+slice" in s
     assert any(x.startswith("uneven all_to_all=pad to") for x in s), s  # XLA: no per-pair sizes
