@@ -468,6 +468,11 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
         reduce_dtypes=_XCCL_DTYPES,
         refused_pairs=frozenset(refused),
         uneven_all_to_all=native("uneven_all_to_all"),
+        # the list all_gather and reduce_scatter serve a size per rank (ProcessGroupXCCL::allgather: one _broadcast_oop
+        # per rank, ::reduce_scatter: one _reduce_oop per destination, when the sizes differ; intel/torch-xpu-ops
+        # src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14 and main ab84f925)
+        uneven_all_gather=True,
+        uneven_reduce_scatter=True,
         refused_on=frozenset(refused_on),
         sources={f"xccl.{k}": f"{'info' if f.info else 'native' if native(k) else 'strategy'}: {f.source}"
                  for k, f in XCCL_FACTS.items()},
