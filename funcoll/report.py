@@ -22,6 +22,9 @@ class DryRunTransport(transport.Transport):
 
     _all_reduce = _all_reduce_coalesced = _broadcast = _reduce = _gather = _scatter = _send = _recv = _barrier = _done
 
+    list_forms = frozenset({"reduce_scatter", "all_gather"})  # a c10d backend's list forms (gloo, XCCL)
+    _reduce_scatter_list = _all_gather_list = _done
+
     def __init__(self, caps, size=4):
         super().__init__(0, size, caps)
 
@@ -87,6 +90,11 @@ def rows():
     yield "all_gather float32", ag(torch.float32)
     yield "all_gather uint16", ag(torch.uint16)
     yield "all_gather float8_e4m3fn", ag(torch.float8_e4m3fn)
+    sizes = [1, 2, 3, 2]  # rank r's output of a list reduce_scatter, input of a list all_gather
+    yield "reduce_scatter list, uneven sizes", lambda tp: algorithms.reduce_scatter(
+        tp, f(torch.float32, 1), [f(torch.float32, k) for k in sizes], "sum")
+    yield "all_gather list, uneven sizes", lambda tp: algorithms.all_gather(
+        tp, [f(torch.float32, k) for k in sizes], f(torch.float32, 1))
     yield "all_to_all_single even", lambda tp: algorithms.all_to_all_single(tp, f(torch.float32), f(torch.float32))
     yield "all_to_all_single uneven", lambda tp: algorithms.all_to_all_single(
         tp, f(torch.float32, 6), f(torch.float32, 6), [1, 0, 3, 2], [1, 2, 3, 0])
