@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import array
 import json
-from typing import List
+import threading
+import time
+from typing import Callable, List, Optional
 
 import torch
 
+from funcoll.entry import flight_recorder
 from funcoll.entry.errors import (
     CollectiveError,
     CollectiveMismatchError,
@@ -29,8 +32,9 @@ from funcoll.entry.errors import (
 from funcoll.entry.fingerprint import SLOTS, agree, compare, digest, mismatch, who
 from funcoll.entry.flight_recorder import Call, describe, recent
 from funcoll.entry.group_state import GroupState
+from funcoll.transport import Handle
 
-__all__ = ["store_check", "size_guard"]
+__all__ = ["store_check", "size_guard", "P2PCheck"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -169,3 +173,176 @@ def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
         why = "their size digests differ (funcoll internal: the fingerprints compare equal; please report)"
     lines = [f"rank {r}: #{s} {describe(fp)}" for r, (s, fp) in enumerate(zip(seqs, fps))]
     raise CollectiveMismatchError(mismatch(group, ranks, min(seqs), why, lines, _GUARD))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the point-to-point check (debug mode)
+# ---------------------------------------------------------------------------------------------------
+# A send and its receive must move the same bytes: gloo aborts the receiving process when a larger message arrives
+# (torch 2.9's pipeline warm-up sends an int64 scalar into a float32 buffer of one element), and XCCL's receive would
+# read a count of the wrong size. In debug mode the k-th message from rank s to rank d is described in the group's
+# store by its sender before it is sent; its receiver reads that before it posts the receive. A mismatch is a
+# CollectiveMismatchError on the receiver, which posts nothing and writes its verdict, and on the sender, whose Work
+# reads the verdict while it waits (its message is never received). A receive is checked on a waiter thread, so it
+# does not wait for its send at the call (an irecv issued before the peer's send, on every rank of a ring, stays legal);
+# a batch (batch_isend_irecv) describes its sends first, then checks its receives, then is issued.
+_P2P_KEY = "funcoll-p2p/{src}-{dst}/{k}"
+
+
+def _p2p_desc(t: torch.Tensor) -> dict:
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "bytes": t.numel() * t.element_size()}
+
+
+def _p2p_text(d: dict) -> str:
+    return f"{d['dtype']}{d['shape']} ({d['bytes']} bytes)"
+
+
+class P2PCheck:
+    """One group's debug-mode check of its point-to-point messages (above): per peer, the number of messages sent to it
+    and received from it, which pairs the k-th send of one rank with the k-th receive of its peer."""
+
+    def __init__(self, st: GroupState):
+        self.st = st
+        self.sent: dict = {}
+        self.received: dict = {}
+        self._lock = threading.Lock()
+        self._last_posted: dict = {}  # src -> the Event of the last receive from src handed to the waiter threads
+
+    def _key(self, counts: dict, src: int, dst: int, peer: int) -> str:
+        with self._lock:
+            k = counts.get(peer, 0)
+            counts[peer] = k + 1
+        return _P2P_KEY.format(src=src, dst=dst, k=k)
+
+    def announce(self, dst: int, t: torch.Tensor) -> str:
+        """Describes this rank's next message to ``dst`` in the store (does not wait); returns its key."""
+        key = self._key(self.sent, self.st.rank, dst, dst)
+        self.st.store.set(key, json.dumps(_p2p_desc(t)))
+        return key
+
+    def verify(self, src: int, t: torch.Tensor, key: str) -> None:
+        """Waits (group timeout) for the description of the message ``key`` from ``src`` and compares it with the
+        buffer ``t`` that receives it: CollectiveMismatchError (the verdict written for the sender) when they differ."""
+        st = self.st
+        try:
+            st.store.wait([key], st.timeout)
+            theirs = json.loads(bytes(st.store.get(key)).decode())
+        except Exception as e:  # noqa: BLE001 - the send never came (DistStoreError "Wait timeout"), or no store
+            raise CollectiveTimeoutError(
+                f"funcoll: recv from rank {src} on group {st.trace.group!r}: its send was not issued within "
+                f"{st.timeout_s:g} s (debug check of point-to-point sizes, TORCH_DISTRIBUTED_DEBUG=DETAIL): {e}") from e
+        mine = _p2p_desc(t)
+        if theirs["bytes"] != mine["bytes"]:
+            msg = (f"funcoll: point-to-point message {key.rsplit('/', 1)[1]} from rank {src} to rank {st.rank} on "
+                   f"group {st.trace.group!r} (global ranks {flight_recorder.ranks_text(st.trace.global_ranks)}): "
+                   f"rank {src} sends {_p2p_text(theirs)}, rank {st.rank} receives into {_p2p_text(mine)}; a send "
+                   f"and its receive must have the same size in bytes. Nothing was received "
+                   f"(TORCH_DISTRIBUTED_DEBUG=DETAIL).")
+            try:
+                st.store.set(key + "/verdict", msg)
+            finally:
+                raise CollectiveMismatchError(msg)
+
+    def receive_key(self, src: int) -> str:
+        return self._key(self.received, src, self.st.rank, src)
+
+    def checked_recv(self, src: int, t: torch.Tensor, post: Callable, run: Callable) -> "CheckedRecv":
+        """A receive from ``src`` into ``t``, checked then posted (``post()``) on a waiter thread (``run(job)``), after
+        the previous receive from ``src`` was posted (the order of the receives from one peer is kept)."""
+        key = self.receive_key(src)
+        with self._lock:
+            before = self._last_posted.get(src)
+            h = CheckedRecv()
+            self._last_posted[src] = h.posted
+
+        def job():
+            if before is not None:
+                before.wait()
+            try:
+                self.verify(src, t, key)
+                inner = post()
+            except BaseException as e:  # noqa: BLE001 - the receive's error, raised by its wait()
+                h.posted.set()
+                h.finish(e)
+                return
+            h.posted.set()
+            try:
+                inner.wait()
+            except BaseException as e:  # noqa: BLE001
+                h.finish(e)
+                return
+            h.finish(None)
+
+        run(job)
+        return h
+
+    def posted(self, src: int) -> None:
+        """Waits (group timeout) until every single receive from ``src`` issued so far has been posted: a batch's
+        receives from ``src`` are posted after them, in the order of the calls."""
+        with self._lock:
+            last = self._last_posted.get(src)
+        if last is not None:
+            last.wait(self.st.timeout_s)
+
+    def watched(self, keys: List[str], h) -> "VerdictWatch":
+        return VerdictWatch(self.st, keys, h)
+
+
+class CheckedRecv(Handle):
+    """A receive checked and posted on a waiter thread: complete when its data is in place, or failed."""
+
+    def __init__(self):
+        self.posted = threading.Event()
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._fut: torch.futures.Future = torch.futures.Future()
+
+    def finish(self, error: Optional[BaseException]) -> None:
+        self._error = error
+        self._done.set()
+        if error is not None:
+            self._fut.set_exception(error)
+        else:
+            self._fut.set_result(None)
+
+    def wait(self, timeout=None) -> None:
+        if not self._done.wait(None if timeout is None else timeout.total_seconds()):
+            raise RuntimeError("Operation timed out!")
+        if self._error is not None:
+            raise self._error
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+
+class VerdictWatch(Handle):
+    """The handle of sends checked in debug mode: waits for them, and fails with the receiver's verdict when a
+    receiver found a size mismatch (those sends are never received)."""
+
+    def __init__(self, st: GroupState, keys: List[str], h):
+        self.st, self.keys, self.h = st, [k + "/verdict" for k in keys], h
+
+    def _verdict(self) -> None:
+        for key in self.keys:
+            if self.st.store.check([key]):
+                raise CollectiveMismatchError(bytes(self.st.store.get(key)).decode())
+
+    def wait(self, timeout=None) -> None:
+        end = time.monotonic() + (self.st.timeout_s if timeout is None else timeout.total_seconds())
+        while not self.h.is_completed():
+            self._verdict()
+            if time.monotonic() >= end:
+                break
+            time.sleep(0.005)
+        self.h.wait() if timeout is None else self.h.wait(timeout)
+
+    def is_completed(self) -> bool:
+        if self.h.is_completed():
+            return True
+        return any(self.st.store.check([k]) for k in self.keys)
+
+    def get_future(self):
+        return self.h.future() if hasattr(self.h, "future") else self.h.get_future()  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ from torch._C._distributed_c10d import ProcessGroup
 from funcoll import algorithms
 from funcoll.algorithms.observe import LOG
 from funcoll.entry import flight_recorder
+from funcoll.entry.checks import P2PCheck
 from funcoll.entry.errors import CollectiveError
 from funcoll.entry.group_state import GroupState, unwrap_store
 from funcoll.entry.pipeline import collective
@@ -34,6 +35,7 @@ from funcoll.entry.work import (
 )
 from funcoll.semantics import groups
 from funcoll.transport import Transport
+from funcoll.transport.gloo import in_background
 from funcoll.transport.registry import GroupContext, cpu_transport, funcoll_factory
 
 __all__ = ["ProcessGroupFuncoll", "Options", "FuncollWork", "BACKEND_NAME", "TRANSPORT_HOOKS"]
@@ -87,6 +89,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         self._coalesced: Optional[list] = None  # the Works issued since _start_coalescing
         self._batch: Optional[algorithms.Batch] = None  # the point-to-point operations held since _start_coalescing
         self._held: list = []  # their Works
+        self._p2p_check: Optional[P2PCheck] = None  # debug mode: the sizes of point-to-point messages (entry/checks)
         self._state = GroupState(store, rank, size, timeout, group_name, ranks, self._options.guard)
         flight_recorder.register(self, self._state.trace)
         if group_name:
@@ -280,6 +283,12 @@ class ProcessGroupFuncoll(ProcessGroup):
         t = self._one("send", tensors)
         if self._batch is not None:
             return self._hold(True, t, dstRank, tag, tensors)
+        if self._state.debug:  # described for its receiver first; fails with the receiver's verdict on a mismatch
+            tp = self._tp(t)
+            algorithms.p2p_op(tp, True, t, dstRank, tag)  # funcoll's own validation first: nothing described then
+            key = self._checker().announce(dstRank, t)
+            sent = algorithms.send(tp, t, dstRank, tag)
+            return self._work(algorithms.Pending([self._checker().watched([key], sent)]), tensors)
         return self._work(algorithms.send(self._tp(t), t, dstRank, tag), tensors)
 
     @collective("recv")
@@ -287,7 +296,19 @@ class ProcessGroupFuncoll(ProcessGroup):
         t = self._one("recv", tensors)
         if self._batch is not None:
             return self._hold(False, t, srcRank, tag, tensors)
+        if self._state.debug:  # checked against its send's description, then posted, on a waiter thread
+            tp = self._tp(t)
+            algorithms.p2p_op(tp, False, t, srcRank, tag)  # funcoll's own validation, on the calling thread
+            h = self._checker().checked_recv(srcRank, t, lambda: algorithms.recv(tp, t, srcRank, tag), in_background)
+            p = algorithms.Pending([h])
+            p._source = srcRank
+            return self._work(p, tensors)
         return self._work(algorithms.recv(self._tp(t), t, srcRank, tag), tensors)
+
+    def _checker(self) -> P2PCheck:
+        if self._p2p_check is None:
+            self._p2p_check = P2PCheck(self._state)
+        return self._p2p_check
 
     def _hold(self, send: bool, t, peer: int, tag: int, tensors) -> FuncollWork:
         """A send or receive between _start_coalescing and _end_coalescing (``batch_isend_irecv``): checked now, held,
@@ -434,7 +455,16 @@ class ProcessGroupFuncoll(ProcessGroup):
         pendings = [w._pending for w in works]
         if batch.ops:
             try:  # a backend that runs the group as it is issued (oneCCL's groupEnd) fails here
-                pendings.append(batch.issue())
+                if self._state.debug:  # sizes: the sends described first, then the receives checked, then issued
+                    check = self._checker()
+                    keys = [check.announce(op.peer, op.tensor) for op in batch.ops if op.send]
+                    for op in batch.ops:
+                        if not op.send:
+                            check.verify(op.peer, op.tensor, check.receive_key(op.peer))
+                            check.posted(op.peer)
+                    pendings.append(algorithms.Pending([check.watched(keys, batch.issue())]))
+                else:
+                    pendings.append(batch.issue())
             except Exception as e:
                 errors = [w._failure(e) for w in held]  # each held call records it; the first one is raised
                 raise errors[0] from e

@@ -4,6 +4,8 @@ Its capabilities are the ``gloo`` profile, intersected with the profile named by
 the XCCL or XLA gap-filling paths run for real on any CPU machine). Where that profile has PREMUL_SUM natively (the
 ``xccl`` profile on torch 2.12+), the transport does what ProcessGroupXCCL does there: it scales the tensor it is
 handed in place, then sums (gloo has no PREMUL_SUM): the misbehaviour a reduce_scatter's input would suffer is real.
+Under the xccl profile its point-to-point calls also run as oneCCL runs them (:class:`StrictC10dTransport`): a group
+replayed in the order given, each receive blocking until its data arrives.
 """
 
 from __future__ import annotations

@@ -180,3 +180,38 @@ def test_pipeline_schedules_give_gloos_numbers_on_the_xccl_profile(n):
             assert torch.equal(g["grads"], w["grads"]) and g["grads"].abs().sum() > 0, (r, name)
     for name in ran:  # the stage that computes the loss is on one rank of each pipeline
         assert sum(len(res[r][name][0]["losses"]) == MICROBATCHES for r in range(n)) == n // 2, name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a send and a receive of different sizes, in debug mode
+# ---------------------------------------------------------------------------------------------------------------
+def mismatched(rank, n):
+    """What torch 2.9's pipeline warm-up does between two stages: rank 0 sends ``torch.tensor(0)`` (int64, 8 bytes),
+    rank 1 receives into ``torch.zeros(1)`` (float32, 4 bytes); once as single operations, once in a batch (another
+    tag: the first message is never received)."""
+    out = {}
+    for how, tag in (("single", 0), ("batch", 1)):
+        t = torch.tensor(0) if rank == 0 else torch.zeros(1)
+        op = dist.isend if rank == 0 else dist.irecv
+        try:
+            if how == "single":
+                op(t, 1 - rank, tag=tag).wait()
+            else:
+                for w in dist.batch_isend_irecv([dist.P2POp(op, t, 1 - rank, tag=tag)]):
+                    w.wait()
+            out[how] = "no error"
+        except RuntimeError as e:
+            out[how] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def test_detail_debug_makes_a_size_mismatch_a_clear_error_on_both_ranks():
+    """(without the check, gloo aborts rank 1 when the 8 bytes arrive)"""
+    res = run_world("tests.xpu.test_xpu_p2p:mismatched", 2, None, coll_timeout=20, timeout=90,
+                    env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    for how in ("single", "batch"):
+        msgs = [res[r][how] for r in range(2)]
+        for m in msgs:
+            assert m.startswith("CollectiveMismatchError: funcoll: point-to-point message"), (how, msgs)
+            assert "rank 0 sends int64[] (8 bytes), rank 1 receives into float32[1] (4 bytes)" in m, (how, msgs)
+        assert msgs[0] == msgs[1], (how, msgs)  # the same words on both ranks
