@@ -6,7 +6,8 @@ replayed in the order given and a receive blocks until its send has arrived.
   rank is still blocked in its first receive when the group's timeout fires. With funcoll's ordering (sends first) the
   same batch completes with the ring's data.
 * torch's pipeline schedules (every one the running torch has, of GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
-  InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) give the losses and gradients of plain gloo bit for bit on that
+  InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, that plain gloo runs: not torch 2.9's V-shaped ones, which send
+  from a rank to itself) give the losses and gradients of plain gloo groups of the same ranks bit for bit on that
   profile: 2 ranks, and 4 ranks as a 2x2 mesh (two pipelines side by side, their gradients summed across the data
   parallel dimension).
 * torch 2.9's pipeline warm-up (``_get_init_p2p_neighbors_ops``) sends an int64 scalar into a float32 buffer of one
