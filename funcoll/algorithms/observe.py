@@ -1,5 +1,6 @@
 """What funcoll did, where a user looks (docs/observability.md describes both): ``torch.profiler`` ranges, only while
-a profiler runs (``funcoll::<op>`` around each algorithm call, a nested ``funcoll::<op> <strategy>`` for each
+a profiler runs (``funcoll::<op>`` around each algorithm call, titled instead with the name of an enclosing
+``torch.distributed.record_comm(name)`` on torch >= 2.15, a nested ``funcoll::<op> <strategy>`` for each
 gap-filling strategy where the algorithm chooses it, ``funcoll::native <primitive>`` around each native call), and
 the ``funcoll`` torch log (``TORCH_LOGS="+funcoll"``: each strategy decision once per signature; INFO: groups, their
 transports, ``install``/``uninstall``, the probe), the standard ``logging.getLogger("funcoll")``.
@@ -42,6 +43,9 @@ def _register_torch_log() -> None:
 _register_torch_log()
 _RF = torch._C._profiler._RecordFunctionFast
 _lock = threading.Lock()
+# the name ``torch.distributed.record_comm(name)`` (torch >= 2.15) gives the collectives issued inside it: c10d's Work
+# base class titles their profiler ranges with it; funcoll's collective range takes it too (read only while profiling)
+_comm_name = getattr(getattr(torch._C, "_distributed_c10d", None), "_get_comm_profiling_name", None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -156,7 +160,10 @@ class Scope(list):
         self._ranges: Optional[List] = None
         if _prof._is_profiler_enabled and args:
             desc, tensors, _ = _describe(op, fn, args, kwargs)
-            rf = _RF(f"funcoll::{op}", tuple(tensors[:16]), desc)
+            name = _comm_name() if _comm_name is not None else ""
+            if name:  # dist.record_comm: the range is titled with the user's name, as c10d titles its Works
+                desc["collective"] = f"funcoll::{op}"
+            rf = _RF(name or f"funcoll::{op}", tuple(tensors[:16]), desc)
             rf.__enter__()
             self._ranges = [rf]
             self.args = (_Traced(args[0]),) + tuple(args[1:])

@@ -26,9 +26,38 @@ from funcoll.semantics import ranks_text
 from funcoll.semantics.groups import resolve
 
 __all__ = ["Call", "NativeEntry", "GroupTrace", "trace_of", "recent", "entries", "dump", "format", "buffer_size",
-           "torch_dump", "write_torch_dump", "register"]
+           "torch_dump", "write_torch_dump", "register", "comm_name"]
 
 ISSUED, COMPLETED, FAILED, INVALID = "issued", "completed", "failed", "invalid"
+
+# ``torch.distributed.record_comm(name)`` (torch >= 2.15) names the collectives issued inside it; every entry keeps
+# the name (``Call.name``, "" outside one). Reading it is a call into C++, so an entry reads it only once a name has
+# been set in this process: record_comm sets it through ``torch._C._distributed_c10d._set_comm_profiling_name``, which
+# is wrapped here to note that (nothing else changes; a name set before funcoll was imported is seen from the next one).
+_C10D = getattr(torch._C, "_distributed_c10d", None)
+_get_comm_name = getattr(_C10D, "_get_comm_profiling_name", None)
+_named = [False]
+
+
+def _note_comm_names() -> None:
+    setter = getattr(_C10D, "_set_comm_profiling_name", None)
+    if setter is None or _get_comm_name is None or getattr(setter, "funcoll_wrapped", False):
+        return
+
+    def _set_comm_profiling_name(name: str) -> None:
+        _named[0] = True
+        setter(name)
+
+    _set_comm_profiling_name.funcoll_wrapped = True  # type: ignore[attr-defined]
+    _C10D._set_comm_profiling_name = _set_comm_profiling_name  # type: ignore[union-attr]
+
+
+_note_comm_names()
+
+
+def comm_name() -> str:
+    """The ``torch.distributed.record_comm`` name in force on this thread ("" when none, or on torch < 2.15)."""
+    return _get_comm_name() if _named[0] else ""  # type: ignore[misc]
 
 
 def buffer_size() -> int:
@@ -42,7 +71,7 @@ class Call:
     """One collective (or point-to-point op) of one group on this rank."""
 
     __slots__ = ("group", "global_ranks", "rank", "size", "seq", "p2p_seq", "op", "method", "fingerprint",
-                 "strategies", "state", "t_issued", "t_done", "error", "thread", "timeout")
+                 "strategies", "state", "t_issued", "t_done", "error", "thread", "timeout", "name")
 
     def __init__(self, group: str, global_ranks: Sequence[int], rank: int, size: int, op: str, method: str,
                  fingerprint: dict, seq: Optional[int] = None, p2p_seq: Optional[int] = None):
@@ -62,6 +91,7 @@ class Call:
         self.error: Optional[str] = None
         self.thread = threading.current_thread().name
         self.timeout: Optional[float] = None  # the group's timeout when issued, in seconds
+        self.name = comm_name()  # the enclosing torch.distributed.record_comm's name, "" if none
 
     # -- state ----------------------------------------------------------------------------------------
     def completed(self) -> None:
@@ -94,7 +124,8 @@ class Call:
         dur = "" if self.t_done is None else f" {1e3 * (self.t_done - self.t_issued):.1f} ms"
         strat = f" [{'; '.join(self.strategies)}]" if self.strategies else ""
         err = f" -- {self.error}" if self.error else ""
-        return f"{self.number():>9} {self.state:<9}{dur} {self.describe()}{strat}{err}"
+        name = f" as {self.name!r}" if self.name else ""
+        return f"{self.number():>9} {self.state:<9}{dur} {self.describe()}{name}{strat}{err}"
 
     def as_dict(self) -> dict:
         return {"group": self.group, "global_ranks": list(self.global_ranks), "rank": self.rank,
@@ -102,7 +133,7 @@ class Call:
                 "method": self.method, "fingerprint": dict(self.fingerprint), "strategies": list(self.strategies),
                 "state": self.state, "time_issued": self.t_issued, "time_done": self.t_done,
                 "duration_ms": None if self.t_done is None else 1e3 * (self.t_done - self.t_issued),
-                "error": self.error, "thread": self.thread}
+                "error": self.error, "thread": self.thread, "name": self.name}
 
     def __repr__(self) -> str:
         return f"Call({self.label()}: {self.line().strip()})"
@@ -113,7 +144,7 @@ class NativeEntry:
     method, fingerprint (its signature's), times (``t_done`` None while running) and thread id; ``fut``, the
     backend's future handed to the caller (:meth:`GroupTrace.watch`). Read as a :class:`Call`."""
 
-    __slots__ = ("seq", "op", "method", "fingerprint", "t_issued", "t_done", "thread", "p2p_seq", "fut")
+    __slots__ = ("seq", "op", "method", "fingerprint", "t_issued", "t_done", "thread", "p2p_seq", "fut", "name")
 
     def __init__(self, seq: Optional[int], op: str, method: str, fingerprint: dict, p2p_seq: Optional[int] = None):
         self.seq, self.op, self.method, self.fingerprint, self.p2p_seq = seq, op, method, fingerprint, p2p_seq
@@ -121,6 +152,7 @@ class NativeEntry:
         self.t_done: Optional[float] = None
         self.thread = _ident()
         self.fut = None
+        self.name = _get_comm_name() if _named[0] else ""  # type: ignore[misc]  # comm_name(), inlined: fast path
 
 
 def describe(fp: dict) -> str:
@@ -220,6 +252,7 @@ class GroupTrace:
         call = Call(self.group, self.global_ranks, self.rank, self.size, rec.op, rec.method, rec.fingerprint,
                     seq=rec.seq, p2p_seq=rec.p2p_seq)
         call.strategies = ["native"]
+        call.name = rec.name
         call.t_issued = rec.t_issued
         if rec.t_done is not None:
             call.state, call.t_done = COMPLETED, rec.t_done
@@ -429,7 +462,7 @@ def _torch_entry(call: Call, pg_id: int, record_id: int, trace: GroupTrace) -> d
             "thread_name": call.thread, "thread_id": call.thread,
             "collective_seq_id": trace.seq if p2p else call.seq,
             "p2p_seq_id": call.p2p_seq if p2p else 0, "op_id": record_id,
-            "profiling_name": f"funcoll:{name}", "time_created_ns": int(call.t_issued * 1e9),
+            "profiling_name": call.name or f"funcoll:{name}", "time_created_ns": int(call.t_issued * 1e9),
             "input_sizes": ins, "input_dtypes": dtypes, "output_sizes": outs, "output_dtypes": dtypes,
             "state": "completed" if call.state == COMPLETED else "scheduled",
             "time_discovered_started_ns": None,

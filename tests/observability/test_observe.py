@@ -33,16 +33,21 @@ def trace_case(rank, n, path):
     outs = [1, 3] if rank == 0 else [2, 1]
     inp = torch.arange(float(sum(ins))) + 10 * rank
     out = torch.empty(sum(outs))
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p, funcoll.record() as calls:
-        dist.all_reduce(a, op=R.AVG)  # native on gloo
-        dist.all_reduce(b, op=R.AVG, group=xccl)  # avg=sum+scale
-        dist.all_reduce(m, op=R.MAX, group=xccl)  # XCCL's table: integer MAX filled
-        dist.all_to_all_single(out, inp, outs, ins, group=xccl)  # pairwise send/recv
+    named = a.clone()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
+        with funcoll.record() as calls:
+            dist.all_reduce(a, op=R.AVG)  # native on gloo
+            dist.all_reduce(b, op=R.AVG, group=xccl)  # avg=sum+scale
+            dist.all_reduce(m, op=R.MAX, group=xccl)  # XCCL's table: integer MAX filled
+            dist.all_to_all_single(out, inp, outs, ins, group=xccl)  # pairwise send/recv
+        if hasattr(dist, "record_comm"):  # torch 2.15: the collective's range takes the user's name
+            with dist.record_comm("step::avg"):
+                dist.all_reduce(named, op=R.AVG, group=xccl)
     file = f"{path}/trace{rank}.json"
     p.export_chrome_trace(file)
     with open(file) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    keep = ("group", "rank", "group_size", "transport", "shapes", "dtypes", "args", "op", "global_ranks")
+    keep = ("group", "rank", "group_size", "transport", "shapes", "dtypes", "args", "op", "global_ranks", "collective")
     events = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e.get("dur", 0)), "tid": e.get("tid"),
                "args": {k: v for k, v in e.get("args", {}).items() if k in keep}} for e in events]
     return {"events": events, "world": dist.group.WORLD.group_name, "xccl": xccl.group_name, "calls": calls,
@@ -133,6 +138,13 @@ def test_profiler_trace_has_a_range_per_collective_with_its_strategy_and_the_nat
         assert sorted(p2p) == ["funcoll::native recv", "funcoll::native send"], p2p
         # the backend's own events of the native calls are in the trace too (gloo runs them on its threads)
         assert any(e["name"] == "gloo:all_reduce" for e in ev) and any(e["name"] == "gloo:all_gather" for e in ev)
+        if hasattr(torch.distributed, "record_comm"):
+            # inside dist.record_comm: the collective's range is titled with the name (as c10d titles its Works),
+            # funcoll's op in its args; the strategy and native ranges inside keep funcoll's names
+            (named,) = [e for e in ev if e["name"] == "step::avg" and "collective" in e["args"]]
+            assert named["args"]["collective"] == "funcoll::all_reduce" and named["args"]["args"] == "op=avg"
+            (strat,) = _children(ev, named, "funcoll::all_reduce avg=sum+scale")
+            assert _children(ev, strat, "funcoll::native all_reduce")
 
 
 def test_the_hook_does_nothing_without_a_profiler_a_log_or_a_recorder(monkeypatch, caplog):
@@ -251,3 +263,52 @@ def test_funcoll_log_is_silent_by_default(capfd):
     assert _per_rank(stderr, names) == {0: [], 1: []}
     for text in ("created: rank", "transport C10dTransport", "avg=sum+scale", "install:", "uninstall:"):
         assert text not in stderr, stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch.distributed.record_comm (torch 2.15): the name reaches funcoll's ranges and flight recorder
+# ---------------------------------------------------------------------------------------------------
+def record_comm_case(rank, n):
+    """A native all_reduce (the eager fast path) and an AVG the xccl profile fills (avg=sum+scale), inside
+    ``dist.record_comm``, then one outside it. Returns the flight recorder's lines and names, and the results (the
+    profiler's view: the trace test)."""
+    import torch.distributed as dist
+
+    import funcoll
+
+    xccl = dist.new_group(backend="funcoll", pg_options=funcoll.Options(profile="xccl"))
+    a, b, c = (torch.tensor([1.0, 2.0, 4.0]) * (rank + 1) for _ in range(3))
+    with dist.record_comm("FSDP::reduce (layer1)"):
+        dist.all_reduce(a)
+        dist.all_reduce(b, op=R.AVG, group=xccl)
+    dist.all_reduce(c)
+    entries = [(e.line(), e.name, e.as_dict()["name"]) for e in
+               funcoll.flight_recorder.entries()[-2:] + funcoll.flight_recorder.entries(xccl)[-1:]]
+    torch_fr = [e["profiling_name"] for e in funcoll.flight_recorder.torch_dump()["entries"]]
+    return entries, torch_fr, [a.tolist(), b.tolist(), c.tolist()]
+
+
+def test_record_comm_names_funcolls_flight_recorder_entries():
+    import pytest
+
+    if not hasattr(torch.distributed, "record_comm"):
+        pytest.skip(f"torch {torch.__version__} has no torch.distributed.record_comm (torch 2.15 has it)")
+    for entries, torch_fr, (a, b, c) in run_world("tests.observability.test_observe:record_comm_case", 2, None,
+                                                  timeout=180):
+        assert a == c == [3.0, 6.0, 12.0] and b == [1.5, 3.0, 6.0]
+        (fast, plain, filled) = entries  # the world's last two (inside, outside), the xccl group's AVG
+        assert fast[1:] == ("FSDP::reduce (layer1)",) * 2 and fast[0].endswith(
+            "all_reduce(reduce_op=sum, float32[3]) as 'FSDP::reduce (layer1)' [native]")
+        assert plain[1:] == ("", "") and " as " not in plain[0]
+        assert filled[1] == "FSDP::reduce (layer1)" and filled[0].endswith(
+            "as 'FSDP::reduce (layer1)' [avg=sum+scale]")
+        assert "FSDP::reduce (layer1)" in torch_fr and "funcoll:all_reduce" in torch_fr
+
+
+def test_flight_recorder_entries_have_an_empty_name_without_record_comm():
+    """On every torch (2.9 has no record_comm): an entry's name is "" and the line carries none."""
+    from funcoll.entry.flight_recorder import Call, comm_name
+
+    call = Call("g", (0, 1), 0, 2, "all_reduce", "allreduce", {"op": "all_reduce", "reduce_op": "sum"})
+    assert comm_name() == "" and call.name == "" and call.as_dict()["name"] == ""
+    assert call.line().endswith("all_reduce(reduce_op=sum)")
