@@ -32,7 +32,8 @@ def _columns(args):
         names = args.profile.split(",") if args.profile else list(report.COLUMNS)
         return [(n, report.transport_capabilities(n)) for n in names]
     given = {"profile": args.profile, "torch_version": args.torch_version, "oneccl_version": args.oneccl_version,
-             "override": args.override, "topology": args.topology, "oneccl_build": args.oneccl_build_version}
+             "override": args.override, "topology": args.topology, "oneccl_build": args.oneccl_build_version,
+             "backend": args.backend, "gpu": args.gpu}
     cols = [xpu.capabilities(**{k: v for k, v in given.items() if v is not None}) if device == "xpu" else
             funcoll.capabilities(device, profile=args.profile) for device in args.device]
     return [(f"{device}: {caps.name}", caps) for device, caps in zip(args.device, cols)]
@@ -43,22 +44,35 @@ def _facts(cols, key: str) -> Optional[dict]:
     ``key``'s table ("oneccl": XCCL, "torch_tpu": TorchTPU), or None when no column is one."""
     from funcoll.transport import tpu, xpu
 
-    mod, table, prefix, row_key, lib = ((xpu, xpu.XCCL_FACTS, "xccl", "torch", "xccl") if key == "oneccl" else
-                                        (tpu, tpu.TORCHTPU_FACTS, "torchtpu", "row", "processgrouptpu"))
     for _, caps in cols:
         v = getattr(caps, "versions", None)
+        xccl = xpu.fact_table(v.get("backend")) if v else {}
+        mod, table, prefix, row_key, lib = ((xpu, xccl, "xccl", "torch", "xccl") if key == "oneccl" else
+                                            (tpu, tpu.TORCHTPU_FACTS, "torchtpu", "row", "processgrouptpu"))
         if v and key in v:
             row = None if v[row_key] in ("?", "unknown") else v[row_key]
             head = {"stack": dict(v)} if key == "oneccl" else {"torch_tpu": v["torch_tpu"]}
+            known = key != "oneccl" or v.get("backend") in xpu.BACKEND_LABELS
             return {**head, "known_until": mod.KNOWN_UNTIL,
                     "facts": [{"fact": k, "funcoll": caps.sources[f"{prefix}.{k}"].split(":", 1)[0],
-                               lib: fact.at(row), "strategy": fact.strategy} for k, fact in table.items()]}
+                               "why": _why(caps.sources[f"{prefix}.{k}"]),
+                               lib: fact.at(row) if known else "unknown", "strategy": fact.strategy}
+                              for k, fact in table.items()]}
     return None
+
+
+def _why(source: str) -> str:
+    """What keeps a fact off the native path beyond its library's facts (an open report, an unknown backend class):
+    the first clause of its ``sources`` text, else ""."""
+    text = source.split(": ", 1)[-1]
+    return text.split("; ", 1)[0] if text.startswith("open report") or "conservative row" in text.split("; ")[0] \
+        else ""
 
 
 def cmd_report(args) -> int:
     import funcoll
     from funcoll import report
+    from funcoll.transport import xpu
 
     if not args.device and args.format == "markdown" and not args.probed:
         print(report.capability_table(tuple(args.profile.split(",")) if args.profile else report.COLUMNS), end="")
@@ -81,9 +95,13 @@ def cmd_report(args) -> int:
         v = facts["stack"]
         print(f"\n## XCCL facts: torch {v['torch']}, oneCCL {v['oneccl']} at run time, {v['oneccl_build']} at build "
               f"time, {v['topology']}\n")
-        print(f"(graph capture: {v['graph_capture']}; torch 2.15 is known up to {facts['known_until']})\n")
+        known = (f"torch 2.15 is known up to {facts['known_until']}" if v["backend"] == xpu.XCCL_CLASS else
+                 f"read from {xpu.XCCL2_SOURCE}" if v["backend"] == xpu.XCCL2_CLASS else
+                 "an XPU backend funcoll has no facts for: the conservative row")
+        print(f"(backend {v['backend']}, GPU {v['gpu']}; graph capture: {v['graph_capture']}; {known})\n")
         for f in facts["facts"]:
-            print(f"- `{f['fact']}`: **{f['funcoll']}** - ProcessGroupXCCL: {f['xccl']}")
+            why = f" ({f['why']})" if f["why"] else ""
+            print(f"- `{f['fact']}`: **{f['funcoll']}**{why} - {v['backend']}: {f['xccl']}")
     if tpu_facts is not None:
         print(f"\n## TorchTPU facts: torch_tpu {tpu_facts['torch_tpu']} (known up to {tpu_facts['known_until']})\n")
         for f in tpu_facts["facts"]:
@@ -203,13 +221,18 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--device", action="append", choices=("cpu", "xpu", "xla", "tpu"),
                    help="a column for this device type's transport on this stack (repeatable); default: the "
                         "columns of docs/capabilities.md")
-    r.add_argument("--profile", help="columns (comma-separated: gloo, xccl, xccl-2022-scale-up, xla or any profile), "
+    r.add_argument("--profile", help="columns (comma-separated: gloo, xccl, xccl-2022-scale-up, xccl-2022-probed, "
+                                     "xccl2, xla or any profile), "
                                      "or with --device the profile to intersect with (as FUNCOLL_PROFILE)")
     r.add_argument("--torch-version", help="XPU: the torch version to derive the table for")
     r.add_argument("--oneccl-version", help="XPU: the oneCCL version found at run time to derive the table for")
     r.add_argument("--oneccl-build-version", help="XPU: the oneCCL version torch was built against")
     r.add_argument("--override", help="XPU: FUNCOLL_XPU_OVERRIDE, e.g. avg=strategy")
     r.add_argument("--topology", help="XPU: scale-up (one host) or scale-out")
+    r.add_argument("--backend", help="XPU: the backend class that runs the calls: xccl (ProcessGroupXCCL, the "
+                                     "default), xccl2 (ProcessGroupXCCL2) or another class name (the conservative row)")
+    r.add_argument("--gpu", help="XPU: the device name (torch.xpu.get_device_name), e.g. 'Intel(R) Arc(TM) Pro B60 "
+                                 "Graphics'; open reports tied to a GPU family cover an unknown one")
     r.add_argument("--format", choices=("markdown", "json"), default="markdown")
     r.add_argument("--probed", action="store_true", help="add the probe results cached on this machine")
     r.set_defaults(fn=cmd_report)

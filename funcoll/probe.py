@@ -45,6 +45,7 @@ SCHEMA = 1
 _REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
 _BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
 _BATCH_BYTES = 16 << 20  # at most this many bytes of this rank's inputs per batch (on XLA: one graph)
+_EXTRA_SIZES = (1, 2, 5, 8, 33, 256)  # elements per rank, besides 3 and ~1024/n, for a request a report keeps off
 
 _results: List["ProbeResult"] = []
 _probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
@@ -248,6 +249,7 @@ class ProbeResult:
     cached: bool = False
     seconds: float = 0.0
     capabilities: str = ""
+    verified: List[str] = field(default_factory=list)  # requests an open report kept off, right here: now native
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -262,6 +264,8 @@ class ProbeResult:
                  f"- {len(self.checked)} native requests verified "
                  f"({'from the cache' if self.cached else f'in {self.seconds:.2f}s'}); "
                  f"{len(self.wrong)} wrong",
+                 *([f"- verified on this group and now native (an open report keeps them off by default): "
+                    f"{', '.join(self.verified)}"] if self.verified else []),
                  ""]
         if self.wrong:
             now = dict(d.split(" -> ", 1) for d in self.demoted)
@@ -448,6 +452,11 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     caps = _base_caps(tp)
     n, rank = tp.size, tp.rank
     reqs = requests(tp.caps, n)
+    # requests only an open report keeps off the native path (XCCL's AVG on scale-up): checked too, at more sizes
+    # (a report may be size-dependent), and native for this group when right on every rank
+    unverified = getattr(caps, "unverified", None)
+    extra = [r for r in requests(unverified, n) if r not in reqs] if unverified is not None else []
+    reqs += extra
     names = [r.name for r in reqs]
     # 1. the topology (host of each rank) and the cache entry every rank holds
     host = hashlib.sha256(socket.gethostname().encode()).digest()[:8]
@@ -466,31 +475,51 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
         wrong = dict(entry["wrong"])
     else:
         # 2. every native request, at two sizes (3 elements per rank, about 1024 in all), in batches of bounded size
-        cases = [_Case(r, n, k) for k in (3, max(1, math.ceil(1024 / n))) for r in reqs]
+        sizes = [(j, k) for k in (3, max(1, math.ceil(1024 / n))) for j in range(len(reqs))]
+        sizes += [(j, k) for k in _EXTRA_SIZES + (math.ceil(65536 / n),) for j in range(len(reqs)) if reqs[j] in extra]
+        cases = [_Case(reqs[j], n, k) for j, k in sizes]
         per = max(1, _BATCH_BYTES // max([max(c.numel) * 8 for c in cases], default=1))  # cases per batch
-        verdicts = [v for i in range(0, len(cases), per) for v in _run_batch(tp, cases[i:i + per], dev)]
+        if extra:  # the transport is asked for the extra requests natively: it runs under that table meanwhile
+            tp.caps = unverified
+        try:
+            verdicts = [v for i in range(0, len(cases), per) for v in _run_batch(tp, cases[i:i + per], dev)]
+        finally:
+            tp.caps = caps
+        by_req: List[List[Optional[str]]] = [[] for _ in reqs]
+        for (j, _), v in zip(sizes, verdicts):
+            by_req[j].append(v)
         # 3. every rank's verdicts: the union, so that every rank demotes the same requests
-        flags = torch.tensor([any(verdicts[j::len(reqs)]) for j in range(len(reqs))], dtype=torch.uint8)
+        flags = torch.tensor([any(by_req[j]) for j in range(len(reqs))], dtype=torch.uint8)
         every = _all_gather_bytes(tp, flags, dev)
         wrong = {}
         for j, req in enumerate(reqs):
             bad = [r for r in range(n) if every[r, j]]
             if bad:
-                mine = [v for v in verdicts[j::len(reqs)] if v]
+                mine = [v for v in by_req[j] if v]
                 wrong[req.name] = (f"{mine[0]} on rank {rank}" if mine else "wrong") + \
                     (f"; wrong on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}" if n > 1 else "")
-    new, demoted, unfixable = demote(caps, wrong)
-    if demoted:
+    extra_names = {r.name for r in extra}
+    new, demoted, unfixable = demote(caps, {k: v for k, v in wrong.items() if k not in extra_names})
+    verified = [r.name for r in extra if r.name not in wrong]
+    if verified and unverified is not None:  # the table with the reported facts native, less what was wrong
+        new = demote(unverified, wrong)[0]
+        new = replace(new, name=f"{caps.name}+probe", sources={
+            **new.sources, **{f"probe.{name}": "verified on this group by funcoll.probe (an open report keeps it "
+                              "off the native path by default)" for name in verified}})
+    if demoted or verified:
         tp.caps = new
     res = ProbeResult(group, device_type, key, names, wrong, demoted, unfixable, cached, time.monotonic() - t0,
-                      tp.caps.name)
+                      tp.caps.name, verified)
     _results.append(res)
     _probed[tp] = res
     if not cached and path is not None:
         _write_cache(path, {"key": key, "checked": names, "wrong": wrong, "demoted": demoted,
                             "unfixable": unfixable, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     for name, why in wrong.items():
-        if name in unfixable:
+        if name in extra_names:
+            LOG.warning("funcoll.probe: group %s %s: native %s gave a wrong result (%s); it stays on its strategy "
+                        "(an open report covers this stack)", group, device_type, name, why)
+        elif name in unfixable:
             LOG.error("funcoll.probe: group %s %s: native %s gave a wrong result (%s); funcoll cannot route "
                       "around it", group, device_type, name, why)
         else:

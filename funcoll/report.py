@@ -105,7 +105,7 @@ def rows():
     yield "barrier", lambda tp: algorithms.barrier(tp)
 
 
-COLUMNS = ("gloo", "xccl", "xccl-2022-scale-up", "xla", "torchtpu")
+COLUMNS = ("gloo", "xccl", "xccl-2022-probed", "xccl2", "xla", "torchtpu")
 XCCL_COLUMNS_TORCH = "2.15"  # the xccl columns are torch 2.15's row (the newest): the page is the same on every torch
 TORCHTPU_COLUMN_VERSION = "0.2.0"  # the torchtpu column: the newest row of funcoll.transport.tpu's table
 
@@ -113,7 +113,10 @@ TORCHTPU_COLUMN_VERSION = "0.2.0"  # the torchtpu column: the newest row of func
 def transport_capabilities(name: str):
     """The capabilities of a real transport, by column name: ``gloo`` (the CPU transport), ``xccl`` (the XPU
     transport of torch 2.15 for an unknown or pre-2022 oneCCL, scale-out: what a job gets when nothing better is
-    known), ``xccl-2022-scale-up`` (torch 2.15, oneCCL >= 2022.0, all ranks on one node), ``xla`` (the XLA transport on
+    known), ``xccl-2022-scale-up`` (torch 2.15, oneCCL >= 2022.0, all ranks on one node: by default, with the open
+    reports' facts on their strategies), ``xccl-2022-probed`` (the same once funcoll.probe verified those facts on the
+    live group), ``xccl2`` (the XPU transport over xccl2's ProcessGroupXCCL2, torch 2.15's row: its own facts, from
+    torchcomms' XCCL backend), ``xla`` (the XLA transport on
     a group whose replica groups have one size; torch_xla need not be installed: it is the ``xla`` profile, which a
     test checks against the transport), ``torchtpu`` (the tpu transport over TorchTPU's ProcessGroupTpu, torch_tpu
     0.2: ``funcoll.transport.tpu.derive("0.2.0")``). Any other name is a capability profile."""
@@ -125,6 +128,11 @@ def transport_capabilities(name: str):
         return xpu.derive(XCCL_COLUMNS_TORCH, None, override="")
     if name == "xccl-2022-scale-up":
         return xpu.derive(XCCL_COLUMNS_TORCH, "2022.0", override="", topology="scale-up")
+    if name == "xccl-2022-probed":
+        up = xpu.derive(XCCL_COLUMNS_TORCH, "2022.0", override="", topology="scale-up")
+        return up.unverified or up
+    if name == "xccl2":
+        return xpu.derive(XCCL_COLUMNS_TORCH, None, override="", backend="xccl2")
     if name == "torchtpu":
         return tpu.derive(TORCHTPU_COLUMN_VERSION)
     return transport.profile(name)
@@ -143,8 +151,9 @@ def _xccl_cell(key: str, row: str) -> str:
         return old[xpu.SCALE_UP]
     if set(old.values()) == {"strategy"} and set(new.values()) == {"native"}:
         return "native from oneCCL 2022.0"
-    if set(old.values()) == {"strategy"} and new == {xpu.SCALE_UP: "native", xpu.SCALE_OUT: "strategy"}:
-        return "native from oneCCL 2022.0 (scale-up)"
+    for t in xpu.TOPOLOGIES:
+        if set(old.values()) == {"strategy"} and new == {u: "native" if u == t else "strategy" for u in xpu.TOPOLOGIES}:
+            return f"native from oneCCL 2022.0 ({t})"
     return "; ".join(f"{o or 'unknown'} {t}: {label(o, t)}" for o in (None, "2022.0") for t in xpu.TOPOLOGIES)
 
 
@@ -166,8 +175,12 @@ def xccl_fact_table() -> str:
                 extra = " (built against oneCCL >= 2021.17)" if first == "2.11" else ""
                 parts.append(f"{when}: {', '.join(topo)}{extra}")
             ov = "; ".join(parts)
-        lines.append([f"`{key}`", fact.what, *(_xccl_cell(key, r) for r in rows), ov, fact.strategy])
-    return markdown_table(["fact", "request", *(f"torch {r}" for r in rows), "override", "funcoll's strategy"], lines)
+        reports = "; ".join(f"{r.ref} ({', '.join(r.topologies)}"
+                            f"{'' if r.gpus is None else ', ' + r.seen.split(' (')[0]})"
+                            for r in xpu.OPEN_REPORTS if key in r.facts) or "-"
+        lines.append([f"`{key}`", fact.what, *(_xccl_cell(key, r) for r in rows), ov, reports, fact.strategy])
+    return markdown_table(["fact", "request", *(f"torch {r}" for r in rows), "override",
+                           "open reports (strategy there unless probed)", "funcoll's strategy"], lines)
 
 
 def xccl_fact_details() -> str:
@@ -184,7 +197,24 @@ def xccl_fact_details() -> str:
             out.append(f"  - {when}: {what}")
         out += [f"  - {label}: {text}" for label, text in
                 (("built against", fact.build), ("unknown", fact.unknown), ("sources", fact.source)) if text]
+        out += [f"  - open report {r.ref} ({', '.join(r.topologies)}, "
+                f"{'any GPU' if r.gpus is None else 'GPU names matching `' + r.gpus + '`'}, "
+                f"{'no fixed oneCCL known' if r.fixed_in is None else 'fixed in oneCCL ' + xpu._vstr(r.fixed_in)}"
+                f"): {r.what}; seen on {r.seen}" for r in xpu.OPEN_REPORTS if key in r.facts]
     return "\n".join(out) + "\n"
+
+
+def xccl2_fact_table() -> str:
+    """docs/xpu.md's xccl2 table: per fact, funcoll's default for the xccl2 backend class (every torch, oneCCL and
+    topology alike), where FUNCOLL_XPU_OVERRIDE may flip it, what xccl2 does, and the source."""
+    from funcoll.transport import xpu
+
+    caps = xpu.derive(XCCL_COLUMNS_TORCH, None, "", None, None, "xccl2")
+    return markdown_table(
+        ["fact", "request", "funcoll (xccl2)", "override", "xccl2 does", "funcoll's strategy", "source"],
+        [[f"`{key}`", fact.what, caps.sources[f"xccl.{key}"].split(":", 1)[0],
+          ", ".join(xpu.overridable(key, XCCL_COLUMNS_TORCH, None, "xccl2")) or "no", fact.at(XCCL_COLUMNS_TORCH),
+          fact.strategy, fact.source] for key, fact in xpu.XCCL2_FACTS.items()])
 
 
 def torchtpu_fact_table() -> str:
@@ -212,7 +242,7 @@ if __name__ == "__main__":
     import sys
 
     if "--xccl-facts" in sys.argv[1:]:
-        print(xccl_fact_table() + "\n" + xccl_fact_details(), end="")
+        print(xccl_fact_table() + "\n" + xccl_fact_details() + "\n" + xccl2_fact_table(), end="")
     elif "--torchtpu-facts" in sys.argv[1:]:
         print(torchtpu_fact_table(), end="")
     else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
@@ -33,7 +33,8 @@ from funcoll.transport import profile as _named_profile
 from funcoll.transport.gloo import C10dTransport
 from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
-__all__ = ["XCCL_FACTS", "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
+__all__ = ["XCCL_FACTS", "XCCL2_FACTS", "OPEN_REPORTS", "Report", "open_reports", "backend_class", "fact_table",
+           "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
            "stack_versions", "build_version", "parse_override", "parse_topology", "measure_topology", "torch_row",
            "ENV_OVERRIDE", "ENV_ONECCL_VERSION", "ENV_ONECCL_BUILD_VERSION", "ENV_TOPOLOGY", "SCALE_UP", "SCALE_OUT",
            "TOPOLOGIES", "TORCH_ROWS", "KNOWN_UNTIL"]
@@ -106,6 +107,7 @@ class Fact:
     build: str = ""
     unknown: str = ""
     info: bool = False
+    always: bool = False  # native on every stack of its backend (xccl2: done inside the backend, not by oneCCL)
 
     def at(self, row: Optional[str]) -> str:
         """What ProcessGroupXCCL does on torch ``row`` (the ``by_torch`` entry in force there; "" if none)."""
@@ -133,9 +135,11 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
          native_since=(2022, 0), scale_out_since=(2022, 0), overridable=_BOTH,
          strategy="SUM, then divide on the device (fp16/bf16: float32 reduce_scatter, divide, all_gather)",
          source="funcoll's gate: oneCCL >= 2022.0 at run time, the release that adds AVG to scale-out AllReduce "
-                "(uxlfoundation/oneCCL#195, maintainer 2026-03-16); ccl avg raises on the scheduler path, seen on "
-                "one node (intel/torch-xpu-ops#2361, open) and divided twice on Arc B60 (#3020, open; 'fixed in "
-                "oneAPI 2026.0' is a third-party comment only, verl-project/verl#7917)",
+                "(uxlfoundation/oneCCL#195, maintainer 2026-03-16), and no open report covering the stack "
+                "(OPEN_REPORTS): on scale-up ccl avg raises on the scheduler path (intel/torch-xpu-ops#2361, open, "
+                "one node) and was divided twice on Arc B60 (#3020, open; 'fixed in oneAPI 2026.0' is a third-party "
+                "comment only, verl-project/verl#7917), so scale-up takes the strategy unless the live group's probe "
+                "verified AVG or the override says native",
          by_torch=(("2.9", "ccl avg when torch was built against oneCCL >= 2021.15 (XCCL_HAS_AVG, xccl.h:40-44 in "
                            "release/2.12-2.13), else SUM + div_ (source builds only: every stock wheel since 2.9 "
                            "was built against >= 2021.15)"),
@@ -149,9 +153,10 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
          "ReduceOp.AVG on floating dtypes (reduce_scatter)",
          native_since=(2022, 0), scale_out_since=None, overridable=(SCALE_UP,),
          strategy="SUM, then divide on the device (fp16/bf16 summed in float32)",
-         source="scale-up: as avg (onecclAvg passed to onecclReduceScatter on every path, xccl.cpp:79-95); "
-                "scale-out: uxlfoundation/oneCCL#195 lists AVG gaps for Reduce and scale-out AllReduce only and "
-                "says nothing about ReduceScatter",
+         source="scale-up: as avg (onecclAvg passed to onecclReduceScatter on every path, xccl.cpp:79-95), and "
+                "intel/torch-xpu-ops#2361 (open: FSDP2 on one node, which sends AVG on reduce_scatter) covers it: "
+                "the strategy unless probed or overridden; scale-out: uxlfoundation/oneCCL#195 lists AVG gaps for "
+                "Reduce and scale-out AllReduce only and says nothing about ReduceScatter",
          by_torch=(("2.9", "as avg: ccl avg (or SUM + div_ in builds against oneCCL < 2021.15)"),
                    ("2.14", "always onecclAvg (#4145, 2026-07-10)")),
          build="as avg",
@@ -310,6 +315,120 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
                    ("2.12", "each wrapped in a group call"))),
 )}
 
+# ======================================================================================================
+# OPEN REPORTS: a native request seen going wrong upstream, with no fixed oneCCL named by a maintainer. While one
+# covers the stack (fact, topology, oneCCL found at run time, GPU family when the device name is known), derive()
+# takes the strategy for that fact, even where its version gate passes; the live group's probe (FUNCOLL_PROBE=1,
+# funcoll.probe.run) may verify the request and make it native for that group, and FUNCOLL_XPU_OVERRIDE may say native.
+# ======================================================================================================
+@dataclass(frozen=True)
+class Report:
+    """One open upstream report. ``gpus``: a regular expression over the device name (``torch.xpu.get_device_name``),
+    None when the report is not tied to a GPU; an unknown device name is covered. ``fixed_in``: the first oneCCL with
+    the fix, once a maintainer names one (None: every version)."""
+
+    ref: str
+    facts: Tuple[str, ...]
+    topologies: Tuple[str, ...]
+    gpus: Optional[str]
+    seen: str
+    what: str
+    fixed_in: Optional[Version] = None
+
+    def covers(self, fact: str, topology: str, oneccl: Optional[Version], gpu: Optional[str]) -> bool:
+        return (fact in self.facts and topology in self.topologies
+                and (self.fixed_in is None or oneccl is None or oneccl < self.fixed_in)
+                and (self.gpus is None or not gpu or re.search(self.gpus, gpu) is not None))
+
+
+OPEN_REPORTS: Tuple[Report, ...] = (
+    Report("intel/torch-xpu-ops#2361", ("avg", "avg_reduce_scatter"), (SCALE_UP,), None,
+           seen="torch 2.10.0.dev20251112+xpu, 4x Data Center GPU Max 1550 on one node, FSDP2",
+           what="oneCCL raises 'average operation is not supported for the scheduler path' (coll_param.cpp:455); the "
+                "scheduler path is oneCCL's host-driven path, not a GPU's, and FSDP2 sends AVG on reduce_scatter and "
+                "all_reduce"),
+    Report("intel/torch-xpu-ops#3020", ("avg",), (SCALE_UP,), r"Arc.*\bB\d{2,3}\b",
+           seen="Arc Pro B60 (Arc B-series), container intel/llm-scaler-omni:0.1.0-b6",
+           what="all_reduce AVG divided twice at some small sizes; 'fixed in oneAPI 2026.0' is a third-party comment "
+                "only (verl-project/verl#7917), no maintainer statement"),
+)
+
+
+def open_reports(fact: str, topology: str, oneccl: Optional[Version], gpu: Optional[str]) -> Tuple[Report, ...]:
+    """The :data:`OPEN_REPORTS` that cover ``fact`` on that stack."""
+    return tuple(r for r in OPEN_REPORTS if r.covers(fact, topology, oneccl, gpu))
+
+
+# ======================================================================================================
+# THE BACKEND CLASS. The facts above are ProcessGroupXCCL's (torch-xpu-ops). ``xccl2`` (pytorch/pytorch#194761, open
+# RFC, 2026-08-25: torchcomms' XCCL backend ported into c10d on oneCCL's v2 C API, the sibling of ``nccl2``, whose
+# class torch 2.15 names ProcessGroupNCCL2; funcoll expects ProcessGroupXCCL2) has the facts of XCCL2_FACTS, read from
+# meta-pytorch/torchcomms comms/torchcomms/xccl/ at 59426ba4 (2026-08-21): TCX = TorchCommXCCL.cpp, TCXU =
+# TorchCommXCCLUtils.cpp. Any other class takes the conservative row (unknown_backend_row).
+# ======================================================================================================
+XCCL_CLASS, XCCL2_CLASS = "ProcessGroupXCCL", "ProcessGroupXCCL2"
+BACKEND_LABELS = {XCCL_CLASS: "xccl", XCCL2_CLASS: "xccl2"}
+XCCL2_SOURCE = "meta-pytorch/torchcomms comms/torchcomms/xccl at 59426ba4 (2026-08-21)"
+
+XCCL2_FACTS: Dict[str, Fact] = {f.key: f for f in (
+    Fact("avg", "ReduceOp.AVG on floating dtypes (all_reduce)", None, None, _BOTH, XCCL_FACTS["avg"].strategy,
+         source="all_reduce turns AVG into SUM and divides the result in place by the group size (TCX:860-907, "
+                "'AVG issue: uxlfoundation/oneCCL#195'): onecclAvg is never called, so the open AVG reports "
+                "(oneCCL's avg) do not apply; the sum is in the tensor's dtype",
+         by_torch=(("2.9", "SUM, then tensor.div_(group size)"),), always=True),
+    Fact("avg_reduce_scatter", "ReduceOp.AVG on floating dtypes (reduce_scatter)", None, None, _BOTH,
+         XCCL_FACTS["avg_reduce_scatter"].strategy,
+         source="reduce_scatter, reduce_scatter_single and reduce_scatter_v: SUM, then output.div_(group size) "
+                "(TCX:1234-1279, 1327-1396, 1438-1478)",
+         by_torch=(("2.9", "SUM, then output.div_(group size)"),), always=True),
+    Fact("avg_reduce", "ReduceOp.AVG on reduce (to one rank)", None, None, _BOTH, XCCL_FACTS["avg_reduce"].strategy,
+         source="reduce: SUM, then the root divides by the group size (TCX:943-988)",
+         by_torch=(("2.9", "SUM, then div_ on the root"),), always=True),
+    Fact("avg_int", "ReduceOp.AVG on integer dtypes", None, None, _NEVER, XCCL_FACTS["avg_int"].strategy,
+         source="integer AVG is SUM in the tensor's own dtype, then a truncating div_ (TCX:892-907): int8/uint8/int32 "
+                "sums overflow where funcoll sums in int64",
+         by_torch=(("2.9", "SUM in the tensor's dtype, then div_(rounding_mode='trunc')"),)),
+    Fact("premul_sum", "ReduceOp.PREMUL_SUM on all_reduce", None, None, _BOTH, XCCL_FACTS["premul_sum"].strategy,
+         source="all_reduce multiplies the tensor it is handed (its output) by the factor, then SUM "
+                "(applyPreMulFactor, TCX:81-84, 860-872, 'PREMUL_SUM issue: uxlfoundation/oneCCL#196'): oneCCL's "
+                "PreMulSum (RedOpRAII, TCXU:64-103) is never reached from a collective; an integer tensor raises in "
+                "mul_",
+         by_torch=(("2.9", "tensor.mul_(factor), then SUM"),), always=True),
+    Fact("premul_sum_reduce_scatter", "ReduceOp.PREMUL_SUM on reduce_scatter and reduce", None, None, _BOTH,
+         XCCL_FACTS["premul_sum_reduce_scatter"].strategy,
+         source="reduce_scatter, reduce_scatter_single, reduce_scatter_v and reduce scale a clone of the input, then "
+                "SUM (getMaybeScaledInputsAndNewOp, TCX:86-113): the caller's input is left as it is",
+         by_torch=(("2.9", "input.clone().mul_(factor), then SUM"),), always=True),
+    Fact("bitwise", "ReduceOp.BAND / BOR / BXOR", None, None, _NEVER, XCCL_FACTS["bitwise"].strategy,
+         source="getXcclReduceOp raises 'Unsupported BAND reduce operation' (and BOR, BXOR) (TCXU:136-165)",
+         by_torch=(("2.9", "raises std::runtime_error"),)),
+    Fact("int_minmax", "ReduceOp.MIN / MAX on integer and bool dtypes", None, None, _BOTH,
+         XCCL_FACTS["int_minmax"].strategy,
+         source="onecclMin/onecclMax for every dtype (TCXU:145-148): the oneCCL of intel/torch-xpu-ops#3059",
+         by_torch=(("2.9", "handed to oneCCL"),)),
+    Fact("dtypes_16_unsigned", "int16, uint16, uint32, uint64", None, None, _NEVER,
+         XCCL_FACTS["dtypes_16_unsigned"].strategy,
+         source="getXcclDataTypeInternal maps float32/64, float16, bfloat16, int32/64, int8, uint8 and bool (as uint8) "
+                "only, else 'Unsupported tensor data type for XCCL' (TCXU:14-37)",
+         by_torch=(("2.9", "raises std::runtime_error"),)),
+    Fact("float8", "float8 dtypes", None, None, _NEVER, XCCL_FACTS["float8"].strategy,
+         source="no float8 dtype in the map, for moves too (TCXU:14-37): funcoll moves float8 as uint8 itself",
+         by_torch=(("2.9", "raises std::runtime_error, also on moves"),)),
+    Fact("uneven_all_to_all", "all_to_all_single with split sizes", None, None, _BOTH,
+         XCCL_FACTS["uneven_all_to_all"].strategy,
+         source="all_to_all_v_single: one onecclGroupStart/End of send/recv, the own block copied (TCX:1548-1711), "
+                "the grouped path of ProcessGroupXCCL 2.11+ (intel/torch-xpu-ops#3021 open)",
+         by_torch=(("2.9", "one group of send/recv"),)),
+    Fact("all_reduce_coalesced", "one tuple all_reduce of several tensors", None, None, _NEVER,
+         XCCL_FACTS["all_reduce_coalesced"].strategy,
+         source="TorchCommXCCL has no coalesced all_reduce; what the c10d port does is unknown",
+         by_torch=(("2.9", "unknown"),)),
+    Fact("send_recv", "batch_isend_irecv", None, None, _NEVER, info=True,
+         strategy="nothing switches on it",
+         source="batch_op_issue issues every send before any receive in one group (TCX:680-790, #2885)",
+         by_torch=(("2.9", "sends first within a group"),)),
+)}
+
 # stock torch wheels ship ProcessGroupXCCL from 2.8 (docs/design.md section 1); source builds with USE_XCCL=1 from 2.7
 # (huggingface/accelerate#3401)
 XCCL_BACKEND_SINCE = (2, 8)
@@ -322,19 +441,40 @@ WHEEL_ONECCL = {"2.9": "2021.16.1", "2.10": "2021.17.1", "2.11": "2021.17.2", "2
                 "2.13": "2022.0.0", "2.14": "2022.1.2", "2.15": None}
 
 
-def overridable(key: str, row: Optional[str], build: Optional[Version]) -> Tuple[str, ...]:
+def backend_class(backend=None) -> str:
+    """The class name of the XPU backend that will run the calls: ``backend`` may be None (ProcessGroupXCCL: what a
+    funcoll group creates), a label (``"xccl"``, ``"xccl2"``), a class name, a class or a backend object."""
+    if backend is None:
+        return XCCL_CLASS
+    if isinstance(backend, str):
+        by_label = {label: cls for cls, label in BACKEND_LABELS.items()}
+        return by_label.get(backend.strip().lower(), backend.strip())
+    return (backend if isinstance(backend, type) else type(backend)).__name__
+
+
+def fact_table(backend=None) -> Dict[str, Fact]:
+    """The facts of ``backend`` (see :func:`backend_class`): XCCL_FACTS for ProcessGroupXCCL, XCCL2_FACTS for xccl2,
+    and for any other class XCCL_FACTS read as nothing native (the conservative row)."""
+    return XCCL2_FACTS if backend_class(backend) == XCCL2_CLASS else XCCL_FACTS
+
+
+def overridable(key: str, row: Optional[str], build: Optional[Version], backend=None) -> Tuple[str, ...]:
     """The topologies on which ``FUNCOLL_XPU_OVERRIDE`` may flip fact ``key`` on torch ``row`` built against oneCCL
-    ``build`` (None: unknown). PREMUL_SUM depends on the torch version: nothing to switch to up to 2.10 (it raises);
-    on 2.11 oneCCL's own PreMulSum exists on scale-up only and only in builds against oneCCL >= 2021.17; from 2.12 the
-    all_reduce may be flipped on every topology (ProcessGroupXCCL scales and sums itself). PREMUL_SUM on
-    reduce_scatter may be flipped on torch 2.11 scale-up only: from 2.12 it would scale the caller's input."""
-    return _override_rule(key, row, build, SCALE_OUT)[0]
+    ``build`` (None: unknown), for ``backend`` (default ProcessGroupXCCL). PREMUL_SUM depends on the torch version:
+    nothing to switch to up to 2.10 (it raises); on 2.11 oneCCL's own PreMulSum exists on scale-up only and only in
+    builds against oneCCL >= 2021.17; from 2.12 the all_reduce may be flipped on every topology (ProcessGroupXCCL
+    scales and sums itself). PREMUL_SUM on reduce_scatter may be flipped on torch 2.11 scale-up only: from 2.12 it
+    would scale the caller's input. An unknown backend class has nothing to flip."""
+    return _override_rule(key, row, build, SCALE_OUT, backend_class(backend))[0]
 
 
-def _override_rule(key: str, row: Optional[str], build: Optional[Version], topology: str) -> Tuple[tuple, str]:
+def _override_rule(key: str, row: Optional[str], build: Optional[Version], topology: str,
+                   cls: str = XCCL_CLASS) -> Tuple[tuple, str]:
     """(:func:`overridable`, why the fact cannot be flipped on ``topology`` where it cannot)."""
-    fact = XCCL_FACTS[key]
-    if key in ("premul_sum", "premul_sum_reduce_scatter") and row is not None:
+    if cls not in BACKEND_LABELS:
+        return _NEVER, f"cannot be overridden on {cls} (an XPU backend funcoll has no facts for: the conservative row)"
+    fact = fact_table(cls)[key]
+    if cls == XCCL_CLASS and key in ("premul_sum", "premul_sum_reduce_scatter") and row is not None:
         if _row_key(row) < _row_key(_PREMUL_ONECCL_ROW):
             return _NEVER, f"cannot be overridden on torch {row} (ProcessGroupXCCL raises on PREMUL_SUM)"
         if row == _PREMUL_ONECCL_ROW:
@@ -357,7 +497,13 @@ def _override_rule(key: str, row: Optional[str], build: Optional[Version], topol
 # ------------------------------------------------------------------------------------------------------
 # capabilities
 # ------------------------------------------------------------------------------------------------------
-XcclCapabilities = VersionedCapabilities  # the name this module's users know
+@dataclass(frozen=True)
+class XcclCapabilities(VersionedCapabilities):
+    """The capabilities :func:`derive` gives, plus ``unverified``: the same table with the facts that only an open
+    report keeps off the native path made native (None when there are none). :func:`funcoll.probe.run` checks that
+    table's extra requests on the live group and keeps, for that group, those that were right on every rank."""
+
+    unverified: Optional[Capabilities] = field(default=None, compare=False)
 
 
 def parse_version(v) -> Optional[Version]:
@@ -382,10 +528,10 @@ _OVERRIDE_WORDS = {**dict.fromkeys(("native", "on", "1", "true"), True),
 
 
 def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
-                   oneccl_build=None) -> Dict[str, bool]:
+                   oneccl_build=None, backend=None) -> Dict[str, bool]:
     """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}. Unknown facts, and facts that
-    cannot be flipped on ``topology`` for this torch version and build oneCCL, are a ValueError naming the valid
-    ones."""
+    cannot be flipped on ``topology`` for this torch version, build oneCCL and backend class, are a ValueError naming
+    the valid ones."""
     if not override:
         return {}
     if isinstance(override, Mapping):
@@ -396,14 +542,15 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
             if "=" not in part:
                 raise ValueError(f"funcoll.xpu: override entry {part!r} must be <fact>=native or <fact>=strategy")
         items = [(k.strip(), v.strip()) for k, v in (p.split("=", 1) for p in parts)]
-    row, build = torch_row(torch_version), parse_version(oneccl_build)
+    row, build, cls = torch_row(torch_version), parse_version(oneccl_build), backend_class(backend)
+    table = fact_table(cls)
     out = {}
-    allowed = sorted(k for k in XCCL_FACTS if topology in _override_rule(k, row, build, topology)[0])
+    allowed = sorted(k for k in table if topology in _override_rule(k, row, build, topology, cls)[0])
     for key, val in items:
-        topologies, why = _override_rule(key, row, build, topology) if key in XCCL_FACTS else ((), "is not a fact")
+        topologies, why = _override_rule(key, row, build, topology, cls) if key in table else ((), "is not a fact")
         if topology not in topologies:
             raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts on {topology}: "
-                             f"{', '.join(allowed)}")
+                             f"{', '.join(allowed) or 'none'}")
         flip = val if isinstance(val, bool) else _OVERRIDE_WORDS.get(str(val).lower())
         if flip is None:
             raise ValueError(f"funcoll.xpu: override {key}={val!r}: use {key}=native or {key}=strategy")
@@ -415,70 +562,118 @@ def _vstr(v: Optional[Version]) -> str:
     return ".".join(map(str, v)) if v else "unknown"
 
 
-def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_build=None) -> XcclCapabilities:
+def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], versions: Dict[str, str],
+           premul_on_reduce: bool = False, unverified: Optional[Capabilities] = None,
+           lists: bool = False) -> XcclCapabilities:
+    """The capabilities whose facts ``native(key)`` says are native (the keys of XCCL_FACTS / XCCL2_FACTS);
+    ``premul_on_reduce``: PREMUL_SUM on reduce follows ``premul_sum_reduce_scatter`` (xccl2), else it is never
+    native (ProcessGroupXCCL: oneCCL's Reduce has no PreMulSum). ``lists``: the list all_gather and reduce_scatter
+    serve a size per rank (ProcessGroupXCCL::allgather: one _broadcast_oop per rank, ::reduce_scatter: one _reduce_oop
+    per destination, when the sizes differ; intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14
+    and main ab84f925)."""
+    reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
+    refused = {(op, d) for op in (R.AVG,) for d in _XCCL_INTS | {torch.bool}}  # avg_int
+    refused_on = set()
+    # AVG and PREMUL_SUM: native per primitive, each by its own facts
+    for op, on_ar, on_rs, on_reduce in (
+            (R.AVG, native("avg"), native("avg_reduce_scatter"), native("avg_reduce")),
+            (R.PREMUL_SUM, native("premul_sum"), native("premul_sum_reduce_scatter"),
+             native("premul_sum_reduce_scatter") and premul_on_reduce)):
+        if on_ar or on_rs or on_reduce:
+            reduce_ops.add(op)
+            refused_on |= {(p, op) for p, ok in (("all_reduce", on_ar), ("reduce_scatter", on_rs),
+                                                 ("reduce", on_reduce)) if not ok}
+            if op is R.PREMUL_SUM:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12)
+                refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - _FLOATS}
+        elif op is R.AVG:
+            refused_on.add(("reduce", R.AVG))
+    if not native("int_minmax"):
+        refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_INTS | {torch.bool}}
+    return XcclCapabilities(
+        name=name,
+        primitives=frozenset(set(PRIMITIVES) - {"all_reduce_coalesced"}),
+        reduce_ops=frozenset(reduce_ops),
+        dtypes=_XCCL_DTYPES,
+        reduce_dtypes=_XCCL_DTYPES,
+        refused_pairs=frozenset(refused),
+        uneven_all_to_all=native("uneven_all_to_all"),
+        uneven_all_gather=lists,
+        uneven_reduce_scatter=lists,
+        refused_on=frozenset(refused_on),
+        sources=sources,
+        versions=versions,
+        unverified=unverified,
+    )
+
+
+def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_build=None, backend=None,
+           gpu: Optional[str] = None) -> XcclCapabilities:
     """The XCCL capabilities of a stack: a pure function of (torch version, oneCCL found at run time, override,
-    topology, oneCCL torch was built against).
+    topology, oneCCL torch was built against, the backend class that runs the calls, the GPU's name).
 
     ``oneccl_version`` None means unknown: every fact gated on it takes its strategy. ``topology`` None means
     unknown: the scale-out row (what every path has). ``oneccl_build`` None means unknown: no override that needs a
-    build-time oneCCL is allowed. ``torch_version`` None means unknown: no torch-gated fact is native.
+    build-time oneCCL is allowed. ``torch_version`` None means unknown: no torch-gated fact is native. ``backend``
+    (see :func:`backend_class`) None means ProcessGroupXCCL; xccl2 has its own facts (XCCL2_FACTS); any other class
+    gets the conservative row (nothing but SUM/PRODUCT/MIN/MAX of floats and SUM/PRODUCT of integers native, no
+    override). ``gpu`` (the device name) None means unknown: every GPU-specific open report covers it.
     """
     row, ov, build = torch_row(torch_version), parse_version(oneccl_version), parse_version(oneccl_build)
-    topo = parse_topology(topology)
-    flips = parse_override(override, topo, torch_version, oneccl_build)
+    topo, cls = parse_topology(topology), backend_class(backend)
+    flips = parse_override(override, topo, torch_version, oneccl_build, cls)
+    table = fact_table(cls)
+    gpu = gpu.strip() if gpu and gpu.strip() else None
 
-    def native(key: str) -> bool:
-        if key in flips:
-            return flips[key]
-        fact = XCCL_FACTS[key]
-        if fact.info:
+    def gate(key: str) -> bool:
+        """The fact's own rule (torch row, oneCCL version, topology), before reports and overrides."""
+        fact = table.get(key)
+        if fact is None or fact.info or cls not in BACKEND_LABELS:
             return False
-        if key == "premul_sum":  # the torch row decides: ProcessGroupXCCL's own scale + SUM from 2.12
+        if fact.always:
+            return True
+        if cls == XCCL_CLASS and key == "premul_sum":  # the torch row decides: own scale + SUM from 2.12
             return row is not None and _row_key(row) >= _row_key(_PREMUL_NATIVE_AR)
         since = fact.native_since if topo == SCALE_UP else fact.scale_out_since
         return since is not None and ov is not None and ov >= since
 
-    reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
-    refused = {(op, d) for op in (R.AVG,) for d in _XCCL_INTS | {torch.bool}}  # avg_int
-    refused_on = {("reduce", R.AVG)}  # avg_reduce
-    # AVG and PREMUL_SUM: native per primitive, each by its own facts, never on reduce
-    for op, on_ar, on_rs in ((R.AVG, native("avg"), native("avg_reduce_scatter")),
-                             (R.PREMUL_SUM, native("premul_sum"), native("premul_sum_reduce_scatter"))):
-        if on_ar or on_rs:
-            reduce_ops.add(op)
-            refused_on |= {(p, op) for p, ok in (("all_reduce", on_ar), ("reduce_scatter", on_rs), ("reduce", False))
-                           if not ok}
-            if op is R.PREMUL_SUM:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12)
-                refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - _FLOATS}
-    if not native("int_minmax"):
-        refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_INTS | {torch.bool}}
-    primitives = set(PRIMITIVES) - {"all_reduce_coalesced"}
+    reports = {k: open_reports(k, topo, ov, gpu) for k in table if cls == XCCL_CLASS and gate(k) and k not in flips}
+    reports = {k: r for k, r in reports.items() if r}
+
+    def native(key: str) -> bool:
+        if key in flips:
+            return flips[key]
+        return gate(key) and key not in reports
+
+    def label(key: str, fact: Fact) -> str:
+        if fact.info:
+            return f"info: {fact.source}"
+        if cls not in BACKEND_LABELS:
+            return f"strategy: {cls} is an XPU backend funcoll has no facts for (the conservative row); {fact.source}"
+        if key in reports:
+            return (f"strategy: open report{'s' if len(reports[key]) > 1 else ''} "
+                    f"{', '.join(r.ref for r in reports[key])} cover{'' if len(reports[key]) > 1 else 's'} this stack "
+                    f"({topo}, oneCCL {_vstr(ov)}, GPU {gpu or 'unknown'}): native once funcoll.probe verifies it on "
+                    f"the live group, or with {ENV_OVERRIDE}={key}=native; {fact.source}")
+        return f"{'native' if native(key) else 'strategy'}: {fact.source}"
 
     if row is not None and _row_key(row) >= _row_key(_GRAPH_CAPTURE_ROW):
         capture = ("unknown (oneCCL unknown at run time)" if ov is None else
                    "allowed" if ov >= _GRAPH_CAPTURE_ONECCL else "refused (NotImplementedError): oneCCL < 2022.0")
     else:
         capture = "not supported before torch 2.13" if row is not None else "unknown (torch version unknown)"
+    if cls != XCCL_CLASS:
+        capture = "unknown (not read for this backend)"
     tstr = row or "?"
-    return XcclCapabilities(
-        name=f"xccl[torch {tstr}, oneCCL {_vstr(ov)}, {topo}]",
-        primitives=frozenset(primitives),
-        reduce_ops=frozenset(reduce_ops),
-        dtypes=_XCCL_DTYPES,
-        reduce_dtypes=_XCCL_DTYPES,
-        refused_pairs=frozenset(refused),
-        uneven_all_to_all=native("uneven_all_to_all"),
-        # the list all_gather and reduce_scatter serve a size per rank (ProcessGroupXCCL::allgather: one _broadcast_oop
-        # per rank, ::reduce_scatter: one _reduce_oop per destination, when the sizes differ; intel/torch-xpu-ops
-        # src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14 and main ab84f925)
-        uneven_all_gather=True,
-        uneven_reduce_scatter=True,
-        refused_on=frozenset(refused_on),
-        sources={f"xccl.{k}": f"{'info' if f.info else 'native' if native(k) else 'strategy'}: {f.source}"
-                 for k, f in XCCL_FACTS.items()},
-        versions={"torch": tstr, "oneccl": _vstr(ov), "oneccl_build": _vstr(build), "topology": topo,
-                  "graph_capture": capture},
-    )
+    prefix = BACKEND_LABELS.get(cls, f"xpu:{cls}")
+    name = f"{prefix}[torch {tstr}, oneCCL {_vstr(ov)}, {topo}]"
+    sources = {f"xccl.{k}": label(k, f) for k, f in table.items()}
+    versions = {"torch": tstr, "oneccl": _vstr(ov), "oneccl_build": _vstr(build), "topology": topo,
+                "graph_capture": capture, "backend": cls, "gpu": gpu or "unknown"}
+    xccl2 = cls == XCCL2_CLASS
+    lists = cls == XCCL_CLASS
+    unverified = (_build(lambda k: native(k) or k in reports, name + "+unverified", sources, versions, xccl2,
+                         lists=lists) if reports else None)
+    return _build(native, name, sources, versions, xccl2, unverified, lists)
 
 
 def conservative_profile(torch_version=None) -> Capabilities:
@@ -558,12 +753,15 @@ def build_version() -> Tuple[Optional[str], str]:
 
 
 def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_version=None, override=None,
-                 topology=None, oneccl_build=None, _backend_created: bool = False) -> XcclCapabilities:
+                 topology=None, oneccl_build=None, backend=None, gpu: Optional[str] = None,
+                 _backend_created: bool = False) -> XcclCapabilities:
     """What funcoll's XPU transport does natively on this stack (the rest funcoll fills).
 
     Versions default to the running stack; ``override`` defaults to ``FUNCOLL_XPU_OVERRIDE``; ``topology`` to
     ``FUNCOLL_XPU_TOPOLOGY`` (a funcoll group measures it: all ranks on one host is scale-up), unknown meaning
-    scale-out; ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with, e.g. ``"xccl"``.
+    scale-out; ``backend`` to ProcessGroupXCCL (a transport passes the class of the backend it drives); ``gpu`` (the
+    device name, read when a transport is created) to unknown; ``profile`` (default ``FUNCOLL_PROFILE``) names a
+    capability profile to intersect with, e.g. ``"xccl"``.
     """
     src = "given"
     if torch_version is None or oneccl_version is None:
@@ -577,15 +775,20 @@ def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_ve
     if topology is None:
         topology = os.environ.get(ENV_TOPOLOGY, "").strip() or None
         topo_src = ENV_TOPOLOGY if topology else "unknown: scale-out assumed (every path has it)"
-    caps = derive(torch_version, oneccl_version, override, topology, oneccl_build)
+    caps = derive(torch_version, oneccl_version, override, topology, oneccl_build, backend, gpu)
     name = profile if profile is not None else active_profile_name()
     if name:
-        caps = caps.restrict(_named_profile(name))
+        restricted = _named_profile(name)
+        caps = replace(caps.restrict(restricted),
+                       unverified=caps.unverified.restrict(restricted) if caps.unverified is not None else None)
+    given = "default" if backend is None else "the backend that runs the calls"
     return replace(caps, sources={**caps.sources,
                                   "xccl.version": f"oneCCL {caps.versions['oneccl']} ({src})",
                                   "xccl.build": f"oneCCL {caps.versions['oneccl_build']} at build time ({build_src})",
                                   "xccl.topology": f"{caps.versions['topology']} ({topo_src})",
-                                  "xccl.capture": f"graph capture: {caps.versions['graph_capture']}"})
+                                  "xccl.capture": f"graph capture: {caps.versions['graph_capture']}",
+                                  "xccl.backend": f"{caps.versions['backend']} ({given})",
+                                  "xccl.gpu": f"GPU {caps.versions['gpu']}"})
 
 
 def measure_topology(store, rank: int, size: int, timeout=None) -> str:
@@ -662,14 +865,27 @@ def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
             except Exception:
                 pass
         backend = cls(store, ctx.rank, ctx.size, opts)
-    return XcclTransport(backend, capabilities(topology=topology, _backend_created=True), None)
+    return XcclTransport(backend, capabilities(topology=topology, backend=backend, gpu=_gpu_name(None),
+                                               _backend_created=True), None)
+
+
+def _gpu_name(device) -> Optional[str]:
+    """The XPU's name (``torch.xpu.get_device_name``, e.g. 'Intel(R) Arc(TM) Pro B60 Graphics'), None when it cannot be
+    read; called only when a transport is created for an XPU tensor."""
+    try:
+        name = torch.xpu.get_device_name(device)
+    except Exception:
+        return None
+    return name if isinstance(name, str) and name.strip() else None
 
 
 def _c10d_xpu(pg, device):
-    """The XPU backend of a group made with another backend ("xccl", "cpu:gloo,xpu:xccl")."""
+    """The XPU backend of a group made with another backend ("xccl", "xccl2", "cpu:gloo,xpu:xccl"): its class picks
+    the fact row (ProcessGroupXCCL, xccl2's ProcessGroupXCCL2, or the conservative row for any other c10d backend)."""
     return c10d_leg(pg, "xpu", "XPU", "init_process_group('xccl') or 'cpu:gloo,xpu:xccl' (or backend 'funcoll')",
-                    lambda b: isinstance(b, _xccl_class()), "ProcessGroupXCCL on XPU",
-                    lambda b: XcclTransport(b, capabilities(_backend_created=True), device))
+                    lambda b: isinstance(b, C.Backend), "a c10d Backend on XPU",
+                    lambda b: XcclTransport(b, capabilities(backend=b, gpu=_gpu_name(device), _backend_created=True),
+                                            device))
 
 
 register_device("xpu", funcoll=_funcoll_xpu, c10d=_c10d_xpu)

@@ -328,3 +328,78 @@ def test_requests_follow_the_table():
     assert not any(n.startswith("all_to_all uneven") for n in names)  # the xccl table pads
     assert "all_to_all float32" in names and "all_reduce sum bool" not in names
     assert not any(n.startswith("all_to_all uneven") for n in (r.name for r in probe.requests(profile("gloo"), 1)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# a request an open report keeps off the native path, verified on the live group
+# ---------------------------------------------------------------------------------------------------
+def _oneccl_avg_case(rank, world, twice_below):
+    """The XPU transport class with the scale-up, oneCCL 2022 table (torch 2.15), over a gloo backend whose AVG is
+    ccl avg as a library would do it: SUM, then divide by the group size, divided twice for tensors of at most
+    ``twice_below`` elements (what intel/torch-xpu-ops#3020 reports on Arc B60). Probes it, then runs one AVG
+    all_reduce; the reference is computed here."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from funcoll import algorithms
+    from funcoll.semantics import Reduction
+    from funcoll.transport import xpu
+
+    class OnecclAvg(xpu.XcclTransport):
+        def _avg(self, t, run):
+            run(Reduction(ReduceOp.SUM)).wait()
+            t.div_(self.size * (self.size if t.numel() <= twice_below else 1))
+            return DONE
+
+        def _all_reduce(self, t, red):
+            if red.op is ReduceOp.AVG:
+                return self._avg(t, lambda r: super(OnecclAvg, self)._all_reduce(t, r))
+            return super()._all_reduce(t, red)
+
+        def _reduce_scatter(self, out, inp, red):
+            if red.op is ReduceOp.AVG:
+                return self._avg(out, lambda r: super(OnecclAvg, self)._reduce_scatter(out, inp, r))
+            return super()._reduce_scatter(out, inp, red)
+
+    store = dist.PrefixStore(f"oneccl-avg-{twice_below}/", dist.distributed_c10d._get_default_store())
+    gloo = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=60))
+    caps = xpu.derive("2.15.0", "2022.1.2", "", "scale-up")
+    tp = OnecclAvg(gloo, caps, device="cpu", device_type="cpu")
+    default = tp.caps.reduces("all_reduce", ReduceOp.AVG, torch.float32)
+    res = probe.probe_transport(tp, "xpu", "oneccl-avg", cache=False)
+    ins = [torch.tensor([1.0, 2.0, 4.0, 8.0]) * (r + 1) - 3 * r for r in range(2)]
+    x = ins[rank].clone()
+    with algorithms.record() as log:
+        algorithms.all_reduce(tp, x, "avg").wait()
+    want = [(a + b) / 2 for a, b in zip(ins[0].tolist(), ins[1].tolist())]
+    return (default, res.verified, sorted(res.wrong), res.demoted, tp.caps.name, x.tolist(), want,
+            [s for _, ns in log for s in ns])
+
+
+AVG_REQUESTS = sorted(f"{p} avg {d}" for p in ("all_reduce", "reduce_scatter")
+                      for d in ("float16", "bfloat16", "float32", "float64"))
+
+
+def test_the_probe_makes_avg_native_where_only_an_open_report_kept_it_off(monkeypatch):
+    """Scale-up with oneCCL 2022: AVG is on the strategy by default (open reports); a backend whose AVG is right on
+    every size checked gets it native for that group, and the next AVG runs natively and is right."""
+    monkeypatch.delenv("FUNCOLL_PROBE", raising=False)
+    for default, verified, wrong, demoted, name, got, want, ran in run_world(
+            f"{__name__}:_oneccl_avg_case", 2, None, (0,), timeout=240):
+        assert not default
+        assert sorted(verified) == AVG_REQUESTS and wrong == [] and demoted == []
+        assert name == "xccl[torch 2.15, oneCCL 2022.1.2, scale-up]+probe"
+        assert got == want and ran == ["native"]
+
+
+def test_the_probe_keeps_avg_on_the_strategy_where_the_library_divides_twice(monkeypatch):
+    """The same with AVG divided twice up to 64 elements: every AVG request is wrong at the small sizes, none is made
+    native, nothing native was demoted, and the next AVG (4 elements) runs the strategy and is right."""
+    monkeypatch.delenv("FUNCOLL_PROBE", raising=False)
+    for default, verified, wrong, demoted, name, got, want, ran in run_world(
+            f"{__name__}:_oneccl_avg_case", 2, None, (64,), timeout=240):
+        assert not default
+        assert verified == [] and wrong == AVG_REQUESTS and demoted == []
+        assert name == "xccl[torch 2.15, oneCCL 2022.1.2, scale-up]"
+        assert got == want and ran == ["avg=sum+scale"]

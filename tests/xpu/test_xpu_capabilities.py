@@ -38,8 +38,10 @@ def test_unknown_oneccl_is_the_conservative_table():
         assert not any(caps.reduces(p, op, d) for p in REDUCING for d in ALL_DTYPES)
     for d in [torch.int16, torch.uint16, torch.uint32, torch.uint64, *FLOAT8]:
         assert not caps.moves(d)
+    assert caps.unverified is None  # nothing an open report keeps off: no version gate passes
     assert caps.versions == {"torch": "2.9", "oneccl": "unknown", "oneccl_build": "unknown", "topology": "scale-out",
-                             "graph_capture": "not supported before torch 2.13"}
+                             "graph_capture": "not supported before torch 2.13", "backend": "ProcessGroupXCCL",
+                             "gpu": "unknown"}
     # the same row on scale-up: nothing topology-dependent is native before oneCCL 2022
     assert native_reductions(xpu.derive("2.9.0+xpu", None, topology="scale-up")) == native_reductions(caps)
 
@@ -55,11 +57,19 @@ def test_avg_stays_a_strategy_before_oneccl_2022(oneccl):
 @pytest.mark.parametrize("torch_version", ["2.8.0+xpu", "2.9.0", "2.12.0.dev20260301+xpu", "2.14.1+xpu"])
 @pytest.mark.parametrize("oneccl", ["2022.0", "2022.1.2", (2023, 1)])
 def test_avg_native_from_oneccl_2022_per_topology(torch_version, oneccl):
-    """scale-up: AVG on all_reduce and reduce_scatter; scale-out (also an unknown topology): AVG on all_reduce only
-    (oneCCL#195 adds it to scale-out AllReduce); reduce never."""
+    """scale-out (also an unknown topology): AVG on all_reduce only (oneCCL#195 adds it to scale-out AllReduce in
+    2022.0); scale-up: nothing by default (open reports of ccl avg raising on one node and dividing twice on Arc B60,
+    no fixed oneCCL named), all_reduce and reduce_scatter once probed; reduce never."""
+    up = xpu.derive(torch_version, oneccl, topology="scale-up")
+    assert R.AVG not in up.reduce_ops
+    assert native_reductions(up) == native_reductions(xpu.derive(torch_version, None, topology="scale-up"))
+    assert up.unverified is not None
+    assert native_reductions(up.unverified) - native_reductions(up) == {
+        (p, R.AVG, d) for p in ("all_reduce", "reduce_scatter") for d in FLOATS}
     for topology, prims in (("scale-up", ("all_reduce", "reduce_scatter")), ("scale-out", ("all_reduce",)),
                             (None, ("all_reduce",))):
-        caps = xpu.derive(torch_version, oneccl, topology=topology)
+        caps = xpu.derive(torch_version, oneccl, override="avg=native,avg_reduce_scatter=native" if
+                          topology == "scale-up" else "", topology=topology)
         assert R.AVG in caps.reduce_ops
         for d in FLOATS:
             assert not caps.reduces("reduce", R.AVG, d)  # oneCCL#195: no AVG in Reduce
@@ -85,10 +95,10 @@ def expected_label(fact, row, oneccl, topology):
     new = oneccl is not None and oneccl >= (2022, 0)
     if fact in INFO:
         return "info"
-    if fact == "avg":
-        return "native" if new else "strategy"
-    if fact == "avg_reduce_scatter":
-        return "native" if new and topology == "scale-up" else "strategy"
+    if fact == "avg":  # scale-up: intel/torch-xpu-ops#2361 and #3020 are open, no fixed oneCCL named
+        return "native" if new and topology == "scale-out" else "strategy"
+    if fact == "avg_reduce_scatter":  # scale-up only, where #2361 (FSDP2 on one node) is open
+        return "strategy"
     if fact == "premul_sum":  # 2.12+: ProcessGroupXCCL scales the all_reduce tensor and sums, on every topology
         return "native" if v(row) >= (2, 12) else "strategy"
     return "strategy"
@@ -261,7 +271,8 @@ def test_topology_from_the_environment_and_the_store(monkeypatch):
     assert caps.sources["xccl.topology"] == "scale-out (unknown: scale-out assumed (every path has it))"
     monkeypatch.setenv(xpu.ENV_TOPOLOGY, "scale-up")
     caps = funcoll.capabilities("xpu")
-    assert caps.versions["topology"] == "scale-up" and caps.reduces("reduce_scatter", R.AVG, torch.float32)
+    assert caps.versions["topology"] == "scale-up" and not caps.reduces("reduce_scatter", R.AVG, torch.float32)
+    assert caps.unverified.reduces("reduce_scatter", R.AVG, torch.float32)  # once probed on the live group
     assert caps.sources["xccl.topology"] == "scale-up (FUNCOLL_XPU_TOPOLOGY)"
     # measured through a store: one host is scale-up; another rank's host name makes it scale-out
     import socket
@@ -398,10 +409,13 @@ def test_funcoll_capabilities_reads_the_xpu_table(monkeypatch):
     caps = funcoll.capabilities("xpu")
     assert caps == xpu.derive(torch.__version__, "2021.16.1")
     assert set(caps.sources) == {f"xccl.{k}" for k in xpu.XCCL_FACTS} | {"xccl.version", "xccl.topology",
-                                                                         "xccl.build", "xccl.capture"}
+                                                                         "xccl.build", "xccl.capture",
+                                                                         "xccl.backend", "xccl.gpu"}
+    assert caps.sources["xccl.backend"] == "ProcessGroupXCCL (default)"
     for key, fact in xpu.XCCL_FACTS.items():
         assert fact.source and fact.strategy and fact.what
         assert caps.sources[f"xccl.{key}"].endswith(fact.source)
+        assert caps.sources[f"xccl.{key}"].startswith(("native: ", "strategy: ", "info: "))
 
 
 def test_docs_tables_are_the_derived_tables():
@@ -416,12 +430,180 @@ def test_docs_tables_are_the_derived_tables():
     table, details = report.xccl_fact_table(), report.xccl_fact_details()
     assert table in page, "regenerate with: ./dev python -m funcoll.report --xccl-facts"
     assert details in page, "regenerate with: ./dev python -m funcoll.report --xccl-facts"
+    assert report.xccl2_fact_table() in page, "regenerate with: ./dev python -m funcoll.report --xccl-facts"
     for key in xpu.XCCL_FACTS:
         assert f"| `{key}` |" in table and f"**`{key}`**" in details
     # the table's cells are derive()'s labels: spot checks written from the sources
     rows = {line.split("|")[1].strip().strip("`"): [c.strip() for c in line.strip().strip("|").split("|")]
             for line in table.splitlines() if line.startswith("| `")}
     assert rows["premul_sum"][2:9] == ["strategy"] * 3 + ["native"] * 4
-    assert rows["avg"][2:9] == ["native from oneCCL 2022.0"] * 7
-    assert rows["avg_reduce_scatter"][2] == "native from oneCCL 2022.0 (scale-up)"
+    assert rows["avg"][2:9] == ["native from oneCCL 2022.0 (scale-out)"] * 7
+    assert rows["avg_reduce_scatter"][2] == "strategy"
     assert rows["bitwise"][2:9] == ["strategy"] * 7
+
+
+# -- AVG where open reports cover the stack ------------------------------------------------------------------------
+B60, MAX1550 = "Intel(R) Arc(TM) Pro B60 Graphics", "Intel(R) Data Center GPU Max 1550"
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_avg_on_scale_up_is_the_strategy_while_reports_are_open(row):
+    """oneCCL >= 2022.0 on one node: ccl avg raised on the scheduler path on 4x Max 1550 under FSDP2 and divided
+    twice on Arc B60 (both reports open, no fixed oneCCL named), so AVG takes the strategy on every GPU by default;
+    the probe's table (``unverified``) has AVG native on all_reduce and reduce_scatter of floats, nothing else more;
+    the override still says native; scale-out (oneCCL#195 adds AVG to AllReduce in 2022.0, no open report) is
+    native on all_reduce."""
+    for gpu in (None, B60, MAX1550, "Intel(R) Arc(TM) A770 Graphics"):
+        caps = xpu.derive(row, "2022.1.2", "", "scale-up", None, None, gpu)
+        assert not any(caps.reduces(p, R.AVG, d) for p in REDUCING for d in ALL_DTYPES), gpu
+        assert native_reductions(caps.unverified) - native_reductions(caps) == {
+            (p, R.AVG, d) for p in ("all_reduce", "reduce_scatter") for d in FLOATS}
+        assert caps.unverified.refused_on >= {("reduce", R.AVG)}
+        why = caps.sources["xccl.avg"]
+        assert why.startswith("strategy: open report") and "intel/torch-xpu-ops#2361" in why
+        assert ("intel/torch-xpu-ops#3020" in why) == (gpu in (None, B60)), gpu  # Arc B-series, or unknown
+        assert "intel/torch-xpu-ops#3020" not in caps.sources["xccl.avg_reduce_scatter"]
+        forced = xpu.derive(row, "2022.1.2", "avg=native,avg_reduce_scatter=native", "scale-up", None, None, gpu)
+        assert forced.reduces("all_reduce", R.AVG, torch.bfloat16) and forced.reduces("reduce_scatter", R.AVG,
+                                                                                       torch.float32)
+        assert forced.unverified is None  # nothing left for the probe to verify
+    out = xpu.derive(row, "2022.1.2", "", "scale-out", None, None, B60)
+    assert out.reduces("all_reduce", R.AVG, torch.float32) and not out.reduces("reduce_scatter", R.AVG, torch.float32)
+    assert out.unverified is None
+    # below oneCCL 2022.0 no gate passes: nothing for a probe to promote
+    assert xpu.derive(row, "2021.17.2", "", "scale-up").unverified is None
+
+
+def test_a_report_with_a_fixed_oneccl_or_another_gpu_family_stops_covering(monkeypatch):
+    """Report.covers reads the fact, topology, oneCCL (below ``fixed_in``) and the GPU name (an unknown one is
+    covered): with #3020 alone, and fixed in oneCCL 2022.3, AVG is native on scale-up from 2022.3, and on a GPU
+    outside the family before it."""
+    only = xpu.Report("intel/torch-xpu-ops#3020", ("avg",), ("scale-up",), r"Arc.*\bB\d{2,3}\b", "B60", "twice",
+                      fixed_in=(2022, 3))
+    monkeypatch.setattr(xpu, "OPEN_REPORTS", (only,))
+    def avg(oneccl, gpu):
+        return xpu.derive("2.15", oneccl, "", "scale-up", None, None, gpu).reduces("all_reduce", R.AVG, torch.float32)
+    assert [avg("2022.2", g) for g in (None, B60, "Intel(R) Arc(TM) B580 Graphics", MAX1550)] == [
+        False, False, False, True]
+    assert [avg("2022.3", g) for g in (None, B60, MAX1550)] == [True, True, True]
+    assert xpu.open_reports("avg", "scale-out", (2022, 2), B60) == ()
+
+
+# -- the backend class is part of the row --------------------------------------------------------------------------
+def xccl2_expected(p, op, d):
+    """What xccl2 (torchcomms' TorchCommXCCL at 59426ba4) reduces natively as funcoll reads it, written from its
+    source: getXcclDataTypeInternal maps f32/f64/f16/bf16/i32/i64/i8/u8/bool only; AVG is SUM then div_ on every
+    reducing collective (integer AVG in the tensor's own dtype: funcoll keeps its int64 strategy); PREMUL_SUM is a
+    mul_ of the all_reduce tensor or of a clone of the input, then SUM (floats only); BAND/BOR/BXOR raise; integer
+    MIN/MAX go to onecclMin/Max (funcoll's strategy, as on ProcessGroupXCCL)."""
+    dtypes = {torch.uint8, torch.int8, torch.int32, torch.int64, *FLOATS, torch.bool}
+    if d not in dtypes or op in (R.BAND, R.BOR, R.BXOR):
+        return False
+    if op in (R.AVG, R.PREMUL_SUM):
+        return d in FLOATS
+    if op in (R.MIN, R.MAX):
+        return d in FLOATS
+    return True
+
+
+@pytest.mark.parametrize("backend", ["xccl2", "ProcessGroupXCCL2"])
+def test_xccl2_has_its_own_row(backend):
+    for row in ROWS:
+        for oneccl in (None, "2021.17.2", "2022.1.2"):
+            for topology in ("scale-up", "scale-out"):
+                caps = xpu.derive(row, oneccl, "", topology, None, backend)
+                assert caps.name == f"xccl2[torch {row}, oneCCL {oneccl or 'unknown'}, {topology}]"
+                assert native_reductions(caps) == {(p, o, d) for p in REDUCING for o in REDUCE_OPS for d in ALL_DTYPES
+                                                   if p != "all_reduce_coalesced" and xccl2_expected(p, o, d)}
+                assert not caps.uneven_all_to_all and caps.unverified is None
+                assert caps.versions["backend"] == "ProcessGroupXCCL2"
+    # its overrides: AVG and PREMUL_SUM may be turned off (funcoll's own strategy), bitwise never
+    off = xpu.derive("2.15", None, "avg=strategy,premul_sum_reduce_scatter=strategy", None, None, backend)
+    assert not off.reduces("all_reduce", R.AVG, torch.float32) and off.reduces("reduce", R.AVG, torch.float32)
+    assert not off.reduces("reduce", R.PREMUL_SUM, torch.float32) and off.reduces("all_reduce", R.PREMUL_SUM,
+                                                                                   torch.float32)
+    with pytest.raises(ValueError) as e:
+        xpu.derive("2.15", None, "bitwise=native", None, None, backend)
+    assert str(e.value) == ("funcoll.xpu: override 'bitwise' cannot be overridden (the library has no native path); "
+                            "overridable facts on scale-out: avg, avg_reduce, avg_reduce_scatter, int_minmax, "
+                            "premul_sum, premul_sum_reduce_scatter, uneven_all_to_all")
+
+
+def test_an_unknown_backend_class_gets_the_conservative_row():
+    conservative = {(p, o, d) for p in REDUCING for o in (R.SUM, R.PRODUCT, R.MIN, R.MAX)
+                    for d in (torch.uint8, torch.int8, torch.int32, torch.int64, *FLOATS, torch.bool)
+                    if p != "all_reduce_coalesced" and (o in (R.SUM, R.PRODUCT) or d in FLOATS)}
+    for row in ROWS:
+        caps = xpu.derive(row, "2022.1.2", "", "scale-up", "2022.1.2", "ProcessGroupXYZ")
+        assert caps.name == f"xpu:ProcessGroupXYZ[torch {row}, oneCCL 2022.1.2, scale-up]"
+        assert native_reductions(caps) == conservative
+        assert not caps.uneven_all_to_all and caps.unverified is None
+        assert all(v.startswith(("info: ", "strategy: ProcessGroupXYZ is an XPU backend funcoll has no facts for"))
+                   for k, v in caps.sources.items())
+    with pytest.raises(ValueError) as e:
+        xpu.derive("2.15", "2022.1.2", "avg=native", "scale-up", None, "ProcessGroupXYZ")
+    assert str(e.value) == ("funcoll.xpu: override 'avg' cannot be overridden on ProcessGroupXYZ (an XPU backend "
+                            "funcoll has no facts for: the conservative row); overridable facts on scale-up: none")
+
+
+def test_the_c10d_factory_reads_the_backend_class_from_the_group():
+    """A group made with another backend: the XPU transport's row is the one of the class its XPU backend has
+    (``pg._get_backend(device)``); the backends here are real gloo backends under the classes' names."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    def group_with(cls):
+        backend = cls(dist.HashStore(), 0, 1, timedelta(seconds=10))
+
+        class PG:
+            group_name = f"g-{cls.__name__}"
+
+            def _get_backend(self, device):
+                assert device == torch.device("xpu")
+                return backend
+
+        return PG()
+
+    names = {}
+    for name in ("ProcessGroupXCCL", "ProcessGroupXCCL2", "ProcessGroupSomethingElse"):
+        tp = xpu._c10d_xpu(group_with(type(name, (dist.ProcessGroupGloo,), {})), torch.device("xpu", 0))
+        assert isinstance(tp, xpu.XcclTransport)
+        names[name] = tp.caps
+    assert names["ProcessGroupXCCL2"].reduces("reduce_scatter", R.AVG, torch.float32)
+    assert names["ProcessGroupXCCL2"].sources["xccl.backend"] == "ProcessGroupXCCL2 (the backend that runs the calls)"
+    assert not names["ProcessGroupXCCL"].reduces("reduce_scatter", R.AVG, torch.float32)
+    assert names["ProcessGroupSomethingElse"].name.startswith("xpu:ProcessGroupSomethingElse[")
+    assert not torch.xpu.is_initialized()
+
+
+def test_report_shows_the_row_of_either_backend_class():
+    import contextlib
+    import io
+
+    from funcoll.__main__ import main
+
+    def report(*args):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["report", "--device", "xpu", "--torch-version", "2.15.0", *args]) == 0
+        return out.getvalue().splitlines()
+
+    lines = report("--oneccl-version", "2022.1.2", "--topology", "scale-up", "--gpu", B60)
+    assert "| all_reduce avg float32 | avg=sum+scale |" in lines
+    assert ("(backend ProcessGroupXCCL, GPU Intel(R) Arc(TM) Pro B60 Graphics; graph capture: allowed; torch 2.15 is "
+            "known up to intel/torch-xpu-ops main at ab84f925 (2026-08-22))") in lines
+    avg = next(line for line in lines if line.startswith("- `avg`: "))
+    assert avg.startswith("- `avg`: **strategy** (open reports intel/torch-xpu-ops#2361, intel/torch-xpu-ops#3020 "
+                          "cover this stack (scale-up, oneCCL 2022.1.2, GPU Intel(R) Arc(TM) Pro B60 Graphics): native "
+                          "once funcoll.probe verifies it on the live group, or with FUNCOLL_XPU_OVERRIDE=avg=native) "
+                          "- ProcessGroupXCCL: always onecclAvg")
+    lines = report("--backend", "xccl2")
+    assert "| all_reduce avg float32 | native |" in lines and "| reduce_scatter premul_sum float32 | native |" in lines
+    assert ("- `premul_sum_reduce_scatter`: **native** - ProcessGroupXCCL2: input.clone().mul_(factor), then "
+            "SUM") in lines
+    assert "- `bitwise`: **strategy** - ProcessGroupXCCL2: raises std::runtime_error" in lines
+    lines = report("--backend", "ProcessGroupXYZ")
+    assert "| all_reduce avg float32 | avg=sum+scale |" in lines
+    assert ("- `int_minmax`: **strategy** (ProcessGroupXYZ is an XPU backend funcoll has no facts for (the "
+            "conservative row)) - ProcessGroupXYZ: unknown") in lines
