@@ -338,8 +338,12 @@ class StrictC10dTransport(C10dTransport):
     has arrived (up to the group's timeout, past which gloo raises), a group is replayed in the order given."""
 
     def _recv(self, t, src, tag):
-        self.backend.recv([t], src, tag).wait()
+        self._received(t, src, tag)
         return DONE
+
+    def _received(self, t, src, tag) -> None:
+        # the group's timeout as it is now (dist.set_timeout changes it; gloo's own wait keeps the one it started with)
+        self.backend.recv([t], src, tag).wait(self.backend.options._timeout)
 
     def _p2p_group(self, ops: Sequence[P2P]) -> list:
         handles = []
@@ -347,7 +351,7 @@ class StrictC10dTransport(C10dTransport):
             if op.send:
                 handles.append(waited(self.backend.send([op.tensor], op.peer, op.tag), [op.tensor]))
             else:
-                self.backend.recv([op.tensor], op.peer, op.tag).wait()
+                self._received(op.tensor, op.peer, op.tag)
         return handles
 
 

@@ -47,7 +47,12 @@ def _ring_once(rank, n, ordered):
 
 
 def ring(rank, n, orders):
-    """The ring once per entry of ``orders`` (funcoll's ordering on or off), in that order."""
+    """The ring once per entry of ``orders`` (funcoll's ordering on or off), in that order, with the group's timeout
+    RING_TIMEOUT (the world starts with a longer one: ranks of a loaded machine start seconds apart)."""
+    from datetime import timedelta
+
+    dist.barrier()
+    dist.group.WORLD.set_timeout(timedelta(seconds=RING_TIMEOUT))
     return [_ring_once(rank, n, ordered) for ordered in orders]
 
 
@@ -58,8 +63,7 @@ def _ring_data(res, r, n):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_irecv_first_ring_deadlocks_in_the_given_order_and_completes_sends_first(n):
     # funcoll's order first (it completes), then the user's (it deadlocks, and leaves the group unusable)
-    res = run_world("tests.xpu.test_xpu_p2p:ring", n, "xccl", args=([True, False],), coll_timeout=RING_TIMEOUT,
-                    timeout=60)
+    res = run_world("tests.xpu.test_xpu_p2p:ring", n, "xccl", args=([True, False],), timeout=60)
     assert [_ring_data(ordered, r, n) for r, (ordered, _) in enumerate(res)] == [True] * n, res
     timed_out = []
     for r, (_, given) in enumerate(res):
@@ -76,7 +80,7 @@ def test_irecv_first_ring_deadlocks_in_the_given_order_and_completes_sends_first
 
 def test_irecv_first_ring_completes_on_gloo_in_the_given_order():
     """Without the xccl profile the backend is gloo, whose receives never block a batch: any order completes."""
-    res = run_world("tests.xpu.test_xpu_p2p:ring", 3, None, args=([False],), coll_timeout=RING_TIMEOUT, timeout=60)
+    res = run_world("tests.xpu.test_xpu_p2p:ring", 3, None, args=([False],), timeout=60)
     assert [_ring_data(got, r, 3) for r, (got,) in enumerate(res)] == [True] * 3, res
 
 
