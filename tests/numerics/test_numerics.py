@@ -308,8 +308,11 @@ def all_ops(rank, n, path="default"):
             c.failures.append(f"[rank {rank}] the flight recorder kept {len(calls_seen)} of the "
                               f"{trace.seq - first_seq} calls (FUNCOLL_TRACE_BUFFER_SIZE)")
         strategies = {s for e in calls_seen for s in e.strategies}
+    # the calls the fast path issued (recorded as NativeEntry, not Call)
+    fast = sum(type(e) is funcoll.flight_recorder.NativeEntry and e.seq is not None and e.seq >= first_seq
+               for e in list(trace.buffer))
     return {"failures": c.failures, "count": c.count, "calls": calls, "strategies": sorted(strategies),
-            "caps": tp.caps.name}
+            "caps": tp.caps.name, "fast": fast}
 
 
 def all_ops_full(rank, n):
@@ -480,6 +483,8 @@ def matrix(worlds):
 def test_every_op_dtype_reduce_op(matrix, world, profile, path):
     results = matrix(world, profile, path)
     assert results[0]["count"] > 300
+    # the default path took the fast path where it applies, the full path never
+    assert all(r["fast"] > 50 if path == "default" else r["fast"] == 0 for r in results), [r["fast"] for r in results]
     assert results[0]["caps"] == ("gloo" if profile is None else f"gloo[{profile}]")
     _report(results)
 
