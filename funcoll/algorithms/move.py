@@ -228,9 +228,10 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
         return _a2a_even(tp, out, inp)
     if caps.uneven_all_to_all:
         return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), out_splits, in_splits)])
-    # Split sizes were given and the backend has no uneven all_to_all: every rank takes this path (a rank cannot
-    # know locally that the others are even) and pads every split to one size: a bound every rank promised, else
-    # the largest split, agreed on with a tiny all_gather.
+    # Split sizes were given and the backend has no uneven all_to_all: every rank takes this path, whatever its own
+    # splits (a rank whose splits are all equal cannot know that its peers' are). With point-to-point messages of any
+    # size, the pairwise exchange is right for every combination; else (XLA, TorchTPU) every split is padded to one
+    # size: a bound every rank promised, else the largest split, agreed on with a tiny all_gather.
     if caps.has("send_recv") and caps.p2p_any_shape and tp.split_bound() is None:
         _note("uneven all_to_all=pairwise send/recv")
         return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
@@ -253,7 +254,7 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
     if agreed is None:
         agreed = _agree(tp, [max(local), -min(local)])
     chunk, smallest = int(agreed[:, 0].max()), -int(agreed[:, 1].max())
-    if chunk == smallest:
+    if chunk == smallest:  # every rank's every split: a decision every rank makes from the same agreed values
         _note("splits even on every rank: even all_to_all")
         return _a2a_even(tp, out, inp)
     _note(f"uneven all_to_all=pad to {chunk}+even all_to_all+unpad")
@@ -296,7 +297,10 @@ def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
 
 def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> Pending:
     """Every split padded to ``chunk`` rows, one even all_to_all, the padding cut off (pieces joined with cat: no
-    writes into slices, which a lazy transport would have to replay)."""
+    writes into slices, which a lazy transport would have to replay). The exchange depends on ``chunk`` alone: a rank
+    whose splits are all ``chunk`` already holds the padded layout and sends its tensors as they are."""
+    if all(s == chunk for s in out_splits + in_splits):
+        return _a2a_even(tp, out, inp)
     rest = tuple(inp.shape[1:])
     pieces = []
     for off, s in zip(_offsets(in_splits), in_splits):
@@ -318,13 +322,12 @@ def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> P
 @_entry
 def all_to_all_single(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None,
                input_split_sizes=None) -> Pending:
+    # whether split sizes are passed is part of the call every rank shares (as NCCL's and gloo's alltoall_base read
+    # it: no lists, the even exchange; lists, the uneven one); their values are not: the plan never reads whether
+    # this rank's happen to be equal (torch's functional all_to_all_single always passes lists)
     given = bool(output_split_sizes) or bool(input_split_sizes)
     out_splits, in_splits = semantics.check_all_to_all("all_to_all_single", out, inp, output_split_sizes,
                                                input_split_sizes, tp.size)
-    if given and not tp.caps.uneven_all_to_all and len(set(out_splits + in_splits)) == 1:
-        # split sizes that are all equal are the even exchange, whether a rank passes them or not: a rank passing
-        # [k, k] and one passing none take the same plan (the plan must not read what only one rank chose)
-        given = False
     inp = _contig_in(inp)
     return _with_contig_out(out, lambda o: _a2a(tp, o, inp, out_splits, in_splits, given))
 

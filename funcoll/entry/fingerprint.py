@@ -331,9 +331,15 @@ def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, 
 
 def _fp_a2a_single(pg, a):
     out, inp, n = a[0], a[1], pg.size()
-    return {"op": "all_to_all_single", "tensors": [[dtype_name(inp.dtype), list(inp.shape[1:])]],
-            "outputs": [list(out.shape[1:])], "device": inp.device.type,
-            "input_split_sizes": _splits(_at(a, 3), inp, n), "output_split_sizes": _splits(_at(a, 2), out, n)}
+    osz, isz = _at(a, 2), _at(a, 3)
+    fp = {"op": "all_to_all_single", "tensors": [[dtype_name(inp.dtype), list(inp.shape[1:])]],
+          "outputs": [list(out.shape[1:])], "device": inp.device.type}
+    if not (osz is not None and len(osz)) and not (isz is not None and len(isz)):
+        # no split sizes passed (the even exchange): shared by every rank, as the exchange depends on it (given
+        # split sizes take the uneven exchange, whatever their values); the even splits are still checked per peer
+        fp["split_sizes"] = "none"
+    fp["input_split_sizes"], fp["output_split_sizes"] = _splits(isz, inp, n), _splits(osz, out, n)
+    return fp
 
 
 def _fp_sized_list(op: str, own_key: str, list_key: str, list_first: bool):
@@ -443,6 +449,7 @@ def check_nan(method: str, args) -> bool:
 DEBUG_CHECK = "cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL"  # which check found a mismatch
 _FIELD_NAMES = {"op": "the collective", "reduce_op": "the reduce op", "root": "the root", "device": "the device",
                 "outputs": "the output shapes", "inputs": "the input shapes", "count": "the number of tensors",
+                "split_sizes": "whether split sizes are passed",
                 "malformed": "the arguments"}
 _ORDER = ["op", "reduce_op", "root", "tensors", "device", "outputs", "inputs", "count"]
 

@@ -161,7 +161,7 @@ def describe(fp: dict) -> str:
     # a list all_to_all's tensors differ in shape per peer: its entry is the dtype alone (the shapes follow)
     parts += [d if s is None else f"{d}{list(s)}" for d, s in fp.get("tensors") or []]
     parts += [f"{key}={fp[key]}" for key in ("input_shape", "output_shape", "outputs", "output_shapes", "input_shapes",
-                                             "input_split_sizes", "output_split_sizes", "per_peer_in",
+                                             "split_sizes", "input_split_sizes", "output_split_sizes", "per_peer_in",
                                              "per_peer_out", "root_outputs", "root_inputs", "root_output_numel")
               if fp.get(key) is not None]
     return f"{fp.get('op', '?')}({', '.join(parts)})"

@@ -207,6 +207,9 @@ def _issue(kind, rank):
         return dist.all_to_all_single(out, inp, splits, splits)
     if kind == "even_splits":  # all_to_all_single without split sizes: 4 rows vs 6 rows, 2 vs 3 per peer
         return dist.all_to_all_single(torch.empty(4 + 2 * rank), torch.ones(4 + 2 * rank))
+    if kind == "splits_passed":  # rank 1 passes split sizes, rank 0 none: the uneven exchange against the even one
+        out, inp = torch.empty(4), torch.ones(4)
+        return dist.all_to_all_single(out, inp, [2, 2], [2, 2]) if rank else dist.all_to_all_single(out, inp)
     if kind == "gather_list":  # all_gather of a list: rank 1's tensors are larger
         outs = [torch.empty(2 + rank) for _ in range(2)]
         return dist.all_gather(outs, torch.ones(2 + rank))
@@ -255,6 +258,11 @@ MISMATCHES = {
                "expects 3 from rank 1 (output_split_sizes=[1, 3])", []),
     "even_splits": ("the split sizes do not match: rank 1 sends 3 rows to rank 0 (input_split_sizes=[3, 3]) but "
                     "rank 0 expects 2 from rank 1 (output_split_sizes=[2, 2])", []),
+    "splits_passed": ("they differ in whether split sizes are passed",
+                      ["rank 0: all_to_all_single(float32[], outputs=[[]], split_sizes=none, input_split_sizes=[2, 2], "
+                       "output_split_sizes=[2, 2])",
+                       "rank 1: all_to_all_single(float32[], outputs=[[]], input_split_sizes=[2, 2], "
+                       "output_split_sizes=[2, 2])"]),
     "gather_list": ("the sizes do not match: rank 1 expects 3 elements from rank 0 (output[0] of shape [3]) but rank "
                     "0's input has 2 (shape [2])",
                     ["rank 0: all_gather(float32, input_shape=[2], output_shapes=[[2], [2]])",

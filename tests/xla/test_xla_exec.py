@@ -179,8 +179,10 @@ def _eager_calls():
         "reduce_scatter_tensor avg": (rs(R.AVG), ident, 0),
         "reduce_scatter (list)": (rs_list, ident, 0),
         "all_to_all_single even": (a2a(None), ident, 0),
-        # all-equal split sizes (world 1: one split) are the even exchange on every rank: nothing to agree on
-        "all_to_all_single split sizes (all equal: the even exchange, no sync)": (a2a([4]), ident, 0),
+        # split sizes passed take the uneven exchange whatever their values (a rank cannot know that its peers' are
+        # equal too): the ranks agree on the largest split first, one sync; the agreed splits are even, so the even
+        # exchange follows
+        "all_to_all_single split sizes (agreement: one sync)": (a2a([4]), ident, 1),
         "all_to_all_single split sizes, static bound": (a2a([4], bound=6), ident, 0),
         "all_to_all (list: sizes given, agreement: one sync)": (a2a_list, ident, 1),
         "reduce max": (reduce, lambda x: [ref.reduce(R.MAX, [x])], 0),
@@ -215,15 +217,19 @@ def test_eager_broadcast_is_bit_exact(group):
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-def test_equal_split_sizes_need_no_split_bound(group):
-    """All-equal split sizes (world 1: one split) are the even exchange on every rank, whether or not a rank passes
-    them, so a static split bound (which only uneven exchanges pad to) is not read: a split above it is no error."""
+def test_split_sizes_at_the_static_bound_are_sent_as_they_are(group):
+    """Split sizes passed are padded to the static split bound every rank promised, whatever their values: splits
+    at the bound are the padded layout already (no sync, no copy), a split above it is the calling rank's
+    ValueError before anything is built."""
     x = torch.arange(4.0).to(dev())
     out = torch.empty(4, device=dev())
-    with xla.static_split_bound(3), Steps() as s:
+    with xla.static_split_bound(4), Steps() as s:
         dist.all_to_all_single(out, x, [4], [4])
     assert (s.executions, s.fallbacks) == (0, [])
     assert same(out, torch.arange(4.0))
+    too_big = r"a split size \(4\) exceeds the static split bound 3 promised by funcoll.xla.static_split_bound"
+    with xla.static_split_bound(3), pytest.raises(ValueError, match=too_big):
+        dist.all_to_all_single(out, x, [4], [4])
 
 
 # ---------------------------------------------------------------------------------------------------

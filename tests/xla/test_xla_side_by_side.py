@@ -69,6 +69,8 @@ _c10d_functional::all_reduce_(Tensor(a!) input, str reduce_op, str group_name) -
         assert any(row["torch_xla"] != row["funcoll"] for row in rows.values())
 
     def test_eager_process_group_xla_vs_funcoll(self):
+        # split sizes passed: the ranks agree on the largest split first (one graph execution: a rank cannot know that
+        # its peers' splits are equal too), unless every rank promised a static split bound
         self.assertExpectedInline(table(results()["eager"], ("ProcessGroupXla", "funcoll")), """\
 -- all_reduce AVG
 [ProcessGroupXla] raises ValueError: Invalid reduce op <torch.distributed.distributed_c10d.ReduceOp object>
@@ -82,7 +84,7 @@ _c10d_functional::all_reduce_(Tensor(a!) input, str reduce_op, str group_name) -
 -- all_to_all_single with split sizes
 [ProcessGroupXla] raises AssertionError: XLA doesn't support specifying non-empty output_split_sizes and \
 input_split_sizes
-[funcoll] 0 graph execution(s) before any result is read
+[funcoll] 1 graph execution(s) before any result is read
 -- all_to_all_single with split sizes, static_split_bound(4)
 [ProcessGroupXla] raises AssertionError: XLA doesn't support specifying non-empty output_split_sizes and \
 input_split_sizes
