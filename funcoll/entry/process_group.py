@@ -336,16 +336,17 @@ class ProcessGroupFuncoll(ProcessGroup):
         """``dist.gather_single``: every rank's ``input`` lands in the single ``output`` of the root (a flat
         concatenation or a stack: only its element count matters, as upstream)."""
         root = opts.rootRank if opts is not None else 0
-        outs = None
+        outs, work = None, output
         if self.rank() == root:
             n = self.size()
             if output.numel() != n * input.numel():
                 raise ValueError(f"funcoll.gather_single: output has {output.numel()} elements, expected "
                                  f"{n} x {input.numel()} (one input per rank)")
-            if not output.is_contiguous():
-                raise ValueError("funcoll.gather_single: output must be contiguous")
-            outs = list(output.view((n,) + tuple(input.shape)).unbind(0))
-        return self._work(algorithms.gather(self._tp(input), outs, input, root), [output])
+            # the root's layout changes only its own copy: a strided output is gathered into a contiguous one
+            work = output if output.is_contiguous() else output.new_empty(output.shape)
+            outs = list(work.view((n,) + tuple(input.shape)).unbind(0))
+        p = algorithms.gather(self._tp(input), outs, input, root)
+        return self._work(p if work is output else p.and_then(lambda: output.copy_(work)), [output])
 
     gather_into_tensor = collective("gather_into_tensor")(inspect.unwrap(gather_single))
 
