@@ -1,13 +1,28 @@
-"""Every rank may hand a collective a different memory layout: the exchange the ranks run is decided only from what
-they share (op, dtype, sizes), so each op completes with the right numbers when one rank's tensors are contiguous
-and the others' are strided, transposed, offset views or channels-last -- inputs and outputs alike.
+"""Every rank may hand a collective a different memory layout, and split sizes that happen to be equal on one rank
+only: the exchange the ranks run is decided only from what they share (op, dtype, sizes, whether split sizes are
+passed), so each op completes with the right numbers when one rank's tensors are contiguous and the others' are
+strided, transposed, offset views or channels-last -- inputs and outputs alike -- and when every rank's layout
+differs.
 
-Each op runs twice per layout kind (the odd layout on rank 0, then on rank 1, contiguous on the other), on 2-rank
-worlds of the native and xccl profiles; the numbers are checked against references built from every rank's input
-(tests/reference.py). A plan chosen by one rank alone shows as a hang (the collective timeout fails the world).
+Each op runs blocking and async per layout round: the odd layout on each rank in turn (contiguous on the others),
+then rounds where every rank has a layout of its own, at worlds 2 and 3, on the native, xccl and xla profiles. It
+runs on the path users get by default (the eager fast path on: a contiguous request the backend serves goes
+straight to it, a strided one takes the full path), then again on the full path (under ``funcoll.record()``, which
+turns the fast path off). The numbers are checked against references built from every rank's input
+(tests/reference.py). Which exchange each rank ran is read without turning the fast path off: the backend methods the
+group's transport called (both paths call the backend through it) and the strategies in the flight recorder; they
+must be the same on every rank, call by call. A plan chosen by one rank alone shows there, or as a hang (the
+collective timeout fails the world).
+
+all_to_all_single with split sizes that are uneven across the group but all equal on one rank (the even exchange
+would be right for that rank alone) runs in every round, and as an async batch on a sub-group at world 3; that case
+runs on the torchtpu profile too.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
 
 import pytest
 import torch
@@ -17,6 +32,9 @@ from funcoll.launch import run_world
 from tests import reference as ref
 
 KINDS = ["strided", "transposed", "offset", "channels_last"]
+LAYOUTS = ["contiguous"] + KINDS
+LIST_OPS = ("all_gather", "reduce_scatter")  # the list forms: a world of their own (a rank may abort on a mismatch)
+N_OPS = 17 + hasattr(dist, "gather_single")
 
 
 def lay(t: torch.Tensor, kind: str) -> torch.Tensor:
@@ -40,28 +58,52 @@ def lay(t: torch.Tensor, kind: str) -> torch.Tensor:
     return v
 
 
-def _ops(rank, n, kind, odd):
-    """Every op with rank ``odd``'s tensors in layout ``kind``; the others contiguous."""
-    c = ref.Cases(rank, n)
-    mine = kind if rank == odd else "contiguous"
-    shape = (2 * n, 2, 3, 2) if kind == "channels_last" else (2 * n, 6)
+def rounds(n: int, full: bool = False) -> list:
+    """(name, every rank's layout): each odd kind on each rank in turn, then two rounds where every rank's layout
+    differs (together they hold every kind); ``full``: those two alone (the full path's run)."""
+    out = [] if full else [(f"rank {odd} {kind}", [kind if r == odd else "contiguous" for r in range(n)])
+                           for kind in KINDS for odd in range(n)]
+    out += [(f"mixed {s}", [LAYOUTS[(r + s) % len(LAYOUTS)] for r in range(n)]) for s in (1, 3)]
+    return out
+
+
+def mixed_evenness(n: int) -> list:
+    """``rows[i][j]``: the rows rank i sends rank j, uneven across the group but all equal on rank 0 (at 3 ranks on
+    ranks 0 and 1): rank 0 sends and receives one row per peer; the last rank sends itself more."""
+    rows = [[1] * n for _ in range(n)]
+    rows[n - 1][n - 1] = n
+    return rows
+
+
+def _a2a_mixed(rank, n, rows, mine, row, salt, go):
+    """all_to_all_single with ``rows`` (see :func:`mixed_evenness`), this rank's tensors in layout ``mine``, issued
+    with ``go(fn, *args)``: ``(what go returned, the check)``."""
+    dt = torch.float32
+    xs = [ref.make(dt, (sum(rows[r]),) + row, r, salt, "grid") for r in range(n)]
+    out = lay(torch.full((sum(rows[r][rank] for r in range(n)),) + row, -7.0), mine)
+    work = go(dist.all_to_all_single, out, lay(xs[rank], mine), [rows[r][rank] for r in range(n)], rows[rank])
+    want = torch.cat([xs[r][sum(rows[r][:rank]):sum(rows[r][:rank + 1])] for r in range(n)])
+    return work, lambda: ref.close(out, want)
+
+
+def _ops(rank, n, layouts, tag, which, traced, g):
+    """Every op (``which``: the list forms, or the others) on group ``g`` (every rank of the world), each rank's
+    tensors in its layout of ``layouts``."""
+    mine = layouts[rank]
+    shape = (2 * n, 2, 3, 2) if "channels_last" in layouts else (2 * n, 6)
     row = shape[1:]
     dt = torch.float32
 
     aop = [False]  # issue with async_op=True and wait on the Work
 
-    def go(fn, *a, p2p=False, **k):
-        if p2p:
-            w = fn(*a, **k)
-            if aop[0]:
-                w.wait()
-        elif aop[0]:
-            fn(*a, async_op=True, **k).wait()
+    def go(fn, *a, **k):
+        if aop[0]:
+            fn(*a, async_op=True, group=g, **k).wait()
         else:
-            fn(*a, **k)
+            fn(*a, group=g, **k)
 
     def ins(salt, shp=shape, dtype=dt, vals="grid"):
-        return ref.all_inputs(n, dtype, shp, f"{salt}/{kind}/{odd}", vals)
+        return ref.all_inputs(n, dtype, shp, f"{salt}/{tag}", vals)
 
     def out_like(shp, dtype=dt):
         return lay(torch.full(shp, -7, dtype=dtype), mine)
@@ -116,14 +158,24 @@ def _ops(rank, n, kind, odd):
         k = shape[0] // n
         return ref.close(out, torch.cat([x[rank * k:(rank + 1) * k] for x in xs]))
 
+    def all_to_all_single_even_splits():  # every rank passes equal split sizes
+        xs = ins("a2ae")
+        out = out_like(shape)
+        k = shape[0] // n
+        go(dist.all_to_all_single, out, lay(xs[rank], mine), [k] * n, [k] * n)
+        return ref.close(out, torch.cat([x[rank * k:(rank + 1) * k] for x in xs]))
+
     def all_to_all_single_uneven():
         # rank r sends r + j + 1 rows to rank j
         rows = [[r + j + 1 for j in range(n)] for r in range(n)]
-        xs = [ref.make(dt, (sum(rows[r]),) + row, r, f"a2av/{kind}/{odd}", "grid") for r in range(n)]
+        xs = [ref.make(dt, (sum(rows[r]),) + row, r, f"a2av/{tag}", "grid") for r in range(n)]
         out = out_like((sum(rows[r][rank] for r in range(n)),) + row)
         go(dist.all_to_all_single, out, lay(xs[rank], mine), [rows[r][rank] for r in range(n)], rows[rank])
         want = [xs[r][sum(rows[r][:rank]):sum(rows[r][:rank + 1])] for r in range(n)]
         return ref.close(out, torch.cat(want))
+
+    def all_to_all_single_mixed_evenness():
+        return _a2a_mixed(rank, n, mixed_evenness(n), mine, row, f"a2am/{tag}", go)[1]()
 
     def all_to_all():
         xs = [ins(f"a2l{j}") for j in range(n)]  # xs[j][r]: what rank r sends to rank j
@@ -151,57 +203,240 @@ def _ops(rank, n, kind, odd):
             return None
         return next((ref.close(o, x) for o, x in zip(outs, xs) if ref.close(o, x)), None)
 
+    def gather_single():  # torch >= 2.10: the root's one output tensor
+        xs = ins("gs")
+        out = out_like((n * shape[0],) + row) if rank == 0 else None
+        go(dist.gather_single, lay(xs[rank], mine), out, dst=0)
+        return ref.close(out, torch.cat(xs)) if rank == 0 else None
+
     def scatter():
         xs = ins("sc")
         out = out_like(shape)
         go(dist.scatter, out, [lay(x, mine) for x in xs] if rank == 1 else None, src=1)
         return ref.close(out, xs[rank])
 
-    def send_recv():
+    def send_recv():  # a ring: to the next rank, from the previous one
         xs = ins("p2p")
-        if rank == 0:
-            go(dist.isend if aop[0] else dist.send, lay(xs[0], mine), dst=1, p2p=True)
-            return None
         t = out_like(shape)
-        go(dist.irecv if aop[0] else dist.recv, t, src=0, p2p=True)
-        return ref.close(t, xs[0])
+        nxt, prev = (rank + 1) % n, (rank - 1) % n
+        if aop[0]:
+            ws = [dist.isend(lay(xs[rank], mine), dst=nxt, group=g), dist.irecv(t, src=prev, group=g)]
+            for w in ws:
+                w.wait()
+        elif rank == 0:
+            dist.send(lay(xs[rank], mine), dst=nxt, group=g)
+            dist.recv(t, src=prev, group=g)
+        else:
+            dist.recv(t, src=prev, group=g)
+            dist.send(lay(xs[rank], mine), dst=nxt, group=g)
+        return ref.close(t, xs[prev])
 
-    for fn in (all_reduce, all_reduce_int_max, all_reduce_coalesced, all_gather_into_tensor, all_gather,
-               reduce_scatter_tensor, reduce_scatter, all_to_all_single, all_to_all_single_uneven, all_to_all,
-               broadcast, reduce, gather, scatter, send_recv):
+    ops = (all_reduce, all_reduce_int_max, all_reduce_coalesced, all_gather_into_tensor, all_gather,
+           reduce_scatter_tensor, reduce_scatter, all_to_all_single, all_to_all_single_even_splits,
+           all_to_all_single_uneven, all_to_all_single_mixed_evenness, all_to_all, broadcast, reduce, gather, scatter,
+           send_recv) + ((gather_single,) if hasattr(dist, "gather_single") else ())
+    assert len(ops) == N_OPS
+    for fn in ops:
+        if (fn.__name__ in LIST_OPS) != (which == "lists"):
+            continue
         for mode in ("blocking", "async"):
             aop[0] = mode == "async"
-            c.check(f"{fn.__name__} ({mode}; rank {odd} {kind})", fn)
-    return c.failures, c.count
+            traced(f"{fn.__name__} ({mode}; {tag})", fn)
 
 
-@pytest.mark.parametrize("profile", [None, "xccl"])
-def test_every_op_with_a_different_layout_on_each_rank(profile):
-    for failures, count in run_world("tests.semantics.test_layouts:_rank", 2, profile, timeout=240, coll_timeout=30):
-        assert failures == [], "\n".join(failures)
-        assert count == len(KINDS) * 2 * 15 * 2
+# ---------------------------------------------------------------------------------------------------
+# which exchange a rank ran, read without turning the fast path off
+# ---------------------------------------------------------------------------------------------------
+_COLLECTIVES = frozenset({"allreduce", "allreduce_coalesced", "_allgather_base", "allgather", "_reduce_scatter_base",
+                          "reduce_scatter", "alltoall_base", "alltoall", "broadcast", "reduce", "gather", "scatter",
+                          "send", "recv", "barrier"})
 
 
-def _rank(rank, n):
+class _Methods:
+    """Stands in for a group's backend in its CPU transport and logs the backend methods called: the fast path's
+    native call and the full path's primitives both go through it. Send and receive are one exchange's two sides;
+    ``alltoall_base`` is logged with whether it got split sizes (the even and the uneven exchange)."""
+
+    def __init__(self, backend, log: list):
+        self._backend, self._log = backend, log
+
+    def __getattr__(self, name):
+        attr = getattr(self._backend, name)
+        if name not in _COLLECTIVES:
+            return attr
+
+        def call(*a, **k):
+            if name == "alltoall_base":
+                self._log.append(f"alltoall_base({'split sizes' if a[2] or a[3] else 'even'})")
+            else:
+                self._log.append("send/recv" if name in ("send", "recv") else name)
+            return attr(*a, **k)
+
+        return call
+
+
+def _watch(c, g, seen: list):
+    """``traced(name, fn)`` for group ``g``: runs one check of ``c`` and appends to ``seen`` what this rank's exchange
+    was, ``(name, backend methods, strategies)``: the backend methods called (a set: how many sends a pairwise
+    exchange makes depends on the rank's own splits) and each new flight-recorder entry's strategies (a native call
+    is "native" on either path)."""
+    from funcoll.entry.flight_recorder import NativeEntry, trace_of
+
+    tp = g.transport("cpu")
+    log: list = []
+    tp.backend = _Methods(tp.backend, log)
+    tp._native_requests.clear()  # a cached native call holds the backend's own method: looked up again, through the spy
+    trace = trace_of(g)
+
+    def traced(name, fn):
+        seq, p2p, first = trace.seq, trace.p2p_seq, len(log)
+        c.check(name, fn)
+        new = [e for e in list(trace.buffer)[-8:]  # the entries this check made (a few at most), oldest first
+               if (e.seq is not None and e.seq >= seq) or (e.p2p_seq is not None and e.p2p_seq >= p2p)]
+        seen.append((name, sorted(set(log[first:])),
+                     [["native"] if type(e) is NativeEntry else list(e.strategies) or ["native"] for e in new]))
+
+    return traced
+
+
+def _group(profile):
+    """A group of the whole world whose CPU transport has the capabilities of ``profile`` (None: gloo's own)."""
     import funcoll
 
-    failures, count = [], 0
-    for kind in KINDS:
-        for odd in (0, 1):
-            with funcoll.record() as log:
-                f, k = _ops(rank, n, kind, odd)
-            # the same strategies on every rank: the plan did not read a rank's own layout
-            failures += f + _strategies(rank, log)
-            count += k
-    return failures, count
+    return dist.new_group(backend="funcoll", pg_options=funcoll.Options(profile=profile))
 
 
-def _strategies(rank, log):
-    """Gathers every rank's strategy log and reports where they differ (through an object collective of the world)."""
-    logs = [None] * dist.get_world_size()
-    p2p = {"send": "send/recv", "recv": "send/recv"}  # the two sides of one exchange
-    dist.all_gather_object(logs, [(p2p.get(op, op), notes) for op, notes in log if op != "barrier"])
-    if any(other != logs[0] for other in logs):
-        diff = next((i, [lg[i] for lg in logs]) for i in range(len(logs[0])) if any(lg[i] != logs[0][i] for lg in logs))
-        return [f"[rank {rank}] the ranks ran different strategies: call {diff[0]}: {diff[1]}"]
-    return []
+def _subgroup_batch(rank, c, profile, seen):
+    """On the sub-group of global ranks 0 and 2 of a 3-rank world: an async batch (all_to_all_single with
+    mixed-evenness split sizes, an all_reduce, an all_to_all_single without split sizes and one with equal ones),
+    waited in reverse order."""
+    import funcoll
+
+    g = dist.new_group([0, 2], backend="funcoll", pg_options=funcoll.Options(profile=profile))
+    if rank not in (0, 2):
+        return
+    me, m = dist.get_rank(g), 2
+    traced = _watch(c, g, seen)
+
+    def batch():
+        works, checks = [], []
+
+        def go(fn, *a, **k):
+            works.append(fn(*a, async_op=True, group=g, **k))
+
+        checks.append(_a2a_mixed(me, m, mixed_evenness(m), "contiguous" if me else "strided", (3,), "sub a2am", go)[1])
+        xs = ref.all_inputs(m, torch.float32, (4,), "sub ar", "grid")
+        t = xs[me].clone()
+        go(dist.all_reduce, t)
+        checks.append(lambda: ref.close(t, ref.reduce("sum", xs), m, "sum", "grid"))
+        for k, splits in (("even", None), ("equal splits", [2, 2])):
+            ys = ref.all_inputs(m, torch.float32, (4, 3), f"sub a2a {k}", "grid")
+            o = torch.empty(4, 3)
+            go(dist.all_to_all_single, o, ys[me], splits, splits)
+            checks.append(lambda o=o, ys=ys: ref.close(o, torch.cat([y[2 * me:2 * me + 2] for y in ys])))
+        for w in reversed(works):
+            w.wait()
+        return next((f for f in (ch() for ch in checks) if f), None)
+
+    traced(f"async batch on the sub-group [0, 2] ({profile or 'native'})", batch)
+
+
+PROFILES = (None, "xccl", "xla")
+
+
+def _rank(rank, n, which="ops"):
+    """Every op on one group per profile of :data:`PROFILES` (the default path, then the full path), and the sub-group
+    batch at world 3: ``(failures, count, the exchanges per group, the sub-groups' exchanges)``."""
+    import funcoll
+
+    c = ref.Cases(rank, n)
+    seen: dict = {}
+    sub: list = []
+    for profile in PROFILES:
+        g = _group(profile)
+        traced = _watch(c, g, seen.setdefault(str(profile), []))
+        for full in (False, True):  # the default path (the fast path on), then the full path
+            for name, layouts in rounds(n, full):
+                tag = f"{profile or 'native'}, {name}{', full path' if full else ''}"
+                with funcoll.record() if full else contextlib.nullcontext():
+                    _ops(rank, n, layouts, tag, which, traced, g)
+        if n == 3 and which == "ops":
+            _subgroup_batch(rank, c, profile, sub)
+    return c.failures, c.count, seen, sub
+
+
+def _same_exchange(per_rank: list, members) -> list:
+    """Where the ranks ``members`` ran different exchanges for the same call: ``[call: rank -> exchange]``."""
+    first = per_rank[members[0]]
+    assert all(len(per_rank[r]) == len(first) for r in members), [len(per_rank[r]) for r in members]
+    out = []
+    for i, (name, _, _) in enumerate(first):
+        got = {r: per_rank[r][i][1:] for r in members}
+        assert all(per_rank[r][i][0] == name for r in members), name
+        if any(v != got[members[0]] for v in got.values()):
+            out.append(f"{name}: the ranks ran different exchanges {got}")
+    return out
+
+
+def _check(results, n, which):
+    per_round = 2 * (len(LIST_OPS) if which == "lists" else N_OPS - len(LIST_OPS))  # ops x (blocking, async)
+    for rank, (failures, count, _, _) in enumerate(results):
+        assert failures == [], "\n".join(failures)
+        sub = n == 3 and which == "ops" and rank != 1
+        assert count == len(PROFILES) * ((len(rounds(n)) + len(rounds(n, True))) * per_round + sub)
+    for profile in PROFILES:
+        assert _same_exchange([r[2][str(profile)] for r in results], list(range(n))) == []
+    if n == 3 and which == "ops":
+        assert _same_exchange([r[3] for r in results], [0, 2]) == []
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_op_with_a_different_layout_on_each_rank(n):
+    _check(run_world("tests.semantics.test_layouts:_rank", n, timeout=300, coll_timeout=30), n, "ops")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_list_collectives_with_a_different_layout_on_each_rank(n):
+    """The list all_gather and reduce_scatter: a rank whose exchange differs from its peers' may be aborted by gloo
+    ("Received data size doesn't match expected size"), so they run in a world of their own."""
+    _check(run_world("tests.semantics.test_layouts:_rank", n, args=("lists",), timeout=300, coll_timeout=30), n,
+           "lists")
+
+
+def _rank_mixed_evenness(rank, n):
+    """The mixed-evenness all_to_all_single alone on the world (blocking and async, this rank's tensors contiguous,
+    then strided), and the sub-group batch at world 3."""
+    c = ref.Cases(rank, n)
+    seen: list = []
+    sub: list = []
+    g = dist.group.WORLD
+    traced = _watch(c, g, seen)
+
+    def one(mine, aop):
+        def go(fn, *a, **k):
+            w = fn(*a, async_op=aop, **k)
+            if aop:
+                w.wait()
+
+        return _a2a_mixed(rank, n, mixed_evenness(n), mine, (2,), f"me {mine} {aop}", go)[1]()
+
+    for mine in ("contiguous", "strided"):
+        for aop in (False, True):
+            traced(f"mixed evenness ({mine}, async={aop})", functools.partial(one, mine, aop))
+    if n == 3:
+        _subgroup_batch(rank, c, "torchtpu", sub)
+    return c.failures, c.count, seen, sub
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_split_sizes_equal_on_one_rank_only_on_torchtpu(n):
+    """The torchtpu profile (no uneven all_to_all, no per-pair message sizes: the padded exchange after the split
+    sizes' agreement): the mixed-evenness all_to_all_single completes with the right rows on every rank."""
+    results = run_world("tests.semantics.test_layouts:_rank_mixed_evenness", n, "torchtpu", timeout=120,
+                        coll_timeout=30)
+    for rank, (failures, count, _, _) in enumerate(results):
+        assert failures == [], "\n".join(failures)
+        assert count == 4 + (n == 3 and rank != 1)
+    assert _same_exchange([r[2] for r in results], list(range(n))) == []
+    if n == 3:
+        assert _same_exchange([r[3] for r in results], [0, 2]) == []
