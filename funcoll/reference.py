@@ -5,7 +5,8 @@ Every rank builds *every* rank's inputs from a seed (:func:`make`), so each resu
 computed locally from all of them (:func:`reduce`); nothing is exchanged to build it. Integer dtypes are reduced
 with Python integers (exact, then wrapped to the dtype's width), floating ones in float64/complex128 and rounded
 once to the dtype. :func:`close` compares a result with its reference; :func:`valid_ops` reads which reduce ops
-a dtype takes from ``funcoll.semantics`` (the one table). tests/reference.py re-exports it for the tests.
+a dtype takes from ``funcoll.semantics`` (the one table; the probe uses it). The tests take the valid requests from
+tests/oracle.py instead (what NCCL, gloo and XCCL accept, plus funcoll's promises), and check this against it.
 """
 
 from __future__ import annotations
