@@ -46,14 +46,61 @@ def _ring_once(rank, n, ordered):
     return {"got": got, "s": time.monotonic() - t0}
 
 
-def ring(rank, n, orders):
+def _through_xccl_transport(rank, n):
+    """The same batch through the XPU transport class (funcoll.transport.xpu.XcclTransport) over a backend that
+    coalesces as ProcessGroupXCCL does (``supports_coalescing``, ``_start_coalescing``/``_end_coalescing`` around the
+    group) and records what it is handed, carried by a real gloo backend: ``(calls in order, data received)``."""
+    from funcoll import algorithms
+    from funcoll.transport import profile
+    from funcoll.transport.xpu import XcclTransport
+
+    gloo = dist.new_group(backend="gloo")._get_backend(torch.device("cpu"))
+    calls: list = []
+    works: list = []
+
+    class Coalescing:
+        supports_coalescing = True
+        rank, size = gloo.rank, gloo.size
+
+        def _start_coalescing(self, device):
+            calls.append("start")
+
+        def send(self, tensors, dst, tag):
+            calls.append(("send", dst))
+            works.append(gloo.send(tensors, dst, tag))
+
+        def recv(self, tensors, src, tag):
+            calls.append(("recv", src))
+            works.append(gloo.recv(tensors, src, tag))
+
+        def _end_coalescing(self, device):  # one Work for the group, as ProcessGroupXCCL's
+            calls.append("end")
+            return Group()
+
+    class Group:
+        def wait(self, timeout=None):
+            while works:  # each of gloo's Works waited on once
+                works.pop(0).wait()
+            return True
+
+    tp = XcclTransport(Coalescing(), profile("xccl"), "cpu", device_type="cpu")
+    got = torch.full((5,), -1.0)
+    x = torch.arange(5, dtype=torch.float32) + 10 * rank
+    algorithms.batch_isend_irecv(tp, [algorithms.p2p_op(tp, False, got, (rank - 1) % n),
+                                      algorithms.p2p_op(tp, True, x, (rank + 1) % n)]).wait()
+    return calls, got
+
+
+def ring(rank, n, orders, xccl_transport=False):
     """The ring once per entry of ``orders`` (funcoll's ordering on or off), in that order, with the group's timeout
-    RING_TIMEOUT (the world starts with a longer one: ranks of a loaded machine start seconds apart)."""
+    RING_TIMEOUT (the world starts with a longer one: ranks of a loaded machine start seconds apart); first, with
+    ``xccl_transport``, through the XPU transport class (:func:`_through_xccl_transport`)."""
     from datetime import timedelta
 
+    spied = _through_xccl_transport(rank, n) if xccl_transport else None
     dist.barrier()
     dist.group.WORLD.set_timeout(timedelta(seconds=RING_TIMEOUT))
-    return [_ring_once(rank, n, ordered) for ordered in orders]
+    return spied, [_ring_once(rank, n, ordered) for ordered in orders]
 
 
 def _ring_data(res, r, n):
@@ -63,8 +110,13 @@ def _ring_data(res, r, n):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_irecv_first_ring_deadlocks_in_the_given_order_and_completes_sends_first(n):
     # funcoll's order first (it completes), then the user's (it deadlocks, and leaves the group unusable)
-    res = run_world("tests.xpu.test_xpu_p2p:ring", n, "xccl", args=([True, False],), timeout=60)
+    got = run_world("tests.xpu.test_xpu_p2p:ring", n, "xccl", args=([True, False], n == 3), timeout=60)
+    res = [rings for _, rings in got]
     assert [_ring_data(ordered, r, n) for r, (ordered, _) in enumerate(res)] == [True] * n, res
+    if n == 3:  # the XPU transport hands the backend one coalesced group, its send before its receive
+        for r, (calls, data) in enumerate(spied for spied, _ in got):
+            assert calls == ["start", ("send", (r + 1) % n), ("recv", (r - 1) % n), "end"], (r, calls)
+            assert _ring_data({"got": data}, r, n), (r, data)
     timed_out = []
     for r, (_, given) in enumerate(res):
         # every rank blocked in its first receive of the batch (p2p #2: #0 and #1 were the first batch's): until the
@@ -81,7 +133,7 @@ def test_irecv_first_ring_deadlocks_in_the_given_order_and_completes_sends_first
 def test_irecv_first_ring_completes_on_gloo_in_the_given_order():
     """Without the xccl profile the backend is gloo, whose receives never block a batch: any order completes."""
     res = run_world("tests.xpu.test_xpu_p2p:ring", 3, None, args=([False],), timeout=60)
-    assert [_ring_data(got, r, 3) for r, (got,) in enumerate(res)] == [True] * 3, res
+    assert [_ring_data(got, r, 3) for r, (_, (got,)) in enumerate(res)] == [True] * 3, res
 
 
 # ---------------------------------------------------------------------------------------------------------------
