@@ -160,9 +160,10 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         sources={
             "gloo.uneven_lists": "ProcessGroupGloo::reduce_scatter (the list form) is one all_reduce per destination "
                                  "of that destination's input, so per-destination sizes are served (it checks only "
-                                 "this rank's own input against its output: dtype and sizes); ProcessGroupGloo::"
-                                 "allgather asserts one size for every output ('invalid tensor size'); pytorch/pytorch "
-                                 "torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, measured on torch 2.9.0 and 2.15.0",
+                                 "this rank's own input against its output, dtype and sizes: TORCH_CHECK_EQ, an abort "
+                                 "on 2.9.0, a RuntimeError on 2.15.0); ProcessGroupGloo::allgather asserts one size "
+                                 "for every output ('invalid tensor size'); pytorch/pytorch torch/csrc/distributed/"
+                                 "c10d/ProcessGroupGloo.cpp (v2.9.0 = 0fabc3ba, v2.15.0 = d0f2af8b), measured on both",
             "gloo.dtypes": "probe: int16/uint16/uint32/uint64/float8 raise 'Invalid scalar type' (torch 2.9.0)",
             "gloo.avg": "probe: AVG works for floating dtypes, raises for integers (torch 2.9.0)",
             "gloo.premul_sum": "gloo has no PREMUL_SUM (ProcessGroupGloo.cpp, torch 2.9.0)",
