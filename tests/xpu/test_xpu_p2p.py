@@ -30,20 +30,23 @@ RING_TIMEOUT = 3  # seconds: the group's timeout, which ends a deadlocked ring
 
 
 def _ring_once(rank, n, ordered):
-    """Each rank receives from the previous rank and sends to the next, the receive listed first."""
+    """Each rank receives two messages from the previous rank and sends two to the next (tags 7 and 8), the receives
+    listed first."""
     from funcoll.algorithms import p2p
 
     p2p._ORDERED = ordered
     x = torch.arange(5, dtype=torch.float32) + 10 * rank
-    got = torch.full((5,), -1.0)
-    ops = [dist.P2POp(dist.irecv, got, (rank - 1) % n), dist.P2POp(dist.isend, x, (rank + 1) % n)]
+    got, second = torch.full((5,), -1.0), torch.full((5,), -1.0)
+    prv, nxt = (rank - 1) % n, (rank + 1) % n
+    ops = [dist.P2POp(dist.irecv, got, prv, tag=7), dist.P2POp(dist.irecv, second, prv, tag=8),
+           dist.P2POp(dist.isend, x, nxt, tag=7), dist.P2POp(dist.isend, x + 100, nxt, tag=8)]
     t0 = time.monotonic()
     try:
         for w in dist.batch_isend_irecv(ops):
             w.wait()
     except RuntimeError as e:
         return {"error": f"{type(e).__name__}: {e}", "s": time.monotonic() - t0}
-    return {"got": got, "s": time.monotonic() - t0}
+    return {"got": got, "second": second, "s": time.monotonic() - t0}
 
 
 def _through_xccl_transport(rank, n):
@@ -104,7 +107,9 @@ def ring(rank, n, orders, xccl_transport=False):
 
 
 def _ring_data(res, r, n):
-    return "got" in res and torch.equal(res["got"], torch.arange(5, dtype=torch.float32) + 10 * ((r - 1) % n))
+    want = torch.arange(5, dtype=torch.float32) + 10 * ((r - 1) % n)
+    return ("got" in res and torch.equal(res["got"], want)
+            and ("second" not in res or torch.equal(res["second"], want + 100)))  # each message paired as listed
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -119,9 +124,9 @@ def test_irecv_first_ring_deadlocks_in_the_given_order_and_completes_sends_first
             assert _ring_data({"got": data}, r, n), (r, data)
     timed_out = []
     for r, (_, given) in enumerate(res):
-        # every rank blocked in its first receive of the batch (p2p #2: #0 and #1 were the first batch's): until the
+        # every rank blocked in its first receive of the batch (p2p #4: #0-#3 were the first batch's): until the
         # group's timeout, or until a peer that timed out first gave up and closed its connections
-        assert "error" in given and "recv p2p #2" in given["error"], (r, given)
+        assert "error" in given and "recv p2p #4" in given["error"], (r, given)
         if "CollectiveTimeoutError" in given["error"]:
             assert "timed out" in given["error"] and given["s"] >= RING_TIMEOUT * 0.9, (r, given)
             timed_out.append(r)
