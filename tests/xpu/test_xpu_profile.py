@@ -243,3 +243,83 @@ def test_composite_backend_string_gives_the_funcoll_group():
         # XPU tensors on this group would get the XCCL transport; this torch has no XCCL
         assert res["xpu_error"].startswith("funcoll: XPU tensors need torch's XCCL backend "
                                            "(torch.distributed.is_xccl_available() is False in torch ")
+
+
+PROFILES_EVERY = ("gloo", "xccl", "xla", "torchtpu")
+
+
+def premul_spellings(rank, n):
+    """Rank body. PREMUL_SUM spelled ``ReduceOp.PREMUL_SUM(factor)`` (callable on torch 2.15), else
+    ``_make_nccl_premul_sum(factor)`` (what torch 2.9 has), with a float and a tensor factor, on a funcoll group of
+    every profile: eager all_reduce, reduce_scatter_tensor and reduce; where the functional ops take a ReduceOp
+    (2.15: all_reduce, all_reduce_coalesced; reduce_scatter_tensor's reduce_op is a str), functional all_reduce and
+    all_reduce_coalesced, through torch's CPU kernel and through funcoll's (install(["cpu"])). Returns
+    {(profile, path, factor): (result, caller's input after the call)}."""
+    import torch.distributed._functional_collectives as funcol
+
+    callable_op = callable(dist.ReduceOp.PREMUL_SUM)
+    spell = dist.ReduceOp.PREMUL_SUM if callable_op else dist._make_nccl_premul_sum
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]) * (rank + 1) - rank
+    out = {}
+    for prof in PROFILES_EVERY:
+        g = dist.new_group(backend="funcoll", pg_options=funcoll.Options(profile=prof))
+        for fname, factor in ((0.5, 0.5), ("tensor(0.25)", torch.tensor(0.25))):
+            t = x.clone()
+            dist.all_reduce(t, op=spell(factor), group=g)
+            out[(prof, "all_reduce", fname)] = (t.tolist(), None)
+            inp, o = x.clone(), torch.empty(2)
+            dist.reduce_scatter_tensor(o, inp, op=spell(factor), group=g)
+            out[(prof, "reduce_scatter_tensor", fname)] = (o.tolist(), inp.tolist())
+            t = x.clone()
+            dist.reduce(t, dst=1, op=spell(factor), group=g)
+            if rank == 1:
+                out[(prof, "reduce", fname)] = (t.tolist(), None)
+            if callable_op:
+                for kernel in ("torch", "funcoll"):
+                    if kernel == "funcoll":
+                        funcoll.install(["cpu"])
+                    before = len(funcoll.flight_recorder.entries(g))
+                    try:
+                        inp = x.clone()
+                        y = funcol.wait_tensor(funcol.all_reduce(inp, spell(factor), g))
+                        ys = [funcol.wait_tensor(t) for t in funcol.all_reduce_coalesced(
+                            [inp[:1], inp[1:]], spell(factor), g)]
+                    finally:
+                        if kernel == "funcoll":
+                            funcoll.uninstall(["cpu"])
+                    # torch's CPU kernel calls the group (its flight recorder counts the calls); funcoll's does not
+                    out[(prof, f"group calls ({kernel} kernel)", fname)] = (
+                        len(funcoll.flight_recorder.entries(g)) - before, None)
+                    out[(prof, f"functional all_reduce ({kernel} kernel)", fname)] = (y.tolist(), inp.tolist())
+                    out[(prof, f"functional all_reduce_coalesced ({kernel} kernel)", fname)] = (
+                        torch.cat(ys).tolist(), inp.tolist())
+    return out
+
+
+def test_premul_sum_callable_and_factory_spellings_on_every_profile():
+    """Every result against the sum over the ranks of factor * input (computed here), every caller's input left as it
+    was; the functional calls reach both torch's kernel (which calls the group) and funcoll's (which does not). torch
+    2.9 has no callable ``ReduceOp.PREMUL_SUM`` (its RedOpType is not callable) and its functional ops take a str:
+    there the factory spelling runs the eager calls."""
+    results = run_world("tests.xpu.test_xpu_profile:premul_spellings", 2, None, timeout=170, coll_timeout=40)
+    ins = [[1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 5.0, 7.0]]
+    callable_op = callable(dist.ReduceOp.PREMUL_SUM)
+    for rank, res in enumerate(results):
+        calls = {(prof, path, f): res.pop((prof, path, f))[0] for prof, path, f in list(res)
+                 if path.startswith("group calls")}
+        assert {(path, n) for (_, path, _), n in calls.items()} == (
+            {("group calls (torch kernel)", 2), ("group calls (funcoll kernel)", 0)} if callable_op else set())
+        paths = {path for _, path, _ in res}
+        want_paths = {"all_reduce", "reduce_scatter_tensor"} | ({"reduce"} if rank == 1 else set())
+        if callable_op:
+            want_paths |= {f"functional {op} ({k} kernel)" for op in ("all_reduce", "all_reduce_coalesced")
+                           for k in ("torch", "funcoll")}
+        assert paths == want_paths
+        assert {(p, f) for p, _, f in res} == {(p, f) for p in PROFILES_EVERY
+                                               for f in (0.5, "tensor(0.25)")}
+        for (prof, path, fname), (got, inp_after) in res.items():
+            f = float(str(fname).replace("tensor(", "").rstrip(")"))
+            total = [f * (a + b) for a, b in zip(*ins)]
+            want = total[2 * rank:2 * rank + 2] if path == "reduce_scatter_tensor" else total
+            assert got == want, (prof, path, fname, got, want)
+            assert inp_after is None or inp_after == ins[rank], (prof, path, fname, inp_after)
