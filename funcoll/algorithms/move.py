@@ -24,6 +24,7 @@ from funcoll.algorithms.tensors import (
     _summable,
     _unflatten,
     _with_contig_out,
+    _write_bits,
 )
 from funcoll.semantics import ReduceOp, Reduction
 from funcoll.transport import Native, Transport
@@ -339,11 +340,12 @@ def _bc(tp: Transport, t: torch.Tensor, src: int) -> Pending:
     caps = tp.caps
     if caps.has("broadcast"):
         return Pending([tp.broadcast(_bits(t, caps), src)])
-    # No native broadcast (XLA): one all-reduce of the tensor kept on src, the identity on every other rank; exact
-    # for every value, in the tensor's own dtype, and the same program on every rank (the mask is device data)
+    # No native broadcast (XLA, TorchTPU): one all-reduce of the root's bits as integers, zeros on every other rank:
+    # the bytes arrive as they are, the root's own bits too, and every rank runs the same program (the mask is device
+    # data)
     _note("broadcast=masked all_reduce")
-    b = _summable(t, caps)
-    return _masked_sum(tp, b, tp.rank_is(src, b), b.copy_)
+    b = _summable(tp, t)
+    return _masked_sum(tp, b, tp.rank_is(src, b), lambda got: _write_bits(tp, t, got))
 
 
 @_entry
@@ -371,14 +373,21 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
         p = Pending([tp.gather(work, inp, dst)])
         staged = [(o, w) for o, w in zip(outs, work) if w is not o]
         return p.and_then(lambda: [o.copy_(w) for o, w in staged]) if staged else p
+    # the rows gathered as the integers of their bits and cut there (on XLA's CPU runtime a bfloat16 slice can change
+    # NaNs), each written into its output bit for bit
     _note("gather=all_gather")
-    flat = _flat(inp)
-    g = flat.new_empty((tp.size * flat.shape[0],) + tuple(flat.shape[1:]))
-    p = _ag(tp, g, flat)
+    bits = _summable(tp, _flat(inp)).reshape(-1)
+    g = bits.new_empty((tp.size * bits.numel(),))
+    p = _ag(tp, g, bits)
     if tp.rank != dst:
         tp.retain(g)  # nobody reads it here, but the collective must run on this rank too
         return p
-    return p.and_then(lambda: _unflatten(g.view(-1), outs))
+
+    def unpack() -> None:
+        for o, row in zip(outs, g.view(tp.size, -1).unbind(0)):
+            _write_bits(tp, o, row)
+
+    return p.and_then(unpack)
 
 
 @_entry
@@ -391,10 +400,22 @@ def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tens
         ins = [_contig_in(t) for t in inps] if tp.rank == src and inps is not None else None
         return _with_contig_out(out, lambda o: Pending([tp.scatter(o, ins, src)]))
     _note("scatter=broadcast+slice")
-    buf = out.new_empty((tp.size,) + tuple(out.shape))
+    n = tp.size
+    if caps.has("broadcast"):  # a dtype the backend does not scatter but broadcasts (as bytes)
+        buf = out.new_empty((n,) + tuple(out.shape))
+        if tp.rank == src and inps is not None:
+            torch.stack(list(inps), out=buf)
+        return _bc(tp, buf, src).and_then(lambda: out.copy_(buf[tp.rank]))
+    # the masked broadcast of the root's inputs, stacked as the integers of their bits (a float stack can change NaNs:
+    # XLA's CPU compiler concatenates bfloat16 through float32), this rank's row selected in those integers by device
+    # data (not a rank constant: the same program on every rank)
+    _note("broadcast=masked all_reduce")
     if tp.rank == src and inps is not None:
-        torch.stack(list(inps), out=buf)
-    return _bc(tp, buf, src).and_then(lambda: out.copy_(buf[tp.rank]))
+        rows = torch.stack([_summable(tp, _contig_in(t)).reshape(-1) for t in inps])
+    else:
+        rows = _summable(tp, out.new_empty((n,) + tuple(out.shape))).reshape(n, -1)
+    return _masked_sum(tp, rows, tp.rank_is(src, rows), lambda got: _write_bits(
+        tp, out, got.view(n, -1).index_select(0, tp.rank_index(got))))
 
 
 # ---------------------------------------------------------------------------------------------------

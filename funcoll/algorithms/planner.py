@@ -36,9 +36,16 @@ listed here so that every strategy is in one list:
                          padding would more than double the bytes, reduce_scatter as one all_reduce of the
                          concatenation with this rank's block kept, all_gather as one broadcast per rank (where the
                          transport has broadcast); every size is in every rank's list: no agreement, no host sync
-* broadcast           -> a masked SUM all_reduce of the tensor (exact, in its own dtype) where there is no broadcast
-* all_gather          -> a masked all_reduce of n rows where there is none; all_to_all -> all_gather + select
-* gather / scatter    -> all_gather / broadcast + slice; barrier -> an all_reduce of one element
+* broadcast           -> where there is no broadcast, a masked SUM all_reduce of the integers of the tensor's bits
+                         (a same-width dtype view; on XLA a bitcast-convert, no sync): the root's bits, 0 elsewhere,
+                         so every bit pattern arrives as it is (NaN payloads, signalling NaNs, -0.0, subnormals), the
+                         root's own too, for one all_reduce of the tensor's bytes (a float sum would quiet and
+                         canonicalise NaNs); floats moved by all_gather / all_to_all go as those integers on XLA (its
+                         CPU compiler turns a float all-gather into a float all-reduce)
+* all_gather          -> a masked all_reduce of n rows of those integers where there is none (n times the bytes);
+                         all_to_all -> all_gather + select (the select in the integers)
+* gather / scatter    -> all_gather / broadcast of the stacked inputs' integers + this rank's row (selected by
+                         device data); barrier -> an all_reduce of one element
 
 Plans depend only on (capabilities, primitive, op, dtype), so they are cached; the algorithms look one up per call.
 """

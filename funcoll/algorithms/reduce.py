@@ -16,7 +16,6 @@ from funcoll import semantics
 from funcoll.algorithms import planner
 from funcoll.algorithms.pending import Pending, _entry, _note, watched
 from funcoll.algorithms.tensors import (
-    _bits,
     _by_dtype,
     _by_dtype_pairs,
     _contig_in,
@@ -24,11 +23,13 @@ from funcoll.algorithms.tensors import (
     _flat,
     _identity,
     _local_reduce,
+    _moved,
     _padded_flat,
     _summable,
     _trunc_div,
     _unflatten,
     _with_contig_out,
+    _write_bits,
 )
 from funcoll.semantics import ReduceOp, Reduction
 from funcoll.transport import Native, Transport
@@ -297,41 +298,42 @@ def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum
 # ---------------------------------------------------------------------------------------------------
 # the even all_gather and all_to_all the plans build on (all_gather's own fill is a masked all_reduce)
 # ---------------------------------------------------------------------------------------------------
-def _masked_sum(tp: Transport, t: torch.Tensor, keep: torch.Tensor, then: Callable[[torch.Tensor], object],
-                flat: bool = False) -> Pending:
-    """``t`` where ``keep`` (device data, so every rank runs the same program), the identity elsewhere, summed over
-    the group in ``t``'s own dtype (or-ed for bool): exact, no dtype view; ``then(sum)`` runs on the result (flattened
-    first when ``flat``)."""
-    masked = torch.where(keep, t, _identity(t.dtype))
-    if flat:
-        masked = masked.reshape(-1)
-    return _ar(tp, masked, Reduction(R.SUM)).and_then(lambda: then(masked))
+def _masked_sum(tp: Transport, bits: torch.Tensor, keep: torch.Tensor,
+                write: Callable[[torch.Tensor], object]) -> Pending:
+    """``bits`` (:func:`_summable` of what one rank contributes) where ``keep`` (device data, so every rank runs the
+    same program), 0 elsewhere, summed over the group as integers; ``write(sum)`` then gets the flat sum (to hand to
+    :func:`_write_bits`, selected first where needed, in the integers: XLA's CPU runtime selects bfloat16 with
+    ``index_select`` through float32). Every bit pattern the kept ranks hold arrives unchanged (NaN payloads,
+    signalling NaNs, -0.0, subnormals), on the kept ranks too. One all_reduce of the tensor's bytes."""
+    masked = torch.where(keep, bits, _identity(bits.dtype)).reshape(-1)
+    return _ar(tp, masked, Reduction(R.SUM)).and_then(lambda: write(masked))
 
 
 def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
     """All-gather of contiguous ``inp`` into contiguous ``out`` (dim-0 concatenation)."""
     caps = tp.caps
     if caps.has("all_gather"):
-        return Pending([tp.all_gather(_bits(out, caps), _bits(inp, caps))])
+        return _moved(tp, out, inp, lambda o, i: Pending([tp.all_gather(o, i)]))
     # e.g. XLA for a group whose replica groups have mixed sizes (XLA's all-gather needs one size): every rank
-    # contributes its row, the identity in the others, to one all-reduce of n rows (n times the bytes)
+    # contributes its row, zeros in the others, to one integer all-reduce of n rows (n times the bytes)
     _note("all_gather=masked all_reduce")
-    flat = _summable(_flat(inp), caps).reshape(1, -1)
-    dest = _summable(out, caps).reshape(-1)
+    flat = _summable(tp, _flat(inp)).reshape(1, -1)
     rows = flat.expand(tp.size, flat.shape[1])
-    return _masked_sum(tp, rows, tp.rank_mask(flat).unsqueeze(1), dest.copy_, flat=True)
+    return _masked_sum(tp, rows, tp.rank_mask(flat).unsqueeze(1), lambda got: _write_bits(tp, out, got))
 
 
 def _a2a_even(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
     caps, n = tp.caps, tp.size
     if caps.has("all_to_all"):
-        return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), None, None)])
-    # no all_to_all for this group (XLA, replica groups of mixed sizes): gather everything, keep this rank's column
+        return _moved(tp, out, inp, lambda o, i: Pending([tp.all_to_all(o, i, None, None)]))
+    # no all_to_all for this group (XLA, replica groups of mixed sizes): gather everything, keep this rank's column,
+    # selected in the integers of the tensor's bits (an index_select of bfloat16 on XLA's CPU runtime changes NaNs)
     _note("all_to_all=all_gather+select")
     rows = inp.shape[0] // n
-    g = inp.new_empty((n * inp.shape[0],) + tuple(inp.shape[1:]))
-    return _ag(tp, g, inp).and_then(lambda: out.copy_(
-        g.view((n, n, rows) + tuple(inp.shape[1:])).index_select(1, tp.rank_index(g)).reshape(out.shape)))
+    bits = _summable(tp, inp).reshape(inp.shape[0], -1)  # dim 0 kept
+    g = bits.new_empty((n * bits.shape[0], bits.shape[1]))
+    return _ag(tp, g, bits).and_then(lambda: _write_bits(
+        tp, out, g.view(n, n, rows, -1).index_select(1, tp.rank_index(g))))
 
 
 # ---------------------------------------------------------------------------------------------------

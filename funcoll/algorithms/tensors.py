@@ -10,7 +10,6 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
-from funcoll import semantics
 from funcoll.algorithms import planner
 from funcoll.algorithms.pending import Pending, _note
 from funcoll.semantics import ReduceOp
@@ -125,25 +124,61 @@ def _by_dtype_pairs(outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]):
 
 
 
-def _summable(t: torch.Tensor, caps) -> torch.Tensor:
-    """A view of contiguous ``t`` whose exact sum with the additive identity gives ``t`` back bit for bit: complex as
-    its real view, float8 as uint8 (no sum of float8 exists), uint16/32/64 that the transport does not sum as the
-    signed dtype (the same bits; also where torch has no CPU kernels for them); everything else as it is (no dtype
-    view where none is needed: on XLA a view is a CPU fallback)."""
+# the integer of each element size that carries another dtype's bits through a masked SUM
+_BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _summable(tp, t: torch.Tensor) -> torch.Tensor:
+    """Contiguous ``t``'s bits, read (:meth:`~funcoll.transport.Transport.bits_as`) as integers whose SUM with zeros
+    gives them back unchanged: a float sum would quiet signalling NaNs, canonicalise NaN payloads (fp16/bf16 are
+    summed in float32 on CPU) and may turn -0.0 into +0.0, an integer sum with zeros changes no bit. Integers the
+    transport sums natively and bool (or-ed) as they are; every other dtype (floats, float8, complex as its real view,
+    integers the transport does not sum) as the integer of its element size when the transport sums that natively,
+    else as bytes where a view is free (the same bytes: gloo sums no int16), else as the integer of its size (the
+    planner's exact integer SUM). For reading: on XLA the result is a new lazy tensor, not a view."""
+    if t.dtype == torch.bool:
+        return t
     if t.dtype.is_complex:
-        return torch.view_as_real(_flat(t))
-    if t.dtype in semantics.FLOAT8:
-        return t.view(torch.uint8)
-    if t.dtype in planner.SIGNED_OF and not caps.reduces("all_reduce", R.SUM, t.dtype):
-        return t.view(planner.SIGNED_OF[t.dtype])
-    return t
+        t = torch.view_as_real(_flat(t))
+    caps = tp.caps
+    if not t.dtype.is_floating_point and caps.reduces("all_reduce", R.SUM, t.dtype):
+        return t  # float8 is floating point too
+    same = _BITS_OF_SIZE[t.element_size()]
+    if same == t.dtype:
+        return t
+    if caps.reduces("all_reduce", R.SUM, same) or not tp.dtype_views or not caps.reduces("all_reduce", R.SUM,
+                                                                                          torch.uint8):
+        return tp.bits_as(_flat(t), same)  # never a 0-dim bitcast (TorchTPU refuses one)
+    return tp.bits_as(_flat(t), torch.uint8)
+
+
+def _moved(tp, out: torch.Tensor, inp: torch.Tensor,
+           send: Callable[[torch.Tensor, torch.Tensor], Pending]) -> Pending:
+    """``send(out, inp)`` of contiguous ``out`` and ``inp`` (an all_gather or an even all_to_all: ``out`` holds whole
+    multiples of ``inp``'s rows), as dtypes the backend moves (:func:`_bits`: views). On a transport that moves
+    floats as integers (XLA: :attr:`~funcoll.transport.Transport.floats_as_integers`) a floating or complex ``inp``
+    is read as the integers of its bits, ``out`` received into a buffer of them and written back bit for
+    bit (on XLA no view: a dtype view is a CPU fallback there)."""
+    if not (tp.floats_as_integers and (inp.dtype.is_floating_point or inp.is_complex())):
+        return send(_bits(out, tp.caps), _bits(inp, tp.caps))
+    bits = _summable(tp, inp)  # dim 0 kept (a complex tensor's real view: one more dimension)
+    got = bits.new_empty((bits.shape[0] * out.numel() // inp.numel(),) + tuple(bits.shape[1:]))
+    return send(got, bits).and_then(lambda: _write_bits(tp, out, got))
 
 
 def _identity(dtype: torch.dtype):
-    """The value that, summed with any x (or-ed, for bool), gives x back bit for bit: -0.0 for floats (+0.0 would
-    turn -0.0 into +0.0), 0 for integers, False for bool."""
-    return False if dtype == torch.bool else -0.0 if dtype.is_floating_point else 0
+    """What every rank but the one kept contributes to a masked sum (:func:`_summable`'s dtypes): 0, False for
+    bool."""
+    return False if dtype == torch.bool else 0
 
+
+def _write_bits(tp, dest: torch.Tensor, bits: torch.Tensor) -> None:
+    """Writes ``bits`` (:func:`_summable` of a tensor of ``dest``'s dtype and size, in any shape) into ``dest`` (any
+    layout), bit for bit."""
+    target = torch.view_as_real(dest) if dest.is_complex() else dest
+    if bits.dtype != target.dtype:
+        bits = tp.bits_as(bits.reshape(-1), target.dtype)
+    target.copy_(bits.reshape(target.shape))
 
 
 def _unflatten(flat: torch.Tensor, ts: Sequence[torch.Tensor]) -> None:

@@ -542,10 +542,20 @@ class Transport:
     # a view of a tensor as another dtype of the same width is free (False on XLA: torch_xla 2.9 runs view.dtype as a
     # CPU fallback with a sync); strategies that could work in such a view then convert instead
     dtype_views = True
+    # floating tensors are moved (all_gather, all_to_all) as the integers of their bits (XLA: its CPU compiler turns
+    # an all-gather into an all-reduce and bfloat16 data ops into float32 ones, which quiet signalling NaNs,
+    # canonicalise NaN payloads and flush subnormals; a bitcast-convert of the same width costs nothing)
+    floats_as_integers = False
     # the largest widened temporary (bytes) a gap-filling strategy makes at once: a larger request is filled in pieces
     # of this size, each its own collectives (the same bytes in all), so its extra memory stays bounded. None: in one
     # piece (XLA: one collective per request in the graph; the compiler plans the memory)
     staging_bytes: Optional[int] = 8 << 20
+
+    def bits_as(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``t``'s bits read as ``dtype`` (contiguous ``t``; an element size that divides or is a multiple of t's, as
+        ``Tensor.view(dtype)`` allows), never converted and never read back to the host. Here a view; a lazy
+        transport may return a new tensor of its graph (XLA: a bitcast-convert): writes into it need not reach ``t``."""
+        return t.view(dtype)
 
     def agreed(self, values: Sequence[int]) -> Optional[torch.Tensor]:
         """What every rank's ``values`` gather to (an int64 CPU tensor [size, len(values)]) when the transport knows it

@@ -141,14 +141,14 @@ TORCHTPU_FACTS: Dict[str, Fact] = {f.key: f for f in (
     Fact("broadcast",
          "broadcast (and the scatter built on it)",
          native=_NONE,
-         strategy="one SUM all_reduce of the tensor on the root and -0.0 (0 for integers) elsewhere: bit-exact",
+         strategy="one SUM all_reduce of the integers of the root's bits, 0 elsewhere: the bytes arrive as they are",
          source="ProcessGroupTpu::broadcast zeroes the other ranks (at::zeros + copy_) and calls allreduce (vt[34]) "
                 "with SUM; M: 'stablehlo.collective_broadcast is not implemented for TPUs'",
          by_version=(("0.2", "zeros + SUM all_reduce: a root -0.0 arrives as +0.0 (inferred, not run)"),)),
     Fact("scatter",
          "scatter",
          native=_NONE,
-         strategy="broadcast of the stacked inputs (bit-exact, as above), keep this rank's slice",
+         strategy="broadcast of the stacked inputs' bits (as above), keep this rank's slice",
          source="ProcessGroupTpu::scatter: the root concatenates its inputs, the others send zeros, then a SUM "
                 "_reduce_scatter_base (vt[50]; cat, stack, zeros in the disassembly)",
          by_version=(("0.2", "zeros + SUM reduce_scatter: -0.0 lost like broadcast (inferred, not run)"),)),
@@ -360,6 +360,11 @@ class TpuTransport(C10dTransport):
     without a Work, hands the barrier no option ProcessGroupTpu refuses, and names the split bound."""
 
     dtype_views = False  # a view as another dtype is not verified under TorchTPU's deferred eager mode: convert
+    # bits_as (the masked sum of broadcast and scatter) stays a view: TorchTPU 0.2.0 has no PrivateUse1 kernel for
+    # view.dtype (torch's composite one makes the view) and lowers a dtype view of its tensors as a view primitive,
+    # RealToRealBitcast, to stablehlo.bitcast_convert (libpywrap_2_15_0_common.so: ViewPrimitiveShlo(RealToRealBitcast)
+    # and the messages "the RealToRealBitcast conversion input cannot be a scalar", "... to be from a type whose
+    # bitwidth divides the target type's bitwidth"); read from the wheel, not run (no TPU)
     staging_bytes = None  # one collective per request: each is a graph execution of its own, the compiler plans memory
 
     def __init__(self, backend, caps: Capabilities, device=None, device_type: str = "tpu"):

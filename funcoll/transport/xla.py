@@ -13,7 +13,9 @@ Rules every primitive follows (all found by experiment on torch_xla 2.9, see doc
   view (``t[2:4]``, ``t.view(torch.uint8)``) silently leaves the base tensor unchanged;
 * no dtype views (``t.view(torch.int32)``): torch_xla 2.9 has no lowering for ``view.dtype`` and runs it as a
   CPU fallback (``aten::view_copy.dtype``), i.e. a device-to-host copy that executes the pending graph; a
-  write through such a view reaches the base only at the next sync, so the HLO read before it misses it;
+  write through such a view reaches the base only at the next sync, so the HLO read before it misses it. A tensor's
+  bits read as another dtype (:meth:`XlaTransport.bits_as`) are an HLO ``bitcast-convert`` instead, built with
+  torch_xla's own ``xla_op_registry`` (a user computation called from the graph: lazy, no sync);
 * an operand that is the ``view_as_real`` of a complex tensor (c10d's ``all_reduce`` makes one of every complex
   tensor) is reshaped there and back first: torch_xla 2.9 gives such a view the complex tensor's layout, one
   dimension short, and every collective on it fails ("layout minor_to_major field contains 2 elements, but shape
@@ -28,6 +30,7 @@ Rules every primitive follows (all found by experiment on torch_xla 2.9, see doc
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import replace
 from typing import List, Optional, Sequence, Union
@@ -147,6 +150,11 @@ class XlaTransport(Transport):
 
     device_type = "xla"
     dtype_views = False  # view.dtype is a CPU fallback with a sync on torch_xla 2.9 (the module's rules)
+    # openxla/xla xla/service/cpu/cpu_compiler.cc (at 001918b7024cf5f020051a9d25d2dd57a5896aaa) runs
+    # AllGatherDecomposer (an all-gather becomes dynamic-update-slices and an all-reduce), AllReducePromotion (bf16 to
+    # f32) and BFloat16Normalization (bf16 ops in f32): on the CPU runtime a float all-gather loses -0.0, subnormals
+    # and NaN payloads; as integers (a free bitcast-convert) every backend moves the bits
+    floats_as_integers = True
     staging_bytes = None  # one collective per request: XLA's compiler plans the temporaries
     _cache: Optional[tuple] = None  # (partitions version, replica groups, uniform replica groups or None, caps)
 
@@ -218,6 +226,16 @@ class XlaTransport(Transport):
         # moved as one element, then made 0-dim: torch_xla shares one parameter between 0-dim tensors of equal value,
         # so two masks that agree on one rank (both False) and not on another would give the ranks different modules
         return self._like(torch.tensor([self.rank == root]), like).reshape(())
+
+    def bits_as(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A lazy HLO ``bitcast-convert`` of ``t`` to ``dtype`` (a new tensor; writes into it do not reach ``t``)."""
+        if t.dtype == dtype:
+            return t
+        t = _operand(t)
+        kind = _X._xla_op_tensor_shape(t, "")["type"]  # the device's element type (f64 is f32 on a TPU)
+        if _width(kind) != dtype.itemsize * 8:
+            return t.view(dtype)  # a bitcast of another width: torch_xla's CPU fallback (a sync)
+        return _bitcast(_XLA_TYPE[dtype])(t)
 
     def split_bound(self) -> Optional[int]:
         return promised_split_bound()
@@ -311,6 +329,30 @@ def _operand(t: torch.Tensor) -> torch.Tensor:
     if base is not None and base.is_complex() and not t.is_complex():
         return t.reshape(-1).reshape(t.shape)
     return t
+
+
+# torch dtype -> XLA element type (the type strings of torch_xla.core.xla_builder; float8 as XLA names them)
+_XLA_TYPE = {torch.bool: "pred", torch.uint8: "u8", torch.int8: "s8", torch.int16: "s16", torch.uint16: "u16",
+             torch.int32: "s32", torch.uint32: "u32", torch.int64: "s64", torch.uint64: "u64", torch.float16: "f16",
+             torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64", torch.float8_e4m3fn: "f8e4m3fn",
+             torch.float8_e5m2: "f8e5m2"}
+_bitcasts: dict = {}
+
+
+def _width(kind: str) -> int:
+    """The bits of an XLA element type named as ``_xla_op_tensor_shape`` names it (``f32``, ``bf16``, ``f8e4m3fn``)."""
+    return 8 if kind == "pred" else int(re.match(r"[a-z]+(\d+)", kind).group(1))  # type: ignore[union-attr]
+
+
+def _bitcast(kind: str):
+    """torch_xla's registered op ``funcoll_bits_<kind>``: its operand's bits as XLA type ``kind``
+    (``xla_op_registry.Op``: compiled once per operand shape, called from the graph)."""
+    op = _bitcasts.get(kind)
+    if op is None:
+        import torch_xla.core.xla_op_registry as xor
+
+        op = _bitcasts[kind] = xor.register(f"funcoll_bits_{kind}", lambda x: x.bitcast(kind))
+    return op
 
 
 def _keep_until_step(t: torch.Tensor) -> None:

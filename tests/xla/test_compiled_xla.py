@@ -63,7 +63,7 @@ class TestCompiledHlo(expecttest.TestCase):
         self.assertExpectedInline(testing.xla_compiled_collectives(lambda x, y: step(x, y, self.pair), x, y), """\
 all-reduce(f32[4,2], f32[]) -> (f32[4,2],f32[])  replica_groups={} to_apply=add
 all-reduce(f32[3], f32[]) -> (f32[3],f32[])  replica_groups={{0,1},{2,3}} to_apply=add
-all-gather(f32[4,2]) -> f32[8,2]  replica_groups={{0,1},{2,3}} dimensions={0}
+all-gather(s32[4,2]) -> s32[8,2]  replica_groups={{0,1},{2,3}} dimensions={0}
 reduce-scatter(f32[8,2]) -> f32[2,2]  replica_groups={} dimensions={0} to_apply=maximum""")
 
     def test_the_fx_graph_is_the_one_cpu_gets(self):
@@ -80,7 +80,7 @@ reduce_scatter_tensor max group=[0,1,2,3] group_size=4: float32[8, 2] -> float32
         w = torch.ones(3, 3, device=self.dev, requires_grad=True)
         self.assertExpectedInline(testing.xla_compiled_collectives(lambda x, w: tp(x, w, self.pair), x, w,
                                                              backward=True), """\
-all-gather(f32[2,3]) -> f32[4,3]  replica_groups={{0,1},{2,3}} dimensions={0}
+all-gather(s32[2,3]) -> s32[4,3]  replica_groups={{0,1},{2,3}} dimensions={0}
 reduce-scatter(f32[4,3]) -> f32[2,3]  replica_groups={{0,1},{2,3}} dimensions={0} to_apply=add
-all-gather(f32[2,3]) -> f32[4,3]  replica_groups={{0,1},{2,3}} dimensions={0}
+all-gather(s32[2,3]) -> s32[4,3]  replica_groups={{0,1},{2,3}} dimensions={0}
 reduce-scatter(f32[4,3]) -> f32[2,3]  replica_groups={{0,1},{2,3}} dimensions={0} to_apply=add""")

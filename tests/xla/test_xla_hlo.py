@@ -106,7 +106,7 @@ all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1,2,3},{4,5,6,7}
 -- world 4: new group of every rank all_reduce
 all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 4: new group of every rank all_gather
-all-gather(f32[4]) -> f32[16]  replica_groups={} dimensions={0}""")
+all-gather(s32[4]) -> s32[16]  replica_groups={} dimensions={0}""")
 
     def test_a_mesh_dim_needs_no_registration(self):
         # without funcoll.groups.register_mesh(mesh) each rank knows only its own block, and infers the regular
@@ -121,18 +121,19 @@ all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2,3}} to_app
 
     def test_all_gather_on_lone_groups(self):
         # uniform blocks when the other ranks can be cut into blocks of the group's size, else one masked
-        # all-reduce over the mixed-size groups (XLA's all-gather needs groups of one size)
+        # all-reduce over the mixed-size groups (XLA's all-gather needs groups of one size); floats are moved as the
+        # integers of their bits (XLA's CPU compiler turns a float all-gather into a float all-reduce)
         self.assertExpectedInline(show(
             (4, "lone group [1, 2] all_gather"), (4, "lone group [1, 2, 3] all_gather"),
             (8, "lone group [1, 2] all_gather"), (2, "lone group [1] all_gather")), """\
 -- world 4: lone group [1, 2] all_gather
-all-gather(f32[4]) -> f32[8]  replica_groups={{0,3},{1,2}} dimensions={0}
+all-gather(s32[4]) -> s32[8]  replica_groups={{0,3},{1,2}} dimensions={0}
 -- world 4: lone group [1, 2, 3] all_gather
-all-reduce(f32[12], f32[]) -> (f32[12],f32[])  replica_groups={{0},{1,2,3}} to_apply=add
+all-reduce(s32[12], s32[]) -> (s32[12],s32[])  replica_groups={{0},{1,2,3}} to_apply=add
 -- world 8: lone group [1, 2] all_gather
-all-gather(f32[4]) -> f32[8]  replica_groups={{0,3},{1,2},{4,5},{6,7}} dimensions={0}
+all-gather(s32[4]) -> s32[8]  replica_groups={{0,3},{1,2},{4,5},{6,7}} dimensions={0}
 -- world 2: lone group [1] all_gather
-all-gather(f32[4]) -> f32[4]  replica_groups={{0},{1}} dimensions={0}""")
+all-gather(s32[4]) -> s32[4]  replica_groups={{0},{1}} dimensions={0}""")
 
     def test_avg_is_one_all_reduce_and_one_divide(self):
         self.assertExpectedInline(show(
@@ -176,10 +177,10 @@ all-reduce(u32[4], u32[]) -> (u32[4],u32[])  replica_groups={} to_apply=maximum"
             (2, "world all_to_all uneven (static bound 3)"), (8, "world all_to_all uneven (static bound 3)"),
             (4, "world all_to_all uneven (static bound 3), pad/slice")), """\
 -- world 2: world all_to_all uneven (static bound 3)
-all-to-all(f32[3], f32[3]) -> (f32[3],f32[3])  replica_groups={}
+all-to-all(s32[3], s32[3]) -> (s32[3],s32[3])  replica_groups={}
 -- world 8: world all_to_all uneven (static bound 3)
-all-to-all(f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3], f32[3]) -> \
-(f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3],f32[3])  replica_groups={}
+all-to-all(s32[3], s32[3], s32[3], s32[3], s32[3], s32[3], s32[3], s32[3]) -> \
+(s32[3],s32[3],s32[3],s32[3],s32[3],s32[3],s32[3],s32[3])  replica_groups={}
 -- world 4: world all_to_all uneven (static bound 3), pad/slice
 slice(f32[8]) -> f32[2]  slice={[0:2]}
 concatenate(f32[2], f32[1]) -> f32[3]  dimensions={0}
@@ -189,12 +190,12 @@ slice(f32[8]) -> f32[3]  slice={[3:6]}
 slice(f32[8]) -> f32[2]  slice={[6:8]}
 concatenate(f32[2], f32[1]) -> f32[3]  dimensions={0}
 concatenate(f32[3], f32[3], f32[3], f32[3]) -> f32[12]  dimensions={0}
-slice(f32[12]) -> f32[3]  slice={[0:3]}
-slice(f32[12]) -> f32[3]  slice={[3:6]}
-slice(f32[12]) -> f32[3]  slice={[6:9]}
-slice(f32[12]) -> f32[3]  slice={[9:12]}
-all-to-all(f32[3], f32[3], f32[3], f32[3]) -> (f32[3],f32[3],f32[3],f32[3])  replica_groups={}
-concatenate(f32[3], f32[3], f32[3], f32[3]) -> f32[12]  dimensions={0}
+slice(s32[12]) -> s32[3]  slice={[0:3]}
+slice(s32[12]) -> s32[3]  slice={[3:6]}
+slice(s32[12]) -> s32[3]  slice={[6:9]}
+slice(s32[12]) -> s32[3]  slice={[9:12]}
+all-to-all(s32[3], s32[3], s32[3], s32[3]) -> (s32[3],s32[3],s32[3],s32[3])  replica_groups={}
+concatenate(s32[3], s32[3], s32[3], s32[3]) -> s32[12]  dimensions={0}
 slice(f32[12]) -> f32[3]  slice={[0:3]}
 slice(f32[12]) -> f32[1]  slice={[3:4]}
 slice(f32[12]) -> f32[2]  slice={[6:8]}
@@ -218,16 +219,17 @@ all-reduce(s32[2], s32[]) -> (s32[2],s32[])  replica_groups={} to_apply=add
 all-reduce(f32[3], f32[5], f32[]) -> (f32[3],f32[5],f32[])  replica_groups={} to_apply=add""")
 
     def test_broadcast_from_a_non_zero_root(self):
-        # one all-reduce, every rank but the root contributing -0.0; the root is device data, not a constant, so
-        # every rank compiles the same HLO (test_every_rank_emits_the_same_collectives)
+        # one all-reduce of the integers of the tensor's bits (the bits arrive as they are), every rank but the root
+        # contributing 0; the root is device data, not a constant, so every rank compiles the same HLO
+        # (test_every_rank_emits_the_same_collectives)
         self.assertExpectedInline(show(
             (2, "world broadcast src=1"), (4, "world broadcast src=3"), (8, "world broadcast src=7")), """\
 -- world 2: world broadcast src=1
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
+all-reduce(s32[4], s32[]) -> (s32[4],s32[])  replica_groups={} to_apply=add
 -- world 4: world broadcast src=3
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
+all-reduce(s32[4], s32[]) -> (s32[4],s32[])  replica_groups={} to_apply=add
 -- world 8: world broadcast src=7
-all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add""")
+all-reduce(s32[4], s32[]) -> (s32[4],s32[])  replica_groups={} to_apply=add""")
 
     def test_reduce_scatter_on_a_mesh_dim(self):
         self.assertExpectedInline(show(
@@ -251,9 +253,9 @@ divide(f32[2], f32[2]) -> f32[2]""")
 -- world 4: world reduce dst=this rank
 all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={} to_apply=add
 -- world 4: world gather dst=this rank
-all-gather(f32[4]) -> f32[16]  replica_groups={} dimensions={0}
+all-gather(s32[4]) -> s32[16]  replica_groups={} dimensions={0}
 -- world 4: world scatter src=0
-all-reduce(f32[4,4], f32[]) -> (f32[4,4],f32[])  replica_groups={} to_apply=add
+all-reduce(s32[16], s32[]) -> (s32[16],s32[])  replica_groups={} to_apply=add
 -- world 4: lone group [1, 2] send 1->2 / recv
 collective-permute(f32[4]) -> f32[4]  source_target_pairs={{1,2}}""")
 

@@ -50,13 +50,13 @@ divide(f32[4], f32[4]) -> f32[4]
 all-gather(s32[1]) -> s32[4]  replica_groups={} dimensions={0}
 -- all_gather_into_tensor on group [0, 1]
 [torch_xla] all-gather(f32[4]) -> f32[8]  replica_groups={{0,1}} dimensions={0}
-[funcoll] all-gather(f32[4]) -> f32[8]  replica_groups={{0,1},{2,3}} dimensions={0}
+[funcoll] all-gather(s32[4]) -> s32[8]  replica_groups={{0,1},{2,3}} dimensions={0}
 -- all_to_all_single uneven
 [torch_xla] raises RuntimeError: torch_xla does not support arbitrary split sizes for all_to_all
-[funcoll] all-to-all(f32[3], f32[3], f32[3], f32[3]) -> (f32[3],f32[3],f32[3],f32[3])  replica_groups={}
+[funcoll] all-to-all(s32[3], s32[3], s32[3], s32[3]) -> (s32[3],s32[3],s32[3],s32[3])  replica_groups={}
 -- broadcast src=1 on group [0, 1]
 [torch_xla] multiply(f32[4], f32[4]) -> f32[4]
-[funcoll] all-reduce(f32[4], f32[]) -> (f32[4],f32[])  replica_groups={{0,1},{2,3}} to_apply=add
+[funcoll] all-reduce(s32[4], s32[]) -> (s32[4],s32[])  replica_groups={{0,1},{2,3}} to_apply=add
 -- all_reduce_ (in place)
 [torch_xla] raises RuntimeError: Found a custom (non-ATen) operator whose output has alias annotations: \
 _c10d_functional::all_reduce_(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!) ...
