@@ -5,10 +5,10 @@ NCCL, gloo and MPI copy a broadcast's and a scatter's bytes and leave the root's
 sends and receives the buffer along a binomial tree, the root only sends (pytorch/gloo ``gloo/broadcast.cc`` at
 e00553106500ced82758029324acf69f03079a4e; its scatter sends each rank its slice, ``gloo/scatter.cc``); ncclBroadcast
 enqueues ncclFuncBroadcast, which "copies count values from root to all other devices" (NVIDIA/nccl
-``src/collectives.cc`` at f9c3dc251e0fd3144341b4f43336c53dd913c110, ``nccl.h``). Where funcoll fills them (the xla and torchtpu profiles: no native broadcast or scatter), every rank must
-end with the root's bits all the same: every NaN payload, signalling NaNs, -0.0, subnormals, inf
-(tests/bit_patterns.py), in float16, bfloat16, float32, float64, the float8s and complex64; the root's own tensor
-keeps its bits. The expected bits are the root's input, built on every rank from the seed: no funcoll code computes
+``src/collectives.cc`` at f9c3dc251e0fd3144341b4f43336c53dd913c110, ``nccl.h``). Where funcoll fills them (the xla
+and torchtpu profiles: no native broadcast or scatter), every rank must end with the root's bits all the same: every
+NaN payload, signalling NaNs, -0.0, subnormals, inf (tests/bit_patterns.py), in float16, bfloat16, float32, float64,
+the float8s and complex64; the root's own tensor keeps its bits. The expected bits are the root's input, built on every rank from the seed: no funcoll code computes
 them.
 """
 
