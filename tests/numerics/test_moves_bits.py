@@ -8,8 +8,8 @@ enqueues ncclFuncBroadcast, which "copies count values from root to all other de
 ``src/collectives.cc`` at f9c3dc251e0fd3144341b4f43336c53dd913c110, ``nccl.h``). Where funcoll fills them (the xla
 and torchtpu profiles: no native broadcast or scatter), every rank must end with the root's bits all the same: every
 NaN payload, signalling NaNs, -0.0, subnormals, inf (tests/bit_patterns.py), in float16, bfloat16, float32, float64,
-the float8s and complex64; the root's own tensor keeps its bits. The expected bits are the root's input, built on every rank from the seed: no funcoll code computes
-them.
+the float8s and complex64; the root's own tensor keeps its bits. The expected bits are the root's input, built on
+every rank from the seed: no funcoll code computes them.
 """
 
 from __future__ import annotations
