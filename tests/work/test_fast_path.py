@@ -562,3 +562,13 @@ def test_other_lookups(tp):
 
     spy = Spy(tp.backend, tp.caps, "cpu")
     assert algorithms.native_all_reduce_request(spy, dist.ReduceOp(R.SUM), x) is None
+
+
+@pytest.mark.parametrize("name", ["xccl", "xla", "torchtpu"])
+def test_split_sizes_passed_never_take_the_even_native_exchange(tp, name):
+    """Without a native uneven all_to_all, split sizes passed go to the full path's uneven exchange whatever their
+    values (equal ones too: a peer's may not be); no split sizes, the backend's even all_to_all."""
+    tp.caps = tp.caps.restrict(profile(name))
+    x = torch.ones(4)
+    assert algorithms.native_all_to_all_request(tp, torch.empty(4), x, [4], [4]) is None
+    assert algorithms.native_all_to_all_request(tp, torch.empty(4), x, [], []).issue == tp.backend.alltoall_base
