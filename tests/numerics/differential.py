@@ -23,7 +23,7 @@ exception or a difference that matches no entry fails the case, as a refusal on 
 request must raise on every rank and leave the ranks in step. After every case the ranks exchange their outcome
 (which keeps them in step). A watchdog fails a case that hangs. A failure prints a one-line repro.
 
-    ./dev python -m tests.numerics.differential --seeds 0-24 --world 2,3,4 --profile native,xccl,xla   # the long run
+    ./dev python -m tests.numerics.differential --seeds 0-14 --world 2,3,4 --profile native,xccl,xla   # the long run
     ./dev python -m tests.numerics.differential --seeds 7 --case 12 --profile xla     # one case (a failure's repro)
     ./dev python -m tests.numerics.differential --seeds 7 --case 0-12 --profile xla   # a case after the ones before it
 

@@ -6,7 +6,7 @@ case's funcoll result equals the value rebuilt from the seed, and so does gloo's
 reproduced entry of ``differential.GLOO_KNOWN``; invalid requests raise on every rank and the ranks stay in step;
 nothing hangs (the watchdog). The entries' reproducers run on raw gloo here, and the oracle is shown to fail a case
 when the entry that covers it is taken away. The long run is one command per environment:
-``./dev python -m tests.numerics.differential --seeds 0-24 --world 2,3,4 --profile native,xccl,xla`` (see the
+``./dev python -m tests.numerics.differential --seeds 0-14 --world 2,3,4 --profile native,xccl,xla`` (see the
 module)."""
 
 from __future__ import annotations
