@@ -3,12 +3,16 @@
 * Primitives: :class:`XcclTransport` is the CPU reference :class:`~funcoll.transport.gloo.C10dTransport` driving a
   ``ProcessGroupXCCL`` instead of a ``ProcessGroupGloo``; tensors are handed to it on the device and stay there.
 * Capabilities: derived from the running stack, by :func:`derive`, a pure function of ``(torch version, oneCCL at
-  run time, override, topology, oneCCL torch was built against)`` over the fact table :data:`XCCL_FACTS` (the only
-  place XCCL facts live, each with its source, per torch version). ``FUNCOLL_PROFILE=<name>`` additionally intersects
+  run time, override, topology, oneCCL torch was built against, backend class, GPU name)`` over the fact tables
+  :data:`XCCL_FACTS` (ProcessGroupXCCL, per torch version) and :data:`XCCL2_FACTS` (xccl2), each fact with its
+  source, and the open upstream reports :data:`OPEN_REPORTS`, which keep a fact on its strategy where they apply
+  unless the live group's probe verified it (``XcclCapabilities.unverified``); any other backend class gets the
+  conservative row. ``FUNCOLL_PROFILE=<name>`` additionally intersects
   them with a named profile (``FUNCOLL_PROFILE=xccl``: the running torch's row for an unknown oneCCL on the scale-out
   path); ``FUNCOLL_XPU_OVERRIDE="avg=strategy,..."`` flips single facts for a stack known to be broken (or good).
 * Groups: a funcoll group gets a ``ProcessGroupXCCL`` of its own, built from the group's store; a group made with
-  another backend (``"xccl"``, ``"cpu:gloo,xpu:xccl"``) lends funcoll its XPU backend.
+  another backend (``"xccl"``, ``"xccl2"``, ``"cpu:gloo,xpu:xccl"``) lends funcoll its XPU backend, whose class picks
+  the row.
 
 Importing this module never imports or initialises the XPU runtime: nothing here touches ``torch.xpu`` until a
 transport is created for an XPU tensor.

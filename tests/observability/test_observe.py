@@ -246,7 +246,7 @@ def test_torch_logs_funcoll_snapshot(capfd):
             f"I group <world> rank {rank}/2: cpu transport C10dTransport, capabilities gloo (the running stack)",
             f"I group <xccl> created: rank {rank} of 2, global ranks 0,1, world size 2, store <store>, "
             "CPU transport now",
-            f"I group <xccl> rank {rank}/2: cpu transport C10dTransport, capabilities gloo[xccl] "
+            f"I group <xccl> rank {rank}/2: cpu transport StrictC10dTransport, capabilities gloo[xccl] "
             "(profile 'xccl' from funcoll.Options)",
             "V all_reduce(avg, float32) on group <world> [gloo]: native",
             "V all_reduce(avg, float32) on group <xccl> [gloo[xccl]]: avg=sum+scale",
