@@ -883,13 +883,22 @@ def _gpu_name(device) -> Optional[str]:
     return name if isinstance(name, str) and name.strip() else None
 
 
+def _wrapped(backend):
+    """The backend that runs the calls: under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` c10d wraps a group's backend in a
+    ``_ProcessGroupWrapper`` (its checks, then the wrapped backend's collective): the wrapped one."""
+    while type(backend).__name__ == "_ProcessGroupWrapper" and getattr(backend, "wrapped_pg", None) is not None:
+        backend = backend.wrapped_pg
+    return backend
+
+
 def _c10d_xpu(pg, device):
     """The XPU backend of a group made with another backend ("xccl", "xccl2", "cpu:gloo,xpu:xccl"): its class picks
-    the fact row (ProcessGroupXCCL, xccl2's ProcessGroupXCCL2, or the conservative row for any other c10d backend)."""
+    the fact row (ProcessGroupXCCL, xccl2's ProcessGroupXCCL2, or the conservative row for any other c10d backend;
+    a debug-mode wrapper's is the wrapped backend's). funcoll drives the group's backend as it is."""
     return c10d_leg(pg, "xpu", "XPU", "init_process_group('xccl') or 'cpu:gloo,xpu:xccl' (or backend 'funcoll')",
                     lambda b: isinstance(b, C.Backend), "a c10d Backend on XPU",
-                    lambda b: XcclTransport(b, capabilities(backend=b, gpu=_gpu_name(device), _backend_created=True),
-                                            device))
+                    lambda b: XcclTransport(b, capabilities(backend=_wrapped(b), gpu=_gpu_name(device),
+                                                            _backend_created=True), device))
 
 
 register_device("xpu", funcoll=_funcoll_xpu, c10d=_c10d_xpu)

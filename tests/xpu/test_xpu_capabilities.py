@@ -570,6 +570,19 @@ def test_the_c10d_factory_reads_the_backend_class_from_the_group():
         tp = xpu._c10d_xpu(group_with(type(name, (dist.ProcessGroupGloo,), {})), torch.device("xpu", 0))
         assert isinstance(tp, xpu.XcclTransport)
         names[name] = tp.caps
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL: c10d wraps the backend; the row is the wrapped backend's, the wrapper is driven
+    inner = type("ProcessGroupXCCL2", (dist.ProcessGroupGloo,), {})(dist.HashStore(), 0, 1, timedelta(seconds=10))
+    wrapper = torch._C._distributed_c10d._ProcessGroupWrapper(
+        inner, dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=10)))
+
+    class Wrapped:
+        group_name = "g-wrapped"
+
+        def _get_backend(self, device):
+            return wrapper
+
+    tp = xpu._c10d_xpu(Wrapped(), torch.device("xpu", 0))
+    assert tp.backend is wrapper and tp.caps.versions["backend"] == "ProcessGroupXCCL2"
     assert names["ProcessGroupXCCL2"].reduces("reduce_scatter", R.AVG, torch.float32)
     assert names["ProcessGroupXCCL2"].sources["xccl.backend"] == "ProcessGroupXCCL2 (the backend that runs the calls)"
     assert not names["ProcessGroupXCCL"].reduces("reduce_scatter", R.AVG, torch.float32)
