@@ -337,6 +337,7 @@ class VerdictWatch(Handle):
             if time.monotonic() >= end:
                 break
             time.sleep(0.005)
+        self._verdict()  # also when the message went after all (a receive of the right size took it later)
         self.h.wait() if timeout is None else self.h.wait(timeout)
 
     def is_completed(self) -> bool:
