@@ -47,8 +47,8 @@ JOBS = {
     "entry/flight_recorder": "per-group traces of calls, their text and dumps",
     "entry/fingerprint": "each op's cross-rank rules side by side: fingerprint, per-rank keys, compare, digest",
     "entry/group_state": "one group's state (trace, switches, guard buffers), built once per group",
-    "entry/checks": ("the debug mode's store check and point-to-point size check, the size guard, before the first byte "
-                     "is sent"),
+    "entry/checks": ("the debug mode's store check and point-to-point size check, the size guard, before the first "
+                     "byte is sent"),
     "entry/work": "FuncollWork and NativeWork: wait, futures, errors naming the call",
     "entry/pipeline": "each eager call's pipeline, in order, as a decorator; the fast path's adapters",
     "entry/process_group": "ProcessGroupFuncoll: the c10d surface, its transports, monitored_barrier",
