@@ -31,33 +31,13 @@ __all__ = ["Call", "NativeEntry", "GroupTrace", "trace_of", "recent", "entries",
 ISSUED, COMPLETED, FAILED, INVALID = "issued", "completed", "failed", "invalid"
 
 # ``torch.distributed.record_comm(name)`` (torch >= 2.15) names the collectives issued inside it; every entry keeps
-# the name (``Call.name``, "" outside one). Reading it is a call into C++, so an entry reads it only once a name has
-# been set in this process: record_comm sets it through ``torch._C._distributed_c10d._set_comm_profiling_name``, which
-# is wrapped here to note that (nothing else changes; a name set before funcoll was imported is seen from the next one).
-_C10D = getattr(torch._C, "_distributed_c10d", None)
-_get_comm_name = getattr(_C10D, "_get_comm_profiling_name", None)
-_named = [False]
-
-
-def _note_comm_names() -> None:
-    setter = getattr(_C10D, "_set_comm_profiling_name", None)
-    if setter is None or _get_comm_name is None or getattr(setter, "funcoll_wrapped", False):
-        return
-
-    def _set_comm_profiling_name(name: str) -> None:
-        _named[0] = True
-        setter(name)
-
-    _set_comm_profiling_name.funcoll_wrapped = True  # type: ignore[attr-defined]
-    _C10D._set_comm_profiling_name = _set_comm_profiling_name  # type: ignore[union-attr]
-
-
-_note_comm_names()
+# the name (``Call.name``, "" outside one), read from c10d where record_comm sets it (~40 ns a read).
+_get_comm_name = getattr(getattr(torch._C, "_distributed_c10d", None), "_get_comm_profiling_name", None)
 
 
 def comm_name() -> str:
     """The ``torch.distributed.record_comm`` name in force on this thread ("" when none, or on torch < 2.15)."""
-    return _get_comm_name() if _named[0] else ""  # type: ignore[misc]
+    return _get_comm_name() if _get_comm_name is not None else ""
 
 
 def buffer_size() -> int:
@@ -152,7 +132,7 @@ class NativeEntry:
         self.t_done: Optional[float] = None
         self.thread = _ident()
         self.fut = None
-        self.name = _get_comm_name() if _named[0] else ""  # type: ignore[misc]  # comm_name(), inlined: fast path
+        self.name = comm_name()
 
 
 def describe(fp: dict) -> str:
