@@ -196,8 +196,8 @@ class Known:
     group), ``n`` and ``lays``, the group's layouts). ``error``: for a refusal, the exception type and a regular
     expression its message matches (the case then counts under the name; any other exception fails it); None: a
     wrong result (gloo's output differs from the reference), or, with ``asked=False``, a case gloo is not given
-    (its reproducer says why). ``repro(rank)`` shows it in a 2-rank raw gloo world, in a few lines of
-    torch.distributed: a refusal's raises ``error``, a wrong result's returns True when the defect shows.
+    (its reproducer shows why). ``repro(rank)`` shows it in a 2-rank raw gloo world, in a few lines of
+    torch.distributed: a refusal's raises ``error`` on every rank, the others return True on a rank where it shows.
     ``torch``: the torch versions it was seen on (first, last; None: the newest one checked, 2.15.0, too); the suite
     checks 2.9.0 and 2.15.0: on a torch between them an entry that names only one of them does not apply (a case it
     would cover fails, and says what gloo did).
@@ -232,7 +232,13 @@ def _repro_premul(rank):
 
 
 def _repro_int_avg(rank):
-    dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG)  # Float can't be cast to ... Int
+    g = dist.new_group(backend="gloo", timeout=timedelta(seconds=2))  # a group of its own: it may be broken after
+    try:
+        dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG, group=g)
+    except RuntimeError as e:
+        # after the exchange; g's next operation then fails too on some runs (the same error again, or a timeout)
+        return "result type Float can't be cast to the desired output type Int" in str(e)
+    return False
 
 
 def _repro_all_to_all(rank):
@@ -260,9 +266,15 @@ def _repro_all_gather_uneven(rank):
 
 
 def _repro_mixed_contiguity(rank):
-    # rank 0's input is transposed, rank 1's contiguous: rank 0 raises "Tensors must be contiguous" before sending,
-    # rank 1 enters the exchange and waits for rank 0 until the group's timeout
-    return "not run: it waits out the timeout"
+    g = dist.new_group(backend="gloo", timeout=timedelta(seconds=2))
+    x = torch.ones(3, 2).t() if rank == 0 else torch.ones(2, 3)  # rank 0's is transposed, rank 1's contiguous
+    try:
+        dist.all_to_all_single(torch.zeros(2, 3), x, group=g)
+    except ValueError as e:  # rank 0, before sending
+        return rank == 0 and "Tensors must be contiguous" in str(e)
+    except RuntimeError as e:  # rank 1, which waited for rank 0 until the group's timeout
+        return rank == 1 and "imed out" in str(e)
+    return False
 
 
 def _repro_reduce_non_root(rank):
@@ -309,10 +321,10 @@ GLOO_KNOWN = [
     Known("gloo has no PREMUL_SUM",
           lambda c: c["kind"] in REDUCING and c["op"] == "premul_sum" and not _dtype_refused(c),
           _repro_premul, (RuntimeError, r"Cannot use ReduceOp\.PREMUL_SUM with Gloo")),
-    Known("gloo's AVG divides the sum in place, which an integer tensor cannot hold",
+    Known("not asked: gloo's AVG divides the sum in place, which an integer tensor cannot hold: it raises after the "
+          "exchange, and the group's next operation may fail too",
           lambda c: c["kind"] in REDUCING and c["op"] == "avg" and not c["dtype"].is_floating_point
-          and not c["dtype"].is_complex and not _dtype_refused(c),
-          _repro_int_avg, (RuntimeError, r"result type Float can't be cast to the desired output type")),
+          and not c["dtype"].is_complex and not _dtype_refused(c), _repro_int_avg, asked=False),
     Known("gloo has no list all_to_all",
           lambda c: c["kind"] == "all_to_all", _repro_all_to_all, (RuntimeError, r"does not support alltoall"),
           torch=("2.9", "2.9")),
@@ -343,12 +355,12 @@ GLOO_KNOWN = [
 
 
 def gloo_repros(rank: int, n: int) -> list:
-    """Runs every entry's reproducer that applies to the running torch on a raw gloo world of 2 ranks (the one
-    that waits out a timeout excepted); returns ``(name, what it showed)``: "raised" (a refusal raised its error), a
-    wrong result's return value, or what happened instead."""
+    """Runs every entry's reproducer that applies to the running torch on a raw gloo world of 2 ranks; returns
+    ``(name, what it showed)``: "raised" (a refusal raised its error), the return value of the others (True: shown),
+    or what happened instead."""
     out = []
     for k in GLOO_KNOWN:
-        if not k.current() or not k.asked:
+        if not k.current():
             continue
         try:
             got = k.repro(rank)
