@@ -175,6 +175,8 @@ def _identity(dtype: torch.dtype):
 def _write_bits(tp, dest: torch.Tensor, bits: torch.Tensor) -> None:
     """Writes ``bits`` (:func:`_summable` of a tensor of ``dest``'s dtype and size, in any shape) into ``dest`` (any
     layout), bit for bit."""
+    if dest.numel() == 0:  # nothing to write (an empty row of bytes may sit at an offset no wider dtype can view)
+        return
     target = torch.view_as_real(dest) if dest.is_complex() else dest
     if bits.dtype != target.dtype:
         bits = tp.bits_as(bits.reshape(-1), target.dtype)

@@ -28,7 +28,8 @@ SEEDS = {(p, w): [10 * i + w] for i, p in enumerate(PROFILES) for w in WORLDS}
 # followed by a world collective; PREMUL_SUM reduce and async reduce_scatter, each followed by another case; async
 # reduce_scatter and isend/irecv polled on a sub-group, each followed by a world collective; list reduce_scatter with
 # a different layout on each of 3 ranks (the contiguous rank took the native fast path, the others the full path: a
-# rank aborted in gloo with "Received data size doesn't match expected size")
+# rank aborted in gloo with "Received data size doesn't match expected size"); a gather of 0-row tensors moved as
+# bits (the root wrote an empty row of bytes back through a view its offset could not take)
 FOUND = [
     (None, 2, [_case(2, 10, "all_to_all", torch.int16, "product", (0, 3), ["strided", "transposed"], root=1,
                      rng=0.85)]),
@@ -55,6 +56,10 @@ FOUND = [
                        async_=True, rng=0.01)]),
     (None, 3, [_case(401, 38, "reduce_scatter", torch.bfloat16, "max", (2, 3), ["strided", "offset", "transposed"],
                      wait="timeout", rng=0.24)]),
+    ("xla", 2, [_case(200, 13, "gather", torch.bfloat16, "max", (0, 3), ["transposed", "transposed"], async_=True,
+                      wait="future", root=0, rng=0.72)]),
+    (None, 2, [_case(101, 37, "gather", torch.uint16, "avg", (0, 3), ["transposed", "strided"], async_=True,
+                     wait="timeout", root=1, rng=0.96)]),
 ]
 
 # the oracle fails a case when the entry of GLOO_KNOWN that covers it is taken away: (case, what the failure says)
