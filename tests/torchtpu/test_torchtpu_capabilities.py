@@ -115,7 +115,7 @@ def test_report_shows_the_tpu_device_and_its_facts():
     v = tpu.torch_tpu_version()
     assert doc["columns"][0]["name"] == f"tpu: torchtpu[{v or 'unknown'}]"
     if v is not None and tpu.version_row(v) == "0.2":
-        assert facts["premul_sum"] == {"fact": "premul_sum", "funcoll": "strategy",
+        assert facts["premul_sum"] == {"fact": "premul_sum", "funcoll": "strategy", "why": "",
                                        "processgrouptpu": "refused: RuntimeError 'reduce option not supported'",
                                        "strategy": tpu.TORCHTPU_FACTS["premul_sum"].strategy}
         assert facts["avg_float"]["funcoll"] == "native"

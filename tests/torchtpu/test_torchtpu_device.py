@@ -113,6 +113,7 @@ def test_kernels_on_privateuse1_run_funcolls_strategies(tpu):
         ["broadcast", ["broadcast=masked all_reduce"]],
         ["all_gather_into_tensor", ["native"]],
         ["reduce_scatter_tensor", ["avg=sum+scale in float32"]],
-        ["all_to_all_single", ["native"]],  # split sizes all equal: the even exchange
+        # split sizes passed (the functional op always passes them): the ranks agree on them, then the even exchange
+        ["all_to_all_single", ["splits even on every rank: even all_to_all"]],
     ]
     assert tpu["after_uninstall_log"] == []
