@@ -50,6 +50,13 @@ def a2a_splits(world, rank):
     return [sends[j][rank] for j in range(world)], sends[rank]
 
 
+def mixed_splits(world, rank):
+    """(output splits, input splits) of rank ``rank`` where rank 0 sends and receives 1 row per peer (its splits all
+    equal) and every other rank sends 2 rows to each rank but 0 (its splits uneven)."""
+    sends = [[1 if i == 0 or j == 0 else 2 for j in range(world)] for i in range(world)]
+    return [sends[j][rank] for j in range(world)], sends[rank]
+
+
 def group_calls(name: str, g, members: list, r: int) -> dict:
     """The same six calls on a sub-group ``g`` of ``members`` (global ranks), run by its members: all_reduce AVG and
     BXOR, all_gather, reduce_scatter, all_to_all (not on a group of one: an all-to-all of one replica never finishes
@@ -331,6 +338,10 @@ def rank_program(n: int):
         # no bound: the ranks agree on the largest split (funcoll.replicas runs the agreement's all_gather first)
         dist.all_to_all_single(o, ref.make(torch.float32, (sum(ins), 2), r, "a2a uneven").to(dev()), outs, ins)
         res["all_to_all uneven, agreed bound"] = o
+        mouts, mins = mixed_splits(n, r)  # splits all equal on rank 0 only: every rank takes the uneven plan
+        o = torch.empty((sum(mouts), 2), device=dev())
+        dist.all_to_all_single(o, ref.make(torch.float32, (sum(mins), 2), r, "a2a mixed").to(dev()), mouts, mins)
+        res["all_to_all, splits even on rank 0 only"] = o
         o = torch.empty((sum(outs),), dtype=torch.int32, device=dev())
         with xla.static_split_bound(3):
             o = F.wait_tensor(F.all_to_all_single(ref.make(torch.int32, (sum(ins),), r, "a2a uneven f").to(dev()),
@@ -351,10 +362,10 @@ def rank_program(n: int):
         ins = [ref.make(torch.float32, (sum(a2a_splits(n, q)[1]), 2), q, "a2a uneven") for q in range(n)]
         insf = [ref.make(torch.int32, (sum(a2a_splits(n, q)[1]),), q, "a2a uneven f") for q in range(n)]
 
-        def a2a(inputs):
+        def a2a(inputs, splits=a2a_splits):
             pieces = []
             for q in range(n):
-                sends = a2a_splits(n, q)[1]
+                sends = splits(n, q)[1]
                 off = sum(sends[:rank])
                 pieces.append(inputs[q][off:off + sends[rank]])
             return torch.cat(pieces)
@@ -362,6 +373,8 @@ def rank_program(n: int):
         for bound in (3, 5):
             want[f"all_to_all uneven, static bound {bound}"] = (a2a(ins), "movement", "random")
         want["all_to_all uneven, agreed bound"] = (a2a(ins), "movement", "random")
+        mixed = [ref.make(torch.float32, (sum(mixed_splits(n, q)[1]), 2), q, "a2a mixed") for q in range(n)]
+        want["all_to_all, splits even on rank 0 only"] = (a2a(mixed, mixed_splits), "movement", "random")
         want["functional all_to_all uneven, static bound 3"] = (a2a(insf), "movement", "random")
         red = ref.reduce("sum", [ref.make(torch.float32, (5,), q, "reduce", "grid") for q in range(n)])
         want["reduce dst=last"] = (red if rank == n - 1 else ref.make(torch.float32, (5,), rank, "reduce", "grid"),
