@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.xla.replica_runs import run_modules
+
 WORLD = 3
 
 
@@ -73,12 +72,7 @@ def results() -> dict:
         if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
             pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas; the xla "
                         "environment's xla-replicas extra)")
-        env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
-        env.pop("FUNCOLL_PROFILE", None)
-        p = subprocess.run([sys.executable, "-m", "tests.xla.test_xla_agreement"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr[-4000:]
-        _cache.update(json.loads(p.stdout.split("JSON:", 1)[1]))
+        _cache.update(run_modules({0: ("tests.xla.test_xla_agreement",)})[0])
     return _cache
 
 

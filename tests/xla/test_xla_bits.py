@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.xla.replica_runs import mismatches, run_modules
+
 WORLDS = (2, 4, 8)
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "float8_e4m3fn": "f8e4m3fn",
          "float8_e5m2": "f8e5m2"}
@@ -228,6 +227,12 @@ def _collectives(text: str) -> list:
     return out
 
 
+def _bits_differ(got: list, want: list) -> str:
+    bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+    first = bad[0] if bad else min(len(got), len(want))
+    return f"{len(bad)} of {len(want)} elements differ, first at {first}"
+
+
 def world_main(n: int) -> dict:
     import time
 
@@ -240,18 +245,7 @@ def world_main(n: int) -> dict:
         fn, expected = make(n, notes)
         world = replicas.capture(fn, n)
         got = replicas.execute(world)
-        failures = []
-        for rank, res in enumerate(got):
-            want = expected(rank)
-            if set(res) != set(want):
-                failures.append(f"[rank {rank}] cases {sorted(set(res) ^ set(want))} on one side only")
-            for name in sorted(set(res) & set(want)):
-                g = res[name].reshape(-1).tolist()
-                if g != want[name]:
-                    bad = [i for i, (a, b) in enumerate(zip(g, want[name])) if a != b]
-                    first = bad[0] if bad else min(len(g), len(want[name]))
-                    failures.append(f"[world {n} rank {rank}] {name}: {len(bad)} of {len(want[name])} elements "
-                                    f"differ, first at {first}")
+        failures = mismatches(n, got, expected, _bits_differ)
         out[label] = {"failures": failures, "count": sum(len(expected(r)) for r in range(n)), "same": world.same,
                       "collectives": [_collectives(p.text) for p in world.ranks], "notes": notes,
                       "seconds": round(time.monotonic() - start, 1)}
@@ -271,20 +265,7 @@ def results() -> dict:
         pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
         if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
             pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas)")
-        env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
-        env.pop("FUNCOLL_PROFILE", None)
-        procs = {n: subprocess.Popen([sys.executable, "-m", "tests.xla.test_xla_bits", str(n)], cwd=ROOT, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in WORLDS}
-        try:
-            for n, p in procs.items():
-                stdout, stderr = p.communicate(timeout=600)
-                assert p.returncode == 0, f"world {n} failed:\n{stderr[-4000:]}"
-                _cache[n] = json.loads(stdout.split("JSON:", 1)[1])
-        finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        _cache.update(run_modules({n: ("tests.xla.test_xla_bits", n) for n in WORLDS}))
     return _cache
 
 

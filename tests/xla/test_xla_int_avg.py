@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.xla.replica_runs import run_modules
 
 # per dtype, rank r's values are ROWS[dtype][r % 3] (the same three rows in each block of 3)
 U32 = 2 ** 32
@@ -157,12 +155,7 @@ _cache: dict = {}
 
 def results() -> dict:
     if not _cache:
-        env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
-        env.pop("FUNCOLL_PROFILE", None)
-        p = subprocess.run([sys.executable, "-m", "tests.xla.test_xla_int_avg"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr[-4000:]
-        _cache.update(json.loads(p.stdout.split("JSON:", 1)[1]))
+        _cache.update(run_modules({0: ("tests.xla.test_xla_int_avg",)})[0])
     return _cache
 
 

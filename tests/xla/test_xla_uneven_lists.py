@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.xla.replica_runs import mismatches, run_modules
+
 WORLDS = (2, 4, 8)
 
 
@@ -105,15 +104,7 @@ def world_main(n: int) -> dict:
     fn, expected = program(n, notes)
     world = replicas.capture(fn, n)
     got = replicas.execute(world)
-    failures = []
-    for rank, res in enumerate(got):
-        want = expected(rank)
-        if set(res) != set(want):
-            failures.append(f"[rank {rank}] cases {sorted(set(res) ^ set(want))} on one side only")
-        for name in sorted(set(res) & set(want)):
-            g = res[name].reshape(-1).tolist()
-            if g != want[name]:
-                failures.append(f"[world {n} rank {rank}] {name}: got {g}, want {want[name]}")
+    failures = mismatches(n, got, expected, lambda g, w: f"got {g}, want {w}")
     return {"failures": failures, "count": sum(len(expected(r)) for r in range(n)), "same": world.same,
             "collectives": [_collectives(p.text) for p in world.ranks], "notes": notes}
 
@@ -130,21 +121,7 @@ def results() -> dict:
         pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
         if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
             pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas)")
-        env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
-        env.pop("FUNCOLL_PROFILE", None)
-        procs = {n: subprocess.Popen([sys.executable, "-m", "tests.xla.test_xla_uneven_lists", str(n)], cwd=ROOT,
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for n in WORLDS}
-        try:
-            for n, p in procs.items():
-                stdout, stderr = p.communicate(timeout=600)
-                assert p.returncode == 0, f"world {n} failed:\n{stderr[-4000:]}"
-                _cache[n] = json.loads(stdout.split("JSON:", 1)[1])
-        finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        _cache.update(run_modules({n: ("tests.xla.test_xla_uneven_lists", n) for n in WORLDS}))
     return _cache
 
 
