@@ -358,7 +358,9 @@ def gloo_repros(rank: int, n: int) -> list:
     """Runs every entry's reproducer that applies to the running torch on a raw gloo world of 2 ranks; returns
     ``(name, what it showed)``: "raised" (a refusal raised its error), the return value of the others (True: shown),
     or what happened instead."""
-    out = []
+    # the barrier after each runs on a group of its own: gloo's barrier waits for the work its group still lists as
+    # in progress, and re-raises its error (a refused all_reduce may still be listed when its wait has returned)
+    out, sync = [], dist.new_group(backend="gloo")
     for k in GLOO_KNOWN:
         if not k.current():
             continue
@@ -371,7 +373,7 @@ def gloo_repros(rank: int, n: int) -> list:
             if k.error is not None:
                 got = f"returned {got!r} instead of raising"
         out.append((k.name, got))
-        dist.barrier()
+        dist.barrier(group=sync)
     return out
 
 
