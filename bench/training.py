@@ -238,7 +238,7 @@ def run(blocks: int = 9, world: int = 2, only=None) -> list:
 
 
 if __name__ == "__main__":
-    from bench.__main__ import table
+    from bench.report import table
 
     args = sys.argv[1:]
     only = tuple(a for a in args if not a.isdigit()) or None  # row names to run (default: all)
