@@ -91,8 +91,7 @@ def write(rows, xla: bool, load=()) -> None:
     page = os.path.join(ROOT, "docs", "performance.md")
     head = open(page).read().split("<!-- bench -->")[0] if os.path.exists(page) else "# Performance\n\n"
     body = ("<!-- bench -->\n\nThe last `./dev bench` run (2 shared cores: read the ratios, not the microseconds"
-            f"{'' if xla else '; torch_xla absent, no XLA rows'}; each op's pooled row stands for its sizes, which the "
-            f"printed table lists):\n\n```\n{table(summary(rows), load)}\n```\n\n"
+            f"{'' if xla else '; torch_xla absent, no XLA rows'}):\n\n```\n{table(summary(rows), load)}\n```\n\n"
             "![per-call cost of dist.all_reduce against message size](performance.png)\n"
             "\n![training steps, funcoll / gloo](performance-training.png)\n")
     with open(page, "w") as f:
