@@ -74,7 +74,7 @@ class Pending(Handle):
                 if isinstance(h, Pending):
                     futs.append(h.future())
                 elif hasattr(h, "get_future"):  # a backend Work: one without a future of its own is given one
-                    from funcoll.transport.gloo import waited
+                    from funcoll.transport.c10d import waited
 
                     futs.append(waited(h).get_future())
             self._handles = []

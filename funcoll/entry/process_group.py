@@ -35,7 +35,7 @@ from funcoll.entry.work import (
 )
 from funcoll.semantics import groups
 from funcoll.transport import Transport
-from funcoll.transport.gloo import in_background
+from funcoll.transport.c10d import in_background
 from funcoll.transport.registry import GroupContext, cpu_transport, funcoll_factory
 
 __all__ = ["ProcessGroupFuncoll", "Options", "FuncollWork", "BACKEND_NAME", "TRANSPORT_HOOKS"]

@@ -39,7 +39,7 @@ from funcoll.entry.errors import (
 )
 from funcoll.entry.flight_recorder import NativeEntry, recent
 from funcoll.transport import wait_quietly
-from funcoll.transport.gloo import in_background, track_callbacks
+from funcoll.transport.c10d import in_background, track_callbacks
 
 _now = time.time
 
@@ -222,7 +222,7 @@ class NativeWork(FuncollWork):
     Exactly one thread ever waits on the backend's Work (gloo's send/recv Works must not be waited on twice at once):
     the caller of ``wait()``, directly, when nobody else does; anyone else waits for that wait to return. What the
     backend's Work lacks is supplied only when asked for: a Work without a future and without a completion flag of its
-    own (gloo's send, recv and reduce_scatter) gets a background waiter (:func:`funcoll.transport.gloo.in_background`)
+    own (gloo's send, recv and reduce_scatter) gets a background waiter (:func:`funcoll.transport.c10d.in_background`)
     at the first ``get_future()``, or at the first ``is_completed()`` poll that finds it still running; a Work that
     is only waited on pays no thread."""
 

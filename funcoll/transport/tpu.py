@@ -2,7 +2,7 @@
 on its ``tpu`` device (the PrivateUse1 key renamed by ``torch_tpu``), on current torch (TorchTPU 0.2 needs torch
 2.11-2.15; torch_xla stops at torch 2.9).
 
-* Primitives: :class:`TpuTransport` is the CPU reference :class:`~funcoll.transport.gloo.C10dTransport` driving a
+* Primitives: :class:`TpuTransport` is the CPU reference :class:`~funcoll.transport.c10d.C10dTransport` driving a
   ProcessGroupTpu instead of a ProcessGroupGloo; tensors are handed to it on the device and stay there. A call
   ProcessGroupTpu answers without a Work (it returns one only for asynchronous calls) is complete.
 * Capabilities: :func:`derive` -- a pure function of the torch_tpu version -- over the fact table
@@ -37,7 +37,7 @@ from funcoll.transport import (
     static_split_bound,
 )
 from funcoll.transport import profile as _named_profile
-from funcoll.transport.gloo import C10dTransport
+from funcoll.transport.c10d import C10dTransport
 from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
 __all__ = ["TORCHTPU_FACTS", "Fact", "TpuCapabilities", "TpuTransport", "derive", "capabilities", "facts_at",
@@ -392,7 +392,7 @@ class TpuTransport(C10dTransport):
     def _reduce_scatter(self, out, inp, red):
         from torch._C import _distributed_c10d as C
 
-        from funcoll.transport.gloo import c10d_op, waited
+        from funcoll.transport.c10d import c10d_op, waited
 
         o = C.ReduceScatterOptions()
         o.reduceOp = c10d_op(red)
@@ -415,13 +415,13 @@ class TpuTransport(C10dTransport):
         return self._work(super()._scatter(out, inps, src))
 
     def _send(self, t, dst, tag):
-        from funcoll.transport.gloo import waited
+        from funcoll.transport.c10d import waited
 
         w = self.backend.send([t], dst, tag)
         return DONE if w is None else waited(w, [t])
 
     def _recv(self, t, src, tag):
-        from funcoll.transport.gloo import waited
+        from funcoll.transport.c10d import waited
 
         w = self.backend.recv([t], src, tag)
         return DONE if w is None else waited(w, [t])

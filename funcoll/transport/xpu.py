@@ -1,6 +1,6 @@
 """The XPU transport: funcoll's algorithms over the group's XCCL (oneCCL) c10d backend.
 
-* Primitives: :class:`XcclTransport` is the CPU reference :class:`~funcoll.transport.gloo.C10dTransport` driving a
+* Primitives: :class:`XcclTransport` is the CPU reference :class:`~funcoll.transport.c10d.C10dTransport` driving a
   ``ProcessGroupXCCL`` instead of a ``ProcessGroupGloo``; tensors are handed to it on the device and stay there.
 * Capabilities: derived from the running stack, by :func:`derive`, a pure function of ``(torch version, oneCCL at
   run time, override, topology, oneCCL torch was built against, backend class, GPU name)`` over the fact tables
@@ -34,7 +34,7 @@ from funcoll.semantics import FLOAT8, ReduceOp
 from funcoll.transport import PRIMITIVES, Capabilities, Version, VersionedCapabilities, active_profile_name, in_force
 from funcoll.transport import parse_version as _parse_version
 from funcoll.transport import profile as _named_profile
-from funcoll.transport.gloo import C10dTransport
+from funcoll.transport.c10d import C10dTransport
 from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
 __all__ = ["XCCL_FACTS", "XCCL2_FACTS", "OPEN_REPORTS", "Report", "open_reports", "backend_class", "fact_table",

@@ -13,7 +13,7 @@ from funcoll import probe
 from funcoll.launch import run_world
 from funcoll.semantics import ReduceOp
 from funcoll.transport import DONE, profile
-from funcoll.transport.gloo import C10dTransport
+from funcoll.transport.c10d import C10dTransport
 
 R = torch.distributed.ReduceOp
 

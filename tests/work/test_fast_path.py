@@ -21,7 +21,8 @@ import torch.distributed as dist
 from funcoll import algorithms
 from funcoll.launch import run_world, spawn_world
 from funcoll.transport import profile
-from funcoll.transport.gloo import C10dTransport, capabilities
+from funcoll.transport.c10d import C10dTransport
+from funcoll.transport.gloo import capabilities
 
 R = dist.ReduceOp
 FULL_PATH = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast")
