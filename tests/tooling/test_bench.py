@@ -70,3 +70,32 @@ def test_bench_runs_and_reports_every_case(bench_run):
         assert {f"XLA build all_reduce, world {w}" for w in (4, 64, 256)} <= set(rows)
     assert (open(page).read() if os.path.exists(page) else None) == before  # --no-docs: the page is untouched
     assert "[bench] world 2: uneven all_to_all 16 MiB, 10:1" in p.stderr  # progress on stderr
+
+
+def test_the_page_shows_each_op_pooled_and_keeps_its_prose(tmp_path, monkeypatch):
+    """``bench.report.write`` rewrites docs/performance.md below its marker only, with one row per op where the bench
+    pooled the op's sizes (the printed table keeps every size)."""
+    from bench import report
+
+    def row(case, world, ratio, **extra):
+        return {"case": case, "bytes": 4, "world": world, "raw_us": 10.0, "funcoll_us": 10.0 * ratio,
+                "ratio": ratio, "q1": ratio - 0.1, "q3": ratio + 0.1, **extra}
+
+    sizes = [row(f"all_reduce {s}{pin}", w, 1.1) for w, pin in ((1, " (1 CPU)"), (2, "")) for s in ("4 B", "1 MiB")]
+    pooled = [row("pooled all_reduce 4 B-1 MiB (1 CPU)", 1, 1.2), row("pooled all_reduce 4 B-1 MiB", 2, 1.3)]
+    alone = [row("all_reduce 4 B, forward only", 2, 0.9), row("async issue all_reduce 4 B (1 CPU)", 1, 1.4),
+             row("gather 4 B", 2, 1.5),  # no pooled row of its own
+             row("train step: DDP", 2, 1.0, losses_equal=True, m_lo=0.9, m_hi=1.1, cpu_delta_us=200.0)]
+    rows = sizes + pooled + alone
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "performance.md"
+    page.write_text("# Performance\n\nprose\n\n<!-- bench -->\n\nthe previous table\n")
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))
+    report.write(rows, xla=False, load=(1.0, 2.5))
+    text = page.read_text()
+    assert text.startswith("# Performance\n\nprose\n\n<!-- bench -->\n") and "the previous table" not in text
+    cases = [line.split("  ")[0] for line in text.split("```\n")[1].splitlines()[2:]]
+    assert cases == [r["case"] for r in pooled + alone], cases
+    assert "; load average 1.0-2.5\n" in text and (tmp_path / "docs" / "performance.png").exists()
+    printed = [line.split("  ")[0] for line in report.table(rows).splitlines()[2:]]
+    assert printed == [r["case"] for r in rows]
