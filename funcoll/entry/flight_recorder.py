@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import itertools
 import json
 import os
 import pickle
@@ -156,18 +155,14 @@ class GroupTrace:
         self.global_ranks = tuple(global_ranks)
         self.rank = rank
         self.size = size
-        # the collectives' sequence numbers and the point-to-point ops': next() is atomic, no lock needed
-        self._seq, self._p2p = itertools.count(), itertools.count()
+        # the sequence number the next collective will get, and the one the next point-to-point op will: each is taken
+        # and bumped in one statement, with no call in between (no lock: the fast path takes none)
+        self.seq = self.p2p_seq = 0
         self.lock = threading.Lock()
         n = buffer_size() if maxlen is None else maxlen
         self.enabled = n > 0
         self.buffer: collections.deque = collections.deque(maxlen=max(n, 1))
         self._watched: List[NativeEntry] = []  # records whose outcome only a handed-out backend future knows
-        _traces[id(self)] = self
-        _dump_at_exit()
-
-    seq = property(lambda self: _peek(self._seq), doc="The sequence number the next collective will get.")
-    p2p_seq = property(lambda self: _peek(self._p2p), doc="The one the next point-to-point op will get.")
 
     def call(self, op: str, method: str, fingerprint: dict) -> Call:
         """A new entry, not numbered yet (:meth:`number` when its first byte is about to be sent)."""
@@ -178,9 +173,9 @@ class GroupTrace:
     def number(self, call: Call, p2p: bool = False) -> Call:
         """Gives ``call`` the next sequence number of the group (or of its point-to-point ops) and records it."""
         if p2p:
-            call.p2p_seq = next(self._p2p)
+            call.p2p_seq, self.p2p_seq = self.p2p_seq, self.p2p_seq + 1
         else:
-            call.seq = next(self._seq)
+            call.seq, self.seq = self.seq, self.seq + 1
         return self.keep(call)
 
     def native_record(self, op: str, method: str, fingerprint: dict, p2p: bool = False) -> "NativeEntry":
@@ -190,8 +185,12 @@ class GroupTrace:
         turns it into one in place (a failure). A point-to-point op (``p2p``) takes the next point-to-point number."""
         if self._watched:
             self.discover()
-        rec = (NativeEntry(None, op, method, fingerprint, next(self._p2p)) if p2p
-               else NativeEntry(next(self._seq), op, method, fingerprint))
+        if p2p:
+            n, self.p2p_seq = self.p2p_seq, self.p2p_seq + 1
+            rec = NativeEntry(None, op, method, fingerprint, n)
+        else:
+            n, self.seq = self.seq, self.seq + 1
+            rec = NativeEntry(n, op, method, fingerprint)
         if self.enabled:
             self.buffer.append(rec)
         return rec
@@ -283,11 +282,6 @@ class GroupTrace:
                 "torch": torch.__version__, "entries": [c.as_dict() for c in self.entries()]}
 
 
-_traces: "weakref.WeakValueDictionary[int, GroupTrace]" = weakref.WeakValueDictionary()
-
-
-def _peek(counter: itertools.count) -> int:
-    return int(repr(counter)[6:-1])  # "count(N)": itertools.count shows its next value, and has no peek
 _time = time.time
 _ident = threading.get_ident
 
@@ -296,12 +290,13 @@ def _thread_names() -> dict:
     return {th.ident: th.name for th in threading.enumerate()}
 
 
-# funcoll group -> its trace (each group's GroupState registers it when the group is made)
+# funcoll group -> its trace, registered when the group is made: every trace of this process
 _by_group: "weakref.WeakKeyDictionary[object, GroupTrace]" = weakref.WeakKeyDictionary()
 
 
 def register(group, trace: GroupTrace) -> None:
     _by_group[group] = trace
+    _dump_at_exit()
 
 
 def trace_of(group) -> GroupTrace:
@@ -460,7 +455,7 @@ def torch_dump() -> dict:
     pg_config: dict = {}
     pg_status: dict = {}
     entries: list = []
-    for pg_id, trace in enumerate(sorted(_traces.values(), key=lambda t: (t.group, t.global_ranks))):
+    for pg_id, trace in enumerate(sorted(list(_by_group.values()), key=lambda t: (t.group, t.global_ranks))):
         pg_config[trace.group] = {"name": trace.group, "desc": trace.desc, "ranks": str(list(trace.global_ranks))}
         calls = [c for c in trace.entries() if c.seq is not None or c.p2p_seq is not None]
         done = [c.seq for c in calls if c.seq is not None and c.state == COMPLETED]
@@ -492,7 +487,7 @@ def write_torch_dump(path: Optional[str] = None) -> Optional[str]:
     try:
         if path is None:
             prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "").strip()
-            rank = next((trace.global_ranks[trace.rank] for trace in list(_traces.values())), None)
+            rank = next((trace.global_ranks[trace.rank] for trace in list(_by_group.values())), None)
             if not prefix or rank is None:
                 return None
             path = f"{prefix}{rank}"
