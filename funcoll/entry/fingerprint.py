@@ -4,11 +4,11 @@ primitive's rules together): pure functions, tested without processes.
 A *fingerprint* describes one call as a dict of JSON values: op, reduce op, root, dtypes, shapes, split sizes or
 per-peer shapes. Most fields must be equal on every rank of the group; the *per-rank* fields of an op (all_to_all
 split sizes and per-peer shapes, a rooted gather/scatter's list) legitimately differ and are checked against each
-other instead. Per op, one row of :data:`RULES` says which fields are per-rank, how the cross-rank check reads
-them (:func:`compare`, the debug mode's and the size guard's mismatch message) and this rank's share of the size
-guard's per-peer sum (:func:`digest`); per c10d method, one row of :data:`METHODS` says which op it is, how its
-arguments become a fingerprint and which argument it sends (the NaN check). The fingerprint's text is
-:func:`funcoll.entry.flight_recorder.describe`. Adding an op means adding one row to each table.
+other instead. Per op, one row of :data:`RULES` says which fields its text shows (:func:`describe`), which are
+per-rank, how the cross-rank check reads them (:func:`compare`, the debug mode's and the size guard's mismatch
+message), this rank's share of the size guard's per-peer sum (:func:`digest`) and the sizes the flight recorder's
+torch-format dump lists; per c10d method, one row of :data:`METHODS` says which op it is, how its arguments become a
+fingerprint and which argument it sends (the NaN check). Adding an op means adding one row to each table.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from funcoll.entry.flight_recorder import describe
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
 
-__all__ = ["Rule", "RULES", "Spec", "METHODS", "PER_RANK", "fingerprint", "compare", "mismatch", "digest", "agree",
-           "check_nan", "flat", "SLOTS", "ALIASES", "DEBUG_CHECK"]
+__all__ = ["Rule", "RULES", "row_of", "describe", "Spec", "METHODS", "PER_RANK", "fingerprint", "compare", "mismatch",
+           "digest", "agree", "check_nan", "flat", "SLOTS", "ALIASES", "DEBUG_CHECK"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -141,16 +140,40 @@ _NUMEL = 0x9E3779B97F4A7C15 | 1  # odd: multiplying by it is a bijection mod 2**
 # the per-rank rules of each op that has per-rank fields: the check (every rank's fingerprint at hand: the message)
 # and the share (this rank's fingerprint alone: the size guard's sum)
 # ---------------------------------------------------------------------------------------------------
-def _pairwise(kind: int, ins_key: str, outs_key: str, check: Callable) -> "Rule":
+def _shapes_of(fp: dict) -> list:
+    """The shapes of a fingerprint's tensors, where it names them."""
+    return [list(shape) for _, shape in fp.get("tensors") or [] if shape is not None]
+
+
+def _sizes(fp: dict) -> tuple:
+    """(input sizes, output sizes) as torch's flight recorder lists them: the tensors' shapes, and ``outputs`` (else
+    the same)."""
+    ins = _shapes_of(fp)
+    return ins, ins if fp.get("outputs") is None else fp["outputs"]
+
+
+def _pairwise(kind: int, ins_key: str, outs_key: str, check: Callable, shown: Tuple[str, ...],
+              sizes: Optional[Callable] = None) -> "Rule":
     """all_to_all's rule: its per-peer fields ``ins_key`` (what this rank sends each peer: rows, or a shape) and
-    ``outs_key`` (what it expects from each), ``check``, and the share: + every send, - every receive."""
+    ``outs_key`` (what it expects from each), ``check``, and the share: + every send, - every receive. Its sizes are
+    those fields, unless ``sizes`` says otherwise."""
     def share(fp: dict, rank: int) -> int:
         ins, outs = fp.get(ins_key), fp.get(outs_key)
         if ins is None or outs is None:
             return 0
         return (sum(_edge(kind, rank, q, v) for q, v in enumerate(ins))
                 - sum(_edge(kind, q, rank, v) for q, v in enumerate(outs)))
-    return Rule((ins_key, outs_key), check, share)
+
+    def per_peer(fp: dict) -> tuple:
+        return fp.get(ins_key) or [], fp.get(outs_key) or []
+    return Rule(shown, (ins_key, outs_key), check, share, sizes or per_peer)
+
+
+def _split_sums(fp: dict) -> tuple:
+    """all_to_all_single's sizes: every row it sends, and every row it receives, by the row shape."""
+    rest = (_shapes_of(fp) or [[]])[0]
+    return ([[sum(fp.get("input_split_sizes") or [0]), *rest]],
+            [[sum(fp.get("output_split_sizes") or [0]), *rest]])
 
 
 def _check_a2a_single(fps: List[dict], n: int) -> Optional[str]:
@@ -184,7 +207,7 @@ def _check_a2a(fps: List[dict], n: int) -> Optional[str]:
 
 def _rooted(op: str, key: str, kind: int) -> "Rule":
     """gather (the root's list of output shapes) and scatter (of input shapes): the root's list against every
-    rank's own tensor."""
+    rank's own tensor; its sizes are this rank's tensor and the root's list."""
     def check(fps: List[dict], n: int) -> Optional[str]:
         root = fps[0].get("root")
         if root is None or not 0 <= root < n:
@@ -208,7 +231,11 @@ def _rooted(op: str, key: str, kind: int) -> "Rule":
             s -= sum(_edge(kind, q, -1, shape) for q, shape in enumerate(fp.get(key) or ()))
         return s
 
-    return Rule((key,), check, share)
+    def sizes(fp: dict) -> tuple:
+        mine, listed = _shapes_of(fp), fp.get(key) or []
+        return (mine, listed) if op == "gather" else (listed, mine)
+
+    return Rule(("root", "tensors", key), (key,), check, share, sizes)
 
 
 def _check_gather_single(fps: List[dict], n: int) -> Optional[str]:
@@ -228,6 +255,16 @@ def _share_gather_single(fp: dict, rank: int) -> int:
     return s
 
 
+def _sizes_gather_single(fp: dict) -> tuple:
+    numel = fp.get("root_output_numel")
+    return _shapes_of(fp), [] if numel is None else [[numel]]
+
+
+def _gathered(fp: dict) -> tuple:
+    """all_gather_coalesced's sizes: its inputs, and every output of every rank's list."""
+    return _shapes_of(fp), [shape for shapes in fp.get("outputs") or [] for shape in shapes]
+
+
 def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, str]) -> "Rule":
     """The list all_gather (``own_key`` "input_shape", this rank's input; ``list_key`` "output_shapes", what it
     expects from each rank) and the list reduce_scatter ("output_shape", "input_shapes": what it reduces into each
@@ -235,6 +272,7 @@ def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, s
     NCCL reads them). ``words``: (the list's argument, what the list's entry does, what the own tensor is)."""
     arg, verb, own_name = words
     gathers = kind == _AG_LIST
+    shown = ("tensors", own_key, list_key) if gathers else ("reduce_op", "tensors", own_key, list_key)
 
     def check(fps: List[dict], n: int) -> Optional[str]:
         for r in range(n):
@@ -263,37 +301,65 @@ def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, s
         return (sum(_edge(kind, rank, q, v) for q, v in enumerate(each))
                 - sum(_edge(kind, q, rank, mine) for q in range(len(each))))
 
-    return Rule((own_key, list_key), check, share)
+    return Rule(shown, (own_key, list_key), check, share)
 
 
 class Rule(NamedTuple):
-    """What every rank of a group must agree on for one op: ``per_rank``, the fingerprint fields that differ between
-    ranks; ``check(fps, n)``, the message when those fields do not pair up (None when they do); ``share(fp, rank)``,
-    this rank's share of the size guard's per-peer sum; ``p2p``: a point-to-point op (its own counter, not checked)."""
+    """One op's row: ``shown``, the fingerprint fields its text shows, in order ("tensors": the dtypes and shapes);
+    ``per_rank``, the fields that differ between ranks; ``check(fps, n)``, the message when those fields do not pair
+    up (None when they do); ``share(fp, rank)``, this rank's share of the size guard's per-peer sum; ``sizes(fp)``, the
+    (input, output) sizes torch's flight recorder lists; ``p2p``: a point-to-point op (its own counter, not checked).
+    An op without per-rank fields needs every field equal."""
 
+    shown: Tuple[str, ...]
     per_rank: Tuple[str, ...] = ()
     check: Optional[Callable] = None
     share: Optional[Callable] = None
+    sizes: Callable = _sizes
     p2p: bool = False
 
 
-_PLAIN = Rule()
+_REDUCED, _INTO = Rule(("reduce_op", "tensors")), Rule(("tensors", "outputs"))
+_P2P = Rule(("peer", "tag", "tensors"), p2p=True)
 
-RULES: Dict[str, Rule] = {  # op -> its cross-rank rule (ops without per-rank fields: every field equal)
-    "all_reduce": _PLAIN, "all_reduce_coalesced": _PLAIN, "all_gather_into_tensor": _PLAIN,
+RULES: Dict[str, Rule] = {  # op -> its row
+    "all_reduce": _REDUCED, "all_reduce_coalesced": _REDUCED, "all_gather_into_tensor": _INTO,
     "all_gather": _sized_list(_AG_LIST, "input_shape", "output_shapes", ("output", "expects", "input")),
-    "all_gather_into_tensor_coalesced": _PLAIN, "all_gather_coalesced": _PLAIN, "reduce_scatter_tensor": _PLAIN,
+    "all_gather_into_tensor_coalesced": _INTO, "all_gather_coalesced": Rule(("tensors", "outputs"), sizes=_gathered),
+    "reduce_scatter_tensor": Rule(("reduce_op", "tensors", "outputs")),
     "reduce_scatter": _sized_list(_RS_LIST, "output_shape", "input_shapes", ("input", "reduces", "output")),
-    "reduce_scatter_tensor_coalesced": _PLAIN, "broadcast": _PLAIN, "reduce": _PLAIN,
-    "barrier": _PLAIN,
-    "all_to_all_single": _pairwise(_A2A, "input_split_sizes", "output_split_sizes", _check_a2a_single),
-    "all_to_all": _pairwise(_A2A_LIST, "per_peer_in", "per_peer_out", _check_a2a),
+    "reduce_scatter_tensor_coalesced": Rule(("reduce_op", "tensors", "outputs")),
+    "broadcast": Rule(("root", "tensors")), "reduce": Rule(("reduce_op", "root", "tensors")), "barrier": Rule(()),
+    "all_to_all_single": _pairwise(_A2A, "input_split_sizes", "output_split_sizes", _check_a2a_single,
+                                   ("tensors", "outputs", "split_sizes", "input_split_sizes", "output_split_sizes"),
+                                   _split_sums),
+    "all_to_all": _pairwise(_A2A_LIST, "per_peer_in", "per_peer_out", _check_a2a,
+                            ("tensors", "per_peer_in", "per_peer_out")),
     "gather": _rooted("gather", "root_outputs", _GATHER),
     "scatter": _rooted("scatter", "root_inputs", _SCATTER),
-    "gather_single": Rule(("root_output_numel",), _check_gather_single, _share_gather_single),
-    "send": Rule(p2p=True), "recv": Rule(p2p=True),
+    "gather_single": Rule(("root", "tensors", "root_output_numel"), ("root_output_numel",), _check_gather_single,
+                          _share_gather_single, _sizes_gather_single),
+    "send": _P2P, "recv": _P2P,
 }
 PER_RANK = frozenset(k for rule in RULES.values() for k in rule.per_rank)
+_UNLISTED = Rule(())
+
+
+def row_of(op: str) -> Rule:
+    """``op``'s row; an op without one (monitored_barrier) shows no field and needs every field equal."""
+    return RULES.get(op, _UNLISTED)
+
+
+def describe(fp: dict) -> str:
+    """``all_reduce(reduce_op=sum, float32[4])``: a fingerprint's text, its row's fields in order. A list
+    all_to_all's tensors differ in shape per peer: its entry is the dtype alone (the shapes follow)."""
+    parts = []
+    for key in row_of(fp.get("op", "")).shown:
+        if key == "tensors":
+            parts += [d if s is None else f"{d}{list(s)}" for d, s in fp.get("tensors") or []]
+        elif fp.get(key) is not None:
+            parts.append(f"{key}={fp[key]}")
+    return f"{fp.get('op', '?')}({', '.join(parts)})"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -493,11 +559,10 @@ def compare(fps: List[dict], seq: int, group: str, global_ranks=None, by: str = 
             fields = ["the collective"]
         why = "they differ in " + ", ".join(dict.fromkeys(fields))
     else:
-        rule = RULES.get(fps[0].get("op", ""))
-        cross = rule.check(fps, n) if rule is not None and rule.check is not None else None
-        if cross is None:
+        check = row_of(fps[0].get("op", "")).check
+        why = check(fps, n) if check is not None else None
+        if why is None:
             return None
-        why = cross
     by_desc: Dict[str, List[int]] = {}
     for r, fp in enumerate(fps):
         by_desc.setdefault(describe(fp), []).append(r)
@@ -526,8 +591,8 @@ def digest(fp: dict, seq: int, rank: int, n: int) -> List[int]:
     """The call's digest, ``[seq, hash of the common fields, per-peer share]`` as signed int64."""
     # fingerprints are built by the same code on every rank: equal dicts, equal reprs
     common = repr(fp) if PER_RANK.isdisjoint(fp) else repr({k: v for k, v in fp.items() if k not in PER_RANK})
-    rule = RULES.get(fp.get("op", ""))
-    cross = rule.share(fp, rank) & _M if rule is not None and rule.share is not None else 0
+    share = row_of(fp.get("op", "")).share
+    cross = share(fp, rank) & _M if share is not None else 0
     return [int(seq), _signed(_hash(common)), _signed(cross)]
 
 

@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from funcoll.entry.fingerprint import describe, row_of
 from funcoll.semantics import ranks_text
 from funcoll.semantics.groups import resolve
 
@@ -132,18 +133,6 @@ class NativeEntry:
         self.thread = _ident()
         self.fut = None
         self.name = comm_name()
-
-
-def describe(fp: dict) -> str:
-    """``all_reduce(reduce_op=sum, float32[4])`` from a fingerprint (:mod:`funcoll.entry.fingerprint`)."""
-    parts = [f"{key}={fp[key]}" for key in ("reduce_op", "root", "peer", "tag") if fp.get(key) is not None]
-    # a list all_to_all's tensors differ in shape per peer: its entry is the dtype alone (the shapes follow)
-    parts += [d if s is None else f"{d}{list(s)}" for d, s in fp.get("tensors") or []]
-    parts += [f"{key}={fp[key]}" for key in ("input_shape", "output_shape", "outputs", "output_shapes", "input_shapes",
-                                             "split_sizes", "input_split_sizes", "output_split_sizes", "per_peer_in",
-                                             "per_peer_out", "root_outputs", "root_inputs", "root_output_numel")
-              if fp.get(key) is not None]
-    return f"{fp.get('op', '?')}({', '.join(parts)})"
 
 
 class GroupTrace:
@@ -395,37 +384,10 @@ _SCALAR_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bf
                  "float8_e4m3fnuz": "Float8_e4m3fnuz", "float8_e5m2fnuz": "Float8_e5m2fnuz"}
 
 
-def _sizes_of(call: Call) -> tuple:
-    """(input sizes, output sizes, dtypes) of a call, from its fingerprint, as torch's recorder lists them."""
-    fp = call.fingerprint or {}
-    tensors = [t for t in fp.get("tensors") or [] if t and t[1] is not None]
-    ins = [list(shape) for _, shape in tensors]
-    dtypes = [_SCALAR_NAMES.get(d, d) for d, _ in (fp.get("tensors") or []) if d]
-    op = call.op
-    outs = ins
-    if op == "all_to_all_single":
-        rest = ins[0] if ins else []
-        ins = [[sum(fp.get("input_split_sizes") or [0]), *rest]]
-        outs = [[sum(fp.get("output_split_sizes") or [0]), *rest]]
-    elif op == "all_to_all":
-        ins, outs = fp.get("per_peer_in") or [], fp.get("per_peer_out") or []
-    elif op in ("all_gather", "all_gather_coalesced"):
-        outs = [s for shapes in fp.get("outputs") or [] for s in shapes]
-    elif op == "reduce_scatter":
-        ins = [s for shapes in fp.get("inputs") or [] for s in shapes]
-    elif op == "gather":
-        outs = fp.get("root_outputs") or []
-    elif op == "gather_single":
-        outs = [[fp["root_output_numel"]]] if fp.get("root_output_numel") is not None else []
-    elif op == "scatter":
-        ins = fp.get("root_inputs") or []
-    elif fp.get("outputs") is not None:
-        outs = fp["outputs"]
-    return ins, outs, dtypes
-
-
 def _torch_entry(call: Call, pg_id: int, record_id: int, trace: GroupTrace) -> dict:
-    ins, outs, dtypes = _sizes_of(call)
+    fp = call.fingerprint or {}
+    ins, outs = row_of(call.op).sizes(fp)
+    dtypes = [_SCALAR_NAMES.get(d, d) for d, _ in fp.get("tensors") or [] if d]
     p2p = call.op in ("send", "recv")
     name = _TORCH_OP.get(call.op, call.op)
     if p2p:
