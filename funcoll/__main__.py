@@ -133,7 +133,7 @@ def _probe_rank(rank, n, device, cache, simulate):
     from funcoll.transport.registry import transport_for
 
     if simulate:
-        funcoll.probe.inject_wrong(transport_for(dist.group.WORLD, device), simulate)
+        funcoll.probe._inject_wrong(transport_for(dist.group.WORLD, device), simulate)
     res = funcoll.probe.run(device=device, cache=cache)
     if not simulate:
         return res.to_dict(), res.to_markdown(), None

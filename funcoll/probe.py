@@ -1,14 +1,8 @@
-"""The capability probe: verify, on the live group, that what the capability table calls native is right (the whole
-contract, what it runs, the reference, the demotions and the cache: docs/observability.md).
+"""The capability probe: verify, on the live group, that what the capability table calls native is right, and demote
+for this process what is wrong (what it runs, the reference, the demotions, the cache: docs/observability.md).
 
-The capability tables are beliefs about library versions; XCCL and torch_xla have shipped wrong results on some paths
-(integer MIN/MAX, double-divided AVG, uneven all_to_all), and a version table cannot catch a bug nobody has reported.
-:func:`run` issues, on the group's own transport, a tiny collective for every request the table calls native
-(:func:`requests`), checks each against :mod:`funcoll.reference` computed locally from every rank's seeded inputs
-(nothing is exchanged to build it), gathers every rank's verdicts (every rank demotes the same requests: a strategy
-that differs between ranks would hang) and demotes, for this process, what was wrong (:func:`demote`). The verified
-table is cached on disk (``FUNCOLL_PROBE_CACHE``); ``FUNCOLL_PROBE=1`` probes every transport a funcoll group creates
-(:func:`at_creation`).
+:func:`run` checks a tiny collective per native request (:func:`requests`) against :mod:`funcoll.reference` computed
+locally from every rank's seeded inputs; every rank demotes the same requests (:func:`demote`).
 """
 
 from __future__ import annotations
@@ -34,15 +28,13 @@ from funcoll.entry.group_state import is_local_store
 from funcoll.entry.process_group import TRANSPORT_HOOKS
 from funcoll.report import markdown_table
 from funcoll.semantics import FLOAT8, ReduceOp, Reduction, dtype_name
-from funcoll.transport import Capabilities
+from funcoll.transport import REDUCING, Capabilities
 from funcoll.transport.registry import transport_for
 
-__all__ = ["run", "probe_transport", "ProbeResult", "Request", "requests", "demote", "results", "cache_dir",
-           "inject_wrong"]
+__all__ = ["run", "probe_transport", "ProbeResult", "Request", "requests", "demote", "results", "cache_dir"]
 
 R = ReduceOp
 SCHEMA = 1
-_REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
 _BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
 _BATCH_BYTES = 16 << 20  # at most this many bytes of this rank's inputs per batch (on XLA: one graph)
 _EXTRA_SIZES = (1, 2, 5, 8, 33, 256)  # elements per rank, besides 3 and ~1024/n, for a request a report keeps off
@@ -51,9 +43,6 @@ _results: List["ProbeResult"] = []
 _probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
 
 
-# ---------------------------------------------------------------------------------------------------
-# requests
-# ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Request:
     """One native request: ``primitive`` is a transport primitive, or ``"all_to_all uneven"``."""
@@ -76,7 +65,7 @@ class Request:
                 raise ValueError(parts[-1])
             if parts[:2] == ["all_to_all", "uneven"] and len(parts) == 3:
                 return Request("all_to_all uneven", None, dtype)
-            if len(parts) == 3 and parts[0] in _REDUCING:
+            if len(parts) == 3 and parts[0] in REDUCING:
                 return Request(parts[0], ReduceOp(parts[1]), dtype)
             if len(parts) == 2:
                 return Request(parts[0], None, dtype)
@@ -94,7 +83,7 @@ class Request:
 def requests(caps: Capabilities, size: int) -> List[Request]:
     """Every request ``caps`` calls native that funcoll's algorithms can send natively, in a fixed order."""
     dtypes = sorted(caps.dtypes, key=str)
-    reduced = [(prim, dt, reference.valid_ops(dt)) for prim in _REDUCING if caps.has(prim) for dt in dtypes
+    reduced = [(prim, dt, reference.valid_ops(dt)) for prim in REDUCING if caps.has(prim) for dt in dtypes
                if not (dt.is_complex or dt in FLOAT8)]
     out = [Request(prim, op, dt) for prim, dt, valid in reduced for op in ReduceOp
            if caps.reduces(prim, op, dt) and op.value in valid and (dt != torch.bool or op in _BOOL_NATIVE)]
@@ -103,9 +92,6 @@ def requests(caps: Capabilities, size: int) -> List[Request]:
     return out + [Request(p, None, dt) for dt in dtypes for p in moves]
 
 
-# ---------------------------------------------------------------------------------------------------
-# one probe case: inputs of every rank, the native call, the check
-# ---------------------------------------------------------------------------------------------------
 def _uneven_splits(n: int, unit: int) -> List[List[int]]:
     """in_splits[r][j]: what rank r sends to rank j (uneven, with zeros)."""
     return [[unit * ((r + 2 * j) % 3) + (1 if j == r else 0) for j in range(n)] for r in range(n)]
@@ -122,9 +108,7 @@ class _Case:
                       else n * k for r in range(n)]
 
     def inputs(self, r: int) -> torch.Tensor:
-        """The input of rank ``r`` (CPU), by :func:`funcoll.reference.make`: integers over the dtype's whole range
-        (64-bit: [0, -1] at element 0, MAX tells signed from unsigned), integer-valued floats for a reduction (sums
-        exact, an average rounds once), any floats for a move."""
+        """The input of rank ``r`` (CPU): :func:`funcoll.reference.make`'s "grid" values for a reduction."""
         return reference.make(self.req.dtype, (self.numel[r],), r, f"funcoll.probe/{self.req.name}/{self.numel[r]}",
                               "random" if self.req.op is None else "grid")
 
@@ -169,7 +153,7 @@ class _Case:
         p, req, mine = self.req.primitive, self.req, slice(rank * self.k, (rank + 1) * self.k)
         if p in ("reduce", "gather") and rank != self.root:
             return None
-        if p in _REDUCING:
+        if p in REDUCING:
             want = reference.reduce(str(req.op), inputs, reference.PREMUL)
             want = want[mine] if p == "reduce_scatter" else want
         elif p in ("all_gather", "gather"):
@@ -187,9 +171,6 @@ class _Case:
         return reference.close(torch.cat(got), want, self.n if req.op is not None else 1, str(req.op), "grid")
 
 
-# ---------------------------------------------------------------------------------------------------
-# demotion
-# ---------------------------------------------------------------------------------------------------
 _DROPPABLE = ("reduce", "broadcast", "gather", "scatter", "all_reduce_coalesced")
 
 
@@ -229,14 +210,10 @@ def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, Lis
 
 
 def _base_caps(tp) -> Capabilities:
-    # a transport whose ``caps`` is a property (XLA: uneven all_to_all inside static_split_bound) keeps the table
-    # itself in ``_caps``; the probe replaces the table, not the property's view of it
+    # XLA's ``caps`` is a property over the table in ``_caps``: the probe replaces the table, not the property's view
     return tp.__dict__["_caps"] if "_caps" in tp.__dict__ else tp.caps
 
 
-# ---------------------------------------------------------------------------------------------------
-# results and the cache
-# ---------------------------------------------------------------------------------------------------
 @dataclass
 class ProbeResult:
     group: str
@@ -363,9 +340,6 @@ def _write_cache(path: str, entry: dict) -> None:
         LOG.warning("funcoll.probe: cannot write the cache %s: %s", path, e)
 
 
-# ---------------------------------------------------------------------------------------------------
-# the probe
-# ---------------------------------------------------------------------------------------------------
 def _sync(tp) -> None:
     if getattr(tp, "device_type", "cpu") == "xla":
         import torch_xla
@@ -397,9 +371,8 @@ def _all_gather_bytes(tp, mine: torch.Tensor, dev) -> torch.Tensor:
 
 
 def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
-    """Issues every case's native request, waits, reads the outputs back to the CPU and checks them against the
-    reference of every rank's inputs; this rank's verdict per case (None: right). When the whole batch fails (a lazy
-    backend fails the graph), each case runs alone, to find the culprits."""
+    """Issues every case's native request, waits, checks the outputs: this rank's verdict per case (None: right).
+    When the whole batch fails (a lazy backend fails the graph), each case runs alone, to find the culprits."""
     issued: List[Tuple[Any, List[torch.Tensor], Optional[str]]] = []
     for c in cases:
         try:
@@ -516,15 +489,10 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
         _write_cache(path, {"key": key, "checked": names, "wrong": wrong, "demoted": demoted,
                             "unfixable": unfixable, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     for name, why in wrong.items():
-        if name in extra_names:
-            LOG.warning("funcoll.probe: group %s %s: native %s gave a wrong result (%s); it stays on its strategy "
-                        "(an open report covers this stack)", group, device_type, name, why)
-        elif name in unfixable:
-            LOG.error("funcoll.probe: group %s %s: native %s gave a wrong result (%s); funcoll cannot route "
-                      "around it", group, device_type, name, why)
-        else:
-            LOG.warning("funcoll.probe: group %s %s: native %s gave a wrong result (%s); demoted to its strategy for "
-                        "this process", group, device_type, name, why)
+        then = ("it stays on its strategy (an open report covers this stack)" if name in extra_names else
+                "funcoll cannot route around it" if name in unfixable else "demoted to its strategy for this process")
+        (LOG.error if name in unfixable else LOG.warning)(
+            "funcoll.probe: group %s %s: native %s gave a wrong result (%s); %s", group, device_type, name, why, then)
     LOG.info("funcoll.probe: group %s %s: %d native requests of %s verified (%s): %s", group, device_type,
              len(names), caps.name, "cache" if cached else f"{res.seconds:.2f}s",
              "all right" if not wrong else f"{len(wrong)} wrong, {len(demoted)} demoted")
@@ -544,9 +512,7 @@ def run(group=None, device: Optional[str] = None, *, cache: bool = True) -> Prob
 
 
 def at_creation(pg, device_type: str, tp) -> None:
-    """With ``FUNCOLL_PROBE=1``: probes a transport a funcoll group just made (one of
-    :data:`funcoll.entry.process_group.TRANSPORT_HOOKS`); not in a virtual world (a group built in one process over a
-    HashStore/FakeStore cannot run collectives)."""
+    """With ``FUNCOLL_PROBE=1``: probes a transport a funcoll group just made, unless the world is virtual."""
     if os.environ.get("FUNCOLL_PROBE", "").strip().lower() not in ("1", "true", "yes", "on"):
         return
     if is_local_store(pg.get_group_store()) or getattr(tp, "virtual", False):
@@ -561,12 +527,9 @@ def at_creation(pg, device_type: str, tp) -> None:
 TRANSPORT_HOOKS.append(at_creation)
 
 
-# ---------------------------------------------------------------------------------------------------
-# a deliberately wrong transport (``python -m funcoll probe --simulate-wrong``: what the probe reports then)
-# ---------------------------------------------------------------------------------------------------
-def inject_wrong(tp, name: str) -> None:
-    """Makes ``tp`` return a wrong result for one native reduction, e.g. ``"all_reduce max int32"`` (it reduces
-    with SUM instead, or with MAX where SUM was asked): what a broken collective library does."""
+def _inject_wrong(tp, name: str) -> None:
+    """``python -m funcoll probe --simulate-wrong``: ``tp`` reduces one native reduction (``"all_reduce max int32"``)
+    with SUM instead (MAX where SUM was asked), as a broken collective library would."""
     req = Request.parse(name)
     if req.primitive not in ("all_reduce", "reduce_scatter", "reduce"):
         raise ValueError(f"funcoll.probe.inject_wrong: only reductions can be made wrong, got {name!r}")
