@@ -187,11 +187,12 @@ def xccl_fact_details() -> str:
     """docs/xpu.md's list: per XCCL fact, what ProcessGroupXCCL does from which torch version, what depends on the
     oneCCL torch was built against, what is unknown, and the sources."""
     from funcoll.transport import xpu
+    from funcoll.transport.facts import version_text
 
     out = []
     for key, fact in xpu.XCCL_FACTS.items():
         out.append(f"- **`{key}`** ({fact.what}):")
-        for (first, what), nxt in zip(fact.by_torch, [f for f, _ in fact.by_torch[1:]] + [None]):
+        for (first, what), nxt in zip(fact.by_version, [f for f, _ in fact.by_version[1:]] + [None]):
             last = xpu.TORCH_ROWS[xpu.TORCH_ROWS.index(nxt) - 1] if nxt else None  # the row before the next entry
             when = f"torch {first}+" if last is None else f"torch {first}" if last == first else f"torch {first}-{last}"
             out.append(f"  - {when}: {what}")
@@ -199,7 +200,7 @@ def xccl_fact_details() -> str:
                 (("built against", fact.build), ("unknown", fact.unknown), ("sources", fact.source)) if text]
         out += [f"  - open report {r.ref} ({', '.join(r.topologies)}, "
                 f"{'any GPU' if r.gpus is None else 'GPU names matching `' + r.gpus + '`'}, "
-                f"{'no fixed oneCCL known' if r.fixed_in is None else 'fixed in oneCCL ' + xpu._vstr(r.fixed_in)}"
+                f"{'no fixed oneCCL known' if r.fixed_in is None else 'fixed in oneCCL ' + version_text(r.fixed_in)}"
                 f"): {r.what}; seen on {r.seen}" for r in xpu.OPEN_REPORTS if key in r.facts]
     return "\n".join(out) + "\n"
 

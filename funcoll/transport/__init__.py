@@ -15,9 +15,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import re
 import threading
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import torch
@@ -101,39 +100,6 @@ class Capabilities:
             uneven_all_gather=self.uneven_all_gather and other.uneven_all_gather,
             uneven_reduce_scatter=self.uneven_reduce_scatter and other.uneven_reduce_scatter,
         )
-
-
-Version = Tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class VersionedCapabilities(Capabilities):
-    """Capabilities plus the versions (and topology) a fact table derived them for (XCCL, TorchTPU)."""
-
-    versions: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def plain(self, **changes) -> Capabilities:
-        """The same capabilities without the versions (a profile), with ``changes``."""
-        return Capabilities(**{**{f.name: getattr(self, f.name) for f in fields(Capabilities)}, **changes})
-
-
-def parse_version(v, what: str = "funcoll: cannot read a version", example: str = "2.9.0") -> Optional[Version]:
-    """'2.9.0+xpu' -> (2, 9, 0); '2021.16.1' -> (2021, 16, 1); a tuple stays; None/'' -> None. Text that does not
-    start with a number is a ValueError: ``"{what} from {v!r}; write it as e.g. {example}"``."""
-    if v is None or (isinstance(v, str) and not v.strip()):
-        return None
-    if isinstance(v, tuple):
-        return tuple(int(x) for x in v)
-    m = re.match(r"\s*(\d+(?:\.\d+)*)", str(v))
-    if not m:
-        raise ValueError(f"{what} from {v!r}; write it as e.g. {example}")
-    return tuple(int(x) for x in m.group(1).split("."))
-
-
-def in_force(by_row: Sequence[Tuple[str, str]], row: str) -> str:
-    """A fact table's text for ``row``: the last ``(first row, text)`` entry whose first row is not after it."""
-    v = parse_version(row)
-    return next((what for first, what in reversed(by_row) if parse_version(first) <= v), "")  # type: ignore[operator]
 
 
 def _pairs(ops: Iterable[ReduceOp], dtypes: Iterable[torch.dtype]) -> frozenset:

@@ -2,16 +2,15 @@
 on its ``tpu`` device (the PrivateUse1 key renamed by ``torch_tpu``), on current torch (TorchTPU 0.2 needs torch
 2.11-2.15; torch_xla stops at torch 2.9).
 
-* Primitives: :class:`TpuTransport` is the CPU reference :class:`~funcoll.transport.c10d.C10dTransport` driving a
-  ProcessGroupTpu instead of a ProcessGroupGloo; tensors are handed to it on the device and stay there. A call
-  ProcessGroupTpu answers without a Work (it returns one only for asynchronous calls) is complete.
-* Capabilities: :func:`derive` -- a pure function of the torch_tpu version -- over the fact table
-  :data:`TORCHTPU_FACTS` (the only place TorchTPU facts live, each with its evidence, per torch_tpu version).
-  ``FUNCOLL_PROFILE=torchtpu`` imposes the same table on the CPU transport (:func:`conservative_profile`), so every
-  path funcoll fills for TorchTPU runs over gloo on any machine.
+* Primitives: :class:`TpuTransport` is :class:`~funcoll.transport.c10d.C10dTransport` driving a ProcessGroupTpu;
+  tensors stay on the device. A call ProcessGroupTpu answers without a Work (it returns one only for asynchronous
+  calls) is complete.
+* Capabilities: :func:`derive`, a pure function of the torch_tpu version over :data:`TORCHTPU_FACTS` (the only place
+  TorchTPU facts live, each with its evidence). ``FUNCOLL_PROFILE=torchtpu`` imposes the newest row on the CPU
+  transport (:func:`conservative_profile`), so every path funcoll fills for TorchTPU runs over gloo on any machine.
 * Groups: a group TorchTPU made (``init_process_group("tpu")``, ``"cpu:gloo,tpu:tpu_dist"``,
-  ``"cpu:funcoll,tpu:tpu_dist"``) lends funcoll its tpu backend (``pg._get_backend(torch.device("tpu"))``): the
-  preferred route. A funcoll group (``"funcoll"``) builds a ProcessGroupTpu of its own with TorchTPU's creator.
+  ``"cpu:funcoll,tpu:tpu_dist"``) lends funcoll its tpu backend: the preferred route. A funcoll group (``"funcoll"``)
+  builds a ProcessGroupTpu of its own with TorchTPU's creator.
 
 Importing this module imports neither torch_tpu nor a TPU runtime: the version is read from the package metadata, and
 nothing touches the ``tpu`` device until a transport is created for a ``tpu`` tensor.
@@ -19,30 +18,21 @@ nothing touches the ``tpu`` device until a transport is created for a ``tpu`` te
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Dict, Optional, Tuple
+from dataclasses import replace
+from typing import Optional
 
 import torch
+from torch._C import _distributed_c10d as C
 
 from funcoll.semantics import FLOAT8, ReduceOp
-from funcoll.transport import (
-    DONE,
-    Capabilities,
-    Version,
-    VersionedCapabilities,
-    active_profile_name,
-    in_force,
-    parse_version,
-    promised_split_bound,
-    static_split_bound,
-)
+from funcoll.transport import DONE, Capabilities, active_profile_name, promised_split_bound, static_split_bound
 from funcoll.transport import profile as _named_profile
-from funcoll.transport.c10d import C10dTransport
+from funcoll.transport.c10d import C10dTransport, c10d_op, waited
+from funcoll.transport.facts import Fact, VersionedCapabilities, label, parse_version, row_key, table, version_text
 from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
-__all__ = ["TORCHTPU_FACTS", "Fact", "TpuCapabilities", "TpuTransport", "derive", "capabilities", "facts_at",
-           "conservative_profile", "torch_tpu_version", "version_row", "static_split_bound", "VERSION_ROWS",
-           "KNOWN_UNTIL", "BACKEND_NAME"]
+__all__ = ["TORCHTPU_FACTS", "Fact", "TpuTransport", "derive", "capabilities", "conservative_profile",
+           "torch_tpu_version", "version_row", "static_split_bound", "VERSION_ROWS", "KNOWN_UNTIL", "BACKEND_NAME"]
 
 R = ReduceOp
 BACKEND_NAME = "tpu_dist"  # ProcessGroupTpu::getBackendName()
@@ -64,120 +54,73 @@ _LOW = frozenset({torch.float16, torch.bfloat16})
 # internal::ToElementType (dtype.cc:214, jump table decoded): every dtype funcoll knows, float8 included
 _TPU_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8
 _TPU_REDUCE_DTYPES = _INTS | _FLOATS | {torch.bool}
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One fact about ProcessGroupTpu. ``native``: the version rows in which funcoll hands the request to TorchTPU
-    (any other row, and an unknown version, use ``strategy``). ``by_version``: what ProcessGroupTpu does, as
-    ``(first row, text)`` pairs. ``unknown``: what the sources do not say, and the safe choice funcoll makes.
-    ``info``: a rule funcoll respects or reports on every version (it switches no plan)."""
-
-    key: str
-    what: str
-    native: Tuple[str, ...]
-    strategy: str
-    source: str
-    by_version: Tuple[Tuple[str, str], ...] = ()
-    unknown: str = ""
-    info: bool = False
-
-    def at(self, row: Optional[str]) -> str:
-        if row is None:
-            return "unknown torch_tpu version: " + (self.unknown or ("not known" if self.info else
-                                                                     "not known; funcoll's strategy"))
-        return in_force(self.by_version, row)
-
-
-_V02 = ("0.2",)
-_NONE: Tuple[str, ...] = ()
+_V02 = (0, 2)  # native_since: the torch_tpu row from which funcoll hands the request to ProcessGroupTpu
 
 # ======================================================================================================
 # THE TORCHTPU FACT TABLE. Every ProcessGroupTpu capability funcoll relies on is here, with its evidence; derive()
 # reads nothing else. docs/torchtpu.md renders the same table.
 # ======================================================================================================
-TORCHTPU_FACTS: Dict[str, Fact] = {f.key: f for f in (
-    Fact("avg_float",
-         "ReduceOp.AVG on float32/float64 (all_reduce, reduce_scatter)",
-         native=_V02,
+TORCHTPU_FACTS = table(
+    "torch_tpu", lambda fact: "not known" if fact.info else "not known; funcoll's strategy",
+    Fact("avg_float", "ReduceOp.AVG on float32/float64 (all_reduce, reduce_scatter)", native_since=_V02,
          strategy="SUM, then divide on the device",
          source="BuildDistributedAllReduceShlo / ...ReduceScatterShlo: on op == AVG an all-reduce SUM then "
                 "stablehlo.divide by a constant (SO makeConstant, Div); BuildReduceBody: \"'avg' reduction should be "
                 "handled using 'sum'\"",
          by_version=(("0.2", "SUM, then divide by the group size in the tensor's dtype"),),
          unknown="the strategy (SUM + divide: the same result)"),
-    Fact("avg_low_precision",
-         "ReduceOp.AVG on float16/bfloat16",
-         native=_NONE,
+    Fact("avg_low_precision", "ReduceOp.AVG on float16/bfloat16",
          strategy="float32 reduce_scatter, divide and round once, all_gather in the tensor's dtype",
          source="the AVG branch of the builders has no convert: the sum stays in the tensor's dtype (inferred from "
                 "the same code as avg_float; not run: no TPU)",
          by_version=(("0.2", "summed in fp16/bf16 (not widened), then divided"),),
          unknown="how XLA:TPU accumulates a bf16 all-reduce internally; funcoll sums in float32 on every version"),
-    Fact("avg_int",
-         "ReduceOp.AVG on integer and bool dtypes",
-         native=_NONE,
+    Fact("avg_int", "ReduceOp.AVG on integer and bool dtypes",
          strategy="int64 SUM, then truncating divide (NCCL semantics, no overflow in the dtype)",
          source="the AVG branch sums in the tensor's own dtype (int8 overflows at 2 ranks) and divides with "
                 "stablehlo.divide (truncating); inferred from the builders, not run",
          by_version=(("0.2", "summed in the dtype (overflows), then a truncating divide"),)),
-    Fact("premul_sum",
-         "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum)",
-         native=_NONE,
+    Fact("premul_sum", "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum)",
          strategy="multiply by the factor on the device, then SUM (the caller's input is never scaled)",
          source="ValidateReductionOp: 'reduce option not supported: ' + op (utils.cc:76, M the same); SO "
                 "\"BuildReduceBody: 'premul_sum' reduction is not supported\" (op_builder_utils.cc:1308); "
                 "tpu::_reduce_scatter_dim: 'expected reduce_op to be one of sum, avg, ...' (RUN)",
          by_version=(("0.2", "refused: RuntimeError 'reduce option not supported'"),)),
-    Fact("bitwise",
-         "ReduceOp.BAND / BOR / BXOR on integer and bool dtypes",
-         native=_V02,
+    Fact("bitwise", "ReduceOp.BAND / BOR / BXOR on integer and bool dtypes", native_since=_V02,
          strategy="all_to_all, reduce each block locally in rank order, all_gather",
          source="BuildReduceBody: BAND->and, BOR->or, BXOR->xor; ValidateReductionOp's integer mask {Byte, Char, "
                 "Short, Int, Long, Bool, UInt16, UInt32, UInt64}; floats refused with 'expected the tensors dtype "
                 "to be integer on bitwise reduction ops' (utils.cc:79; funcoll refuses them with a TypeError first)",
          by_version=(("0.2", "native on integers and bool; refused on floats"),),
          unknown="the strategy"),
-    Fact("broadcast",
-         "broadcast (and the scatter built on it)",
-         native=_NONE,
+    Fact("broadcast", "broadcast (and the scatter built on it)",
          strategy="one SUM all_reduce of the integers of the root's bits, 0 elsewhere: the bytes arrive as they are",
          source="ProcessGroupTpu::broadcast zeroes the other ranks (at::zeros + copy_) and calls allreduce (vt[34]) "
                 "with SUM; M: 'stablehlo.collective_broadcast is not implemented for TPUs'",
          by_version=(("0.2", "zeros + SUM all_reduce: a root -0.0 arrives as +0.0 (inferred, not run)"),)),
-    Fact("scatter",
-         "scatter",
-         native=_NONE,
+    Fact("scatter", "scatter",
          strategy="broadcast of the stacked inputs' bits (as above), keep this rank's slice",
          source="ProcessGroupTpu::scatter: the root concatenates its inputs, the others send zeros, then a SUM "
                 "_reduce_scatter_base (vt[50]; cat, stack, zeros in the disassembly)",
          by_version=(("0.2", "zeros + SUM reduce_scatter: -0.0 lost like broadcast (inferred, not run)"),)),
-    Fact("reduce",
-         "reduce (to one rank)",
-         native=_NONE,
+    Fact("reduce", "reduce (to one rank)",
          strategy="the all_reduce plan, the result kept on dst",
          source="vt[37] = c10d::Backend::reduce: 'Backend tpu_dist does not support reduce' (Backend.hpp:408)",
          by_version=(("0.2", "refused"),)),
-    Fact("gather",
-         "gather",
-         native=_V02,
+    Fact("gather", "gather", native_since=_V02,
          strategy="all_gather, the root keeps the rows",
          source="ProcessGroupTpu::gather calls allgather (vt[38]) on every rank; the root keeps the result (the "
                 "same bytes as funcoll's strategy)",
          by_version=(("0.2", "an all_gather to every rank"),),
          unknown="the strategy (the same exchange)"),
-    Fact("barrier",
-         "barrier with default options",
-         native=_V02,
+    Fact("barrier", "barrier with default options", native_since=_V02,
          strategy="a SUM all_reduce of one element",
          source="ProcessGroupTpu::barrier: a SUM all-reduce of ones(1), then .item(); refuses 'timeout in barrier "
                 "options is not supported', 'device_ids in barrier options is not supported, except "
                 "device_ids=[0]', 'device in barrier options is not supported' (SO)",
          by_version=(("0.2", "all-reduce of ones(1) + a host read; options refused"),),
          unknown="the strategy (no host read)"),
-    Fact("uneven_all_to_all",
-         "all_to_all_single with split sizes",
-         native=_NONE,
+    Fact("uneven_all_to_all", "all_to_all_single with split sizes",
          strategy="every split padded to one size (a bound promised with static_split_bound, else agreed with one "
                   "tiny all_gather), one even all_to_all, unpadded",
          source="AllToAllBaseUnevenSplits: a ragged all-to-all with one c10d store round trip per call "
@@ -185,50 +128,38 @@ TORCHTPU_FACTS: Dict[str, Fact] = {f.key: f for f in (
                 "unless every rank's buffers have the same size: 'asymmetric input buffer sizes across ranks are "
                 "not supported on TPU ... use padding if necessary' (SO)",
          by_version=(("0.2", "ragged all-to-all, store sync per call, symmetric buffers only"),)),
-    Fact("all_reduce_coalesced",
-         "one all_reduce of several tensors (allreduce_coalesced, multi-tensor allreduce)",
-         native=_NONE,
+    Fact("all_reduce_coalesced", "one all_reduce of several tensors (allreduce_coalesced, multi-tensor allreduce)",
          strategy="one flat buffer per dtype, one all_reduce each",
          source="vt[36]: 'Backend tpu_dist does not support allreduce_coalesced' (the functional "
                 "all_reduce_coalesced reaches it through Functional.cpp); allreduce: 'does not yet support multiple "
                 "tensors' (SO)",
          by_version=(("0.2", "refused"),)),
-    Fact("coalescing",
-         "the coalescing manager (startCoalescing/endCoalescing)",
-         native=_NONE,
+    Fact("coalescing", "the coalescing manager (startCoalescing/endCoalescing)",
          strategy="funcoll's own coalescing (the group's _start/_end_coalescing)",
          source="vt[29]/[30] are c10d defaults ('does not implement startCoalescing'); supportsCoalescing is false "
                 "(vt[10])",
          by_version=(("0.2", "refused"),)),
-    Fact("sequence_numbers",
-         "sequence numbers and Work timeouts",
-         native=_NONE,
+    Fact("sequence_numbers", "sequence numbers and Work timeouts",
          strategy="FuncollWork: sequence numbers, wait(timeout), exception() (on funcoll groups)",
          source="vt[57]/[58] defaults: 'does not yet support sequence numbers.'; TpuWork::wait(timeout) ignores the "
                 "timeout, abort() is empty, a Work exists only for async calls (M); the constructor takes no "
                 "timeout",
          by_version=(("0.2", "refused; timeouts ignored"),)),
     # -- rules funcoll respects or reports on every version (they switch no plan) -----------------------------
-    Fact("dtypes",
-         "dtypes moved and reduced",
-         native=_V02, info=True,
+    Fact("dtypes", "dtypes moved and reduced", native_since=_V02, info=True,
          strategy="all of funcoll's dtypes are handed as they are (no dtype view: not verified under TorchTPU)",
          source="internal::ToElementType (dtype.cc:214): bool, u8, i8, i16, i32, i64, u16, u32, u64, f16, bf16, "
                 "f32, f64, c64, c128, float8 e5m2/e4m3fn/e5m2fnuz/e4m3fnuz/e8m0fnu; 'TorchTPU does not yet support "
                 "dtype' for complex32, quantized, bits and int1-7/uint1-7",
          by_version=(("0.2", "every dtype funcoll moves"),),
          unknown="whether the TPU runtime executes f64, complex, u64 or float8 collectives: no TPU to run them on"),
-    Fact("same_ops_every_rank",
-         "every rank dispatches the same op sequence",
-         native=_NONE, info=True,
+    Fact("same_ops_every_rank", "every rank dispatches the same op sequence", info=True,
          strategy="rank-dependent values reach the strategies as device data (masks), and uneven all_to_all is "
                   "padded to one shape (no per-pair message sizes)",
          source="kTorchTpuInternalDetectRepeatedOpsEnvVar / ResetRepeatedOpsHeuristicState (SO); the 0.2.0 "
                 "broadcast runs dummy ops on the root to keep the heuristic in step (M)",
          by_version=(("0.2", "required (repeated-ops heuristic; compile handshake)"),)),
-    Fact("sub_groups",
-         "sub-groups",
-         native=_NONE, info=True,
+    Fact("sub_groups", "sub-groups", info=True,
          strategy="refused on the calling rank: funcoll cannot build a group ProcessGroupTpu cannot express",
          source="ProcessGroupTpu constructor: 'TPU slice size (..) must be divisible by process group size (..)', "
                 "'expected exactly one TPU device per PyTorch process'; InitializeRankToDeviceMappings: 'the first "
@@ -236,37 +167,27 @@ TORCHTPU_FACTS: Dict[str, Fact] = {f.key: f for f in (
                 "are not supported in SPMD.' / 'Incomplete or overlapping subgroups are not supported in SPMD.'",
          by_version=(("0.2", "sizes dividing the slice; no overlapping or incomplete partitions"),),
          unknown="what exactly triggers the 'incomplete' error, in time order"),
-    Fact("one_graph_per_collective",
-         "each eager collective is its own graph execution",
-         native=_NONE, info=True,
+    Fact("one_graph_per_collective", "each eager collective is its own graph execution", info=True,
          strategy="a strategy of k primitives costs k executions eagerly (unless under torch.tpu.distributed."
                   "spmd_safe); compiled, it stays inside its node's partition",
          source="W distributed/spmd_util.py:45-75; TORCH_TPU_INTERNAL_MATERIALIZE_COLLECTIVE_TENSORS defaults to "
                 "True (W compile/split_compiler.py:756)",
          by_version=(("0.2", "one execution per eager collective"),)),
-)}
+)
 
 
-# ------------------------------------------------------------------------------------------------------
-# capabilities
-# ------------------------------------------------------------------------------------------------------
-TpuCapabilities = VersionedCapabilities  # the name this module's users know
-
-
-def _parse_version(v) -> Optional[Version]:
+def _version(v):
     return parse_version(v, "funcoll.tpu: cannot read a torch_tpu version", "0.2.0")
 
 
 def version_row(torch_tpu_version) -> Optional[str]:
     """The row of :data:`VERSION_ROWS` for a torch_tpu version ('0.2.0' -> '0.2'); None when the table has none."""
-    v = _parse_version(torch_tpu_version)
-    if v is None or len(v) < 2:
-        return None
-    row = f"{v[0]}.{v[1]}"
+    v = _version(torch_tpu_version)
+    row = f"{v[0]}.{v[1]}" if v is not None and len(v) >= 2 else None
     return row if row in VERSION_ROWS else None
 
 
-def derive(torch_tpu_version) -> TpuCapabilities:
+def derive(torch_tpu_version) -> VersionedCapabilities:
     """The capabilities of ProcessGroupTpu in one torch_tpu version: a pure function of it. An unknown version (None,
     or one the table has no row for) hands TorchTPU only the baseline primitives; every switchable fact takes funcoll's
     strategy."""
@@ -274,12 +195,12 @@ def derive(torch_tpu_version) -> TpuCapabilities:
 
     def native(key: str) -> bool:
         fact = TORCHTPU_FACTS[key]
-        return not fact.info and row is not None and row in fact.native
+        return (not fact.info and row is not None and fact.native_since is not None
+                and row_key(row) >= fact.native_since)
 
     primitives = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
-    for key in ("broadcast", "scatter", "reduce", "gather", "barrier", "all_reduce_coalesced"):
-        if native(key):
-            primitives.add(key)
+    primitives |= {k for k in ("broadcast", "scatter", "reduce", "gather", "barrier", "all_reduce_coalesced")
+                   if native(k)}
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
     refused = set()
     if native("avg_float"):
@@ -289,12 +210,8 @@ def derive(torch_tpu_version) -> TpuCapabilities:
     if native("bitwise"):
         reduce_ops |= {R.BAND, R.BOR, R.BXOR}
         refused |= {(op, d) for op in (R.BAND, R.BOR, R.BXOR) for d in _FLOATS}
-
-    def label(k: str) -> str:
-        return "info" if TORCHTPU_FACTS[k].info else ("native" if native(k) else "strategy")
-
-    vstr = ".".join(map(str, _parse_version(torch_tpu_version) or ())) or "unknown"
-    return TpuCapabilities(
+    vstr = version_text(_version(torch_tpu_version))
+    return VersionedCapabilities(
         name=f"torchtpu[{vstr}]",
         primitives=frozenset(primitives),
         reduce_ops=frozenset(reduce_ops),
@@ -304,25 +221,15 @@ def derive(torch_tpu_version) -> TpuCapabilities:
         uneven_all_to_all=native("uneven_all_to_all"),
         is_async=True,
         p2p_any_shape=False,  # same_ops_every_rank: no per-pair message sizes
-        sources={f"torchtpu.{k}": f"{label(k)}: {f.source}" for k, f in TORCHTPU_FACTS.items()},
+        sources={f"torchtpu.{k}": label(f, native(k)) for k, f in TORCHTPU_FACTS.items()},
         versions={"torch_tpu": vstr, "row": row or "unknown"},
     )
 
 
-def facts_at(torch_tpu_version):
-    """``(caps, [(key, "native"|"strategy"|"info", what ProcessGroupTpu does, funcoll's strategy, source)])``."""
-    caps = derive(torch_tpu_version)
-    row = version_row(torch_tpu_version)
-    return caps, [(k, caps.sources[f"torchtpu.{k}"].split(":", 1)[0], f.at(row), f.strategy, f.source)
-                  for k, f in TORCHTPU_FACTS.items()]
-
-
 def conservative_profile(torch_tpu_version="0.2.0") -> Capabilities:
     """``PROFILES["torchtpu"]`` (what ``FUNCOLL_PROFILE=torchtpu`` imposes on another transport): the newest row of the
-    table (:data:`VERSION_ROWS`), as plain :class:`Capabilities` -- the same on every machine, whether torch_tpu is
-    installed or not."""
-    d = derive(torch_tpu_version)
-    return d.plain(name="torchtpu")
+    table, as plain :class:`Capabilities`, the same on every machine, whether torch_tpu is installed or not."""
+    return derive(torch_tpu_version).plain(name="torchtpu")
 
 
 def torch_tpu_version() -> Optional[str]:
@@ -335,7 +242,7 @@ def torch_tpu_version() -> Optional[str]:
         return None
 
 
-def capabilities(profile: Optional[str] = None, *, version=None) -> TpuCapabilities:
+def capabilities(profile: Optional[str] = None, *, version=None) -> VersionedCapabilities:
     """What funcoll's ``tpu`` transport does natively with the installed torch_tpu (or torch_tpu ``version``); the rest
     funcoll fills. ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with."""
     src = "given"
@@ -351,9 +258,6 @@ def capabilities(profile: Optional[str] = None, *, version=None) -> TpuCapabilit
                                                                       f"({src})"})
 
 
-# ------------------------------------------------------------------------------------------------------
-# the transport
-# ------------------------------------------------------------------------------------------------------
 class TpuTransport(C10dTransport):
     """The primitives of a ProcessGroupTpu for ``tpu`` tensors. Everything is reused from ``C10dTransport``; this class
     says where small control tensors live (the group's ``tpu`` device), completes a call ProcessGroupTpu answered
@@ -390,10 +294,6 @@ class TpuTransport(C10dTransport):
         return self._work(super()._all_gather(out, inp))
 
     def _reduce_scatter(self, out, inp, red):
-        from torch._C import _distributed_c10d as C
-
-        from funcoll.transport.c10d import c10d_op, waited
-
         o = C.ReduceScatterOptions()
         o.reduceOp = c10d_op(red)
         w = self.backend._reduce_scatter_base(out, inp, o)
@@ -415,20 +315,14 @@ class TpuTransport(C10dTransport):
         return self._work(super()._scatter(out, inps, src))
 
     def _send(self, t, dst, tag):
-        from funcoll.transport.c10d import waited
-
         w = self.backend.send([t], dst, tag)
         return DONE if w is None else waited(w, [t])
 
     def _recv(self, t, src, tag):
-        from funcoll.transport.c10d import waited
-
         w = self.backend.recv([t], src, tag)
         return DONE if w is None else waited(w, [t])
 
     def _barrier(self):
-        from torch._C import _distributed_c10d as C
-
         return self._work(self.backend.barrier(C.BarrierOptions()))  # default options: ProcessGroupTpu refuses any
 
     def split_bound(self) -> Optional[int]:

@@ -1,18 +1,14 @@
 """The XPU transport: funcoll's algorithms over the group's XCCL (oneCCL) c10d backend.
 
-* Primitives: :class:`XcclTransport` is the CPU reference :class:`~funcoll.transport.c10d.C10dTransport` driving a
-  ``ProcessGroupXCCL`` instead of a ``ProcessGroupGloo``; tensors are handed to it on the device and stay there.
-* Capabilities: derived from the running stack, by :func:`derive`, a pure function of ``(torch version, oneCCL at
-  run time, override, topology, oneCCL torch was built against, backend class, GPU name)`` over the fact tables
-  :data:`XCCL_FACTS` (ProcessGroupXCCL, per torch version) and :data:`XCCL2_FACTS` (xccl2), each fact with its
-  source, and the open upstream reports :data:`OPEN_REPORTS`, which keep a fact on its strategy where they apply
-  unless the live group's probe verified it (``XcclCapabilities.unverified``); any other backend class gets the
-  conservative row. ``FUNCOLL_PROFILE=<name>`` additionally intersects
-  them with a named profile (``FUNCOLL_PROFILE=xccl``: the running torch's row for an unknown oneCCL on the scale-out
-  path); ``FUNCOLL_XPU_OVERRIDE="avg=strategy,..."`` flips single facts for a stack known to be broken (or good).
+* Primitives: :class:`XcclTransport` is :class:`~funcoll.transport.c10d.C10dTransport` driving a ``ProcessGroupXCCL``;
+  tensors stay on the device.
+* Capabilities: :func:`derive`, a pure function of the stack over the fact tables :data:`XCCL_FACTS`
+  (ProcessGroupXCCL, per torch version) and :data:`XCCL2_FACTS` (xccl2), each fact with its source, and the open
+  upstream reports :data:`OPEN_REPORTS` (docs/xpu.md explains each input). ``FUNCOLL_XPU_OVERRIDE="avg=strategy,..."``
+  flips single facts for a stack known to be broken (or good).
 * Groups: a funcoll group gets a ``ProcessGroupXCCL`` of its own, built from the group's store; a group made with
   another backend (``"xccl"``, ``"xccl2"``, ``"cpu:gloo,xpu:xccl"``) lends funcoll its XPU backend, whose class picks
-  the row.
+  the table.
 
 Importing this module never imports or initialises the XPU runtime: nothing here touches ``torch.xpu`` until a
 transport is created for an XPU tensor.
@@ -31,10 +27,19 @@ import torch
 import torch._C._distributed_c10d as C
 
 from funcoll.semantics import FLOAT8, ReduceOp
-from funcoll.transport import PRIMITIVES, Capabilities, Version, VersionedCapabilities, active_profile_name, in_force
-from funcoll.transport import parse_version as _parse_version
+from funcoll.transport import PRIMITIVES, Capabilities, active_profile_name
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.c10d import C10dTransport
+from funcoll.transport.facts import (
+    Fact,
+    Version,
+    VersionedCapabilities,
+    label,
+    parse_version,
+    row_key,
+    table,
+    version_text,
+)
 from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
 __all__ = ["XCCL_FACTS", "XCCL2_FACTS", "OPEN_REPORTS", "Report", "open_reports", "backend_class", "fact_table",
@@ -47,7 +52,7 @@ R = ReduceOp
 ENV_OVERRIDE = "FUNCOLL_XPU_OVERRIDE"
 ENV_ONECCL_VERSION = "FUNCOLL_ONECCL_VERSION"
 ENV_ONECCL_BUILD_VERSION = "FUNCOLL_ONECCL_BUILD_VERSION"
-
+ENV_TOPOLOGY = "FUNCOLL_XPU_TOPOLOGY"
 
 # dtypes ProcessGroupXCCL moves and reduces: the ``xcclDatatypes`` map (intel/torch-xpu-ops src/xccl/xccl.h:96-111
 # at ab84f925; ProcessGroupXCCL.cpp before). bool is carried as ccl uint8. float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz are
@@ -58,10 +63,8 @@ _XCCL_DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, tor
 _XCCL_INTS = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
-
 SCALE_UP, SCALE_OUT = "scale-up", "scale-out"
 TOPOLOGIES = (SCALE_UP, SCALE_OUT)
-ENV_TOPOLOGY = "FUNCOLL_XPU_TOPOLOGY"
 
 # The torch versions the table has a row for. A row is what ProcessGroupXCCL does in that release, read from
 # intel/torch-xpu-ops release/2.x branch tips (assumed to be what torch 2.x pins); "2.15" is torch-xpu-ops main as of
@@ -71,53 +74,17 @@ TORCH_ROWS = ("2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15")
 KNOWN_UNTIL = "intel/torch-xpu-ops main at ab84f925 (2026-08-22)"
 
 
+def _version(v) -> Optional[Version]:
+    return parse_version(v, "funcoll.xpu: cannot read a version", "2021.16.1")
+
+
 def torch_row(torch_version) -> Optional[str]:
     """The row of :data:`TORCH_ROWS` for a torch version ('2.13.0+xpu' -> '2.13'), None when unknown."""
-    tv = parse_version(torch_version)
+    tv = _version(torch_version)
     if tv is None or len(tv) < 2:
         return None
     v = min(max(tv[:2], (2, 9)), (2, 15))  # torch 2.8 takes the 2.9 row, a torch newer than 2.15 the 2.15 row
     return f"{v[0]}.{v[1]}"
-
-
-def _row_key(row: str) -> Version:
-    return parse_version(row)  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One fact about ProcessGroupXCCL / oneCCL.
-
-    ``native_since``: the oneCCL version (found at run time) from which funcoll uses the native path by default on
-    the scale-up path (one node, XeLink), None: never by default. ``scale_out_since``: the same on the scale-out path
-    (several nodes, OFI); oneCCL's two paths have different reduce ops, so a multi-node job is never handed what only
-    the scale-up path has. ``overridable``: the topologies on which ``FUNCOLL_XPU_OVERRIDE`` may flip it (none where
-    the library raises: there is nothing native to switch to; ``premul_sum`` depends on the torch version, see
-    :func:`overridable`). ``by_torch``: what ProcessGroupXCCL does, per torch row, as ``(first row, text)`` pairs,
-    each text with its source (merge dates); a row without an entry has the previous entry's text. ``build``: what
-    depends on the oneCCL torch was *built* against (not readable from the pip ``oneccl`` package). ``unknown``: what
-    no source says, and the safe choice funcoll makes for it. ``info``: a fact funcoll reports and relies on but that
-    switches no plan (a constraint its strategies respect on every version).
-    """
-
-    key: str
-    what: str
-    native_since: Optional[Version]
-    scale_out_since: Optional[Version]
-    overridable: Tuple[str, ...]
-    strategy: str  # what funcoll does when the fact is not native
-    source: str
-    by_torch: Tuple[Tuple[str, str], ...] = ()
-    build: str = ""
-    unknown: str = ""
-    info: bool = False
-    always: bool = False  # native on every stack of its backend (xccl2: done inside the backend, not by oneCCL)
-
-    def at(self, row: Optional[str]) -> str:
-        """What ProcessGroupXCCL does on torch ``row`` (the ``by_torch`` entry in force there; "" if none)."""
-        if row is None:
-            return "unknown torch version: " + (self.unknown or "the strategy is used")
-        return in_force(self.by_torch, row)
 
 
 _BOTH = TOPOLOGIES
@@ -128,14 +95,18 @@ _PREMUL_BUILD_2_11 = (2021, 17)  # ENABLE_XCCL_PREMUL_SUM_SUPPORT in torch 2.11 
 _GRAPH_CAPTURE_ROW, _GRAPH_CAPTURE_ONECCL = "2.13", (2022, 0)
 
 
+def _strategy_used(fact: Fact) -> str:
+    return "the strategy is used"
+
+
 # ======================================================================================================
 # THE XCCL FACT TABLE. Every XCCL capability funcoll relies on is here, with its source; derive() reads
 # nothing else. docs/xpu.md renders the same table. Paths are intel/torch-xpu-ops src/xccl/... at main ab84f925
 # (2026-08-22) unless a release branch is named; PGX = ProcessGroupXCCL.cpp; dates are merge dates.
 # ======================================================================================================
-XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
-    Fact("avg",
-         "ReduceOp.AVG on floating dtypes (all_reduce)",
+XCCL_FACTS = table(
+    "torch", _strategy_used,
+    Fact("avg", "ReduceOp.AVG on floating dtypes (all_reduce)",
          native_since=(2022, 0), scale_out_since=(2022, 0), overridable=_BOTH,
          strategy="SUM, then divide on the device (fp16/bf16: float32 reduce_scatter, divide, all_gather)",
          source="funcoll's gate: oneCCL >= 2022.0 at run time, the release that adds AVG to scale-out AllReduce "
@@ -144,50 +115,44 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
                 "one node) and was divided twice on Arc B60 (#3020, open; 'fixed in oneAPI 2026.0' is a third-party "
                 "comment only, verl-project/verl#7917), so scale-up takes the strategy unless the live group's probe "
                 "verified AVG or the override says native",
-         by_torch=(("2.9", "ccl avg when torch was built against oneCCL >= 2021.15 (XCCL_HAS_AVG, xccl.h:40-44 in "
-                           "release/2.12-2.13), else SUM + div_ (source builds only: every stock wheel since 2.9 "
-                           "was built against >= 2021.15)"),
-                   ("2.14", "always onecclAvg, no XCCL_HAS_AVG and no div_ fallback (xccl.h:88-94; #4145 'Drop "
-                            "oneCCL v1', merged 2026-07-10); no topology check in torch")),
+         by_version=(("2.9", "ccl avg when torch was built against oneCCL >= 2021.15 (XCCL_HAS_AVG, xccl.h:40-44 in "
+                             "release/2.12-2.13), else SUM + div_ (source builds only: every stock wheel since 2.9 "
+                             "was built against >= 2021.15)"),
+                     ("2.14", "always onecclAvg, no XCCL_HAS_AVG and no div_ fallback (xccl.h:88-94; #4145 'Drop "
+                              "oneCCL v1', merged 2026-07-10); no topology check in torch")),
          build="torch <= 2.13: XCCL_HAS_AVG needs oneCCL >= 2021.15 at torch's build time (below it: SUM + div_, "
                "right for floats)",
          unknown="whether #3020 is fixed in a released oneCCL: no maintainer statement found; oneCCL unknown at run "
                  "time: the strategy"),
-    Fact("avg_reduce_scatter",
-         "ReduceOp.AVG on floating dtypes (reduce_scatter)",
+    Fact("avg_reduce_scatter", "ReduceOp.AVG on floating dtypes (reduce_scatter)",
          native_since=(2022, 0), scale_out_since=None, overridable=(SCALE_UP,),
          strategy="SUM, then divide on the device (fp16/bf16 summed in float32)",
          source="scale-up: as avg (onecclAvg passed to onecclReduceScatter on every path, xccl.cpp:79-95), and "
                 "intel/torch-xpu-ops#2361 (open: FSDP2 on one node, which sends AVG on reduce_scatter) covers it: "
                 "the strategy unless probed or overridden; scale-out: uxlfoundation/oneCCL#195 lists AVG gaps for "
                 "Reduce and scale-out AllReduce only and says nothing about ReduceScatter",
-         by_torch=(("2.9", "as avg: ccl avg (or SUM + div_ in builds against oneCCL < 2021.15)"),
-                   ("2.14", "always onecclAvg (#4145, 2026-07-10)")),
+         by_version=(("2.9", "as avg: ccl avg (or SUM + div_ in builds against oneCCL < 2021.15)"),
+                     ("2.14", "always onecclAvg (#4145, 2026-07-10)")),
          build="as avg",
          unknown="scale-out ReduceScatter AVG: no source either way; funcoll uses the strategy there"),
-    Fact("avg_reduce",
-         "ReduceOp.AVG on reduce (to one rank)",
-         native_since=None, scale_out_since=None, overridable=_NEVER,
+    Fact("avg_reduce", "ReduceOp.AVG on reduce (to one rank)",
          strategy="all_reduce path (AVG as above), result kept on dst",
          source="AVG in Reduce is missing for scale-up and scale-out (uxlfoundation/oneCCL#195, MLSL-4062; closed, "
                 "its closing comment covers scale-out AllReduce only); torch passes onecclAvg to onecclReduce "
                 "unchecked (xccl.cpp:42-60, PGX:1544,1568); list-form reduce_scatter with unequal inputs becomes "
                 "per-rank reduce in torch (PGX:1806-1818)",
-         by_torch=(("2.9", "AVG handed to ccl reduce unchecked"),),
+         by_version=(("2.9", "AVG handed to ccl reduce unchecked"),),
          unknown="whether oneCCL 2022.x added AVG to Reduce: the strategy"),
-    Fact("avg_int",
-         "ReduceOp.AVG on integer dtypes",
-         native_since=None, scale_out_since=None, overridable=_NEVER,
+    Fact("avg_int", "ReduceOp.AVG on integer dtypes",
          strategy="int64 SUM, then truncating divide (NCCL semantics)",
          source="the integer semantics of onecclAvg are undocumented (an enum value only, oneCCL 2022.2 "
                 "include/oneapi/ccl/v2/types.h:162); bool AVG is a TypeError (xccl.h:199-207)",
-         by_torch=(("2.9", "ccl avg with an integer datatype (builds against oneCCL < 2021.15: div_ on an integer "
-                           "tensor, which fails)"),
-                   ("2.14", "integer AVG reaches onecclAvg with no error (#4145)")),
+         by_version=(("2.9", "ccl avg with an integer datatype (builds against oneCCL < 2021.15: div_ on an integer "
+                             "tensor, which fails)"),
+                     ("2.14", "integer AVG reaches onecclAvg with no error (#4145)")),
          unknown="what onecclAvg does with integers: the strategy on every version"),
-    Fact("premul_sum",
-         "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum) on all_reduce",
-         native_since=None, scale_out_since=None, overridable=_NEVER,  # per torch row: see overridable()
+    Fact("premul_sum", "ReduceOp.PREMUL_SUM (_make_nccl_premul_sum) on all_reduce",
+         # native and overridable per torch row: see overridable()
          strategy="multiply by the factor on the device, then SUM (the same bytes on the wire)",
          source="torch <= 2.10: ValueError 'Cannot use ReduceOp.PREMUL_SUM with XCCL' (release/2.10 PGX:161-186, "
                 "intel/torch-xpu-ops#1571); 2.11: oneCCL PreMulSum (#1948, merged 2026-01-12) when built against "
@@ -195,20 +160,19 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
                 "multi-node crash pytorch/torchtitan#2332); reverted by #2913 (2026-03-02); 2.12+: ProcessGroupXCCL "
                 "scales the tensor handed to it in place (applyPreMulSumIfNeeded: input.mul_, PGX:85-103, #2903 "
                 "merged 2026-03-25) and sends SUM on every topology, also after the reland #3173 (2026-04-20)",
-         by_torch=(("2.9", "raises ValueError (no PREMUL_SUM)"),
-                   ("2.11", "oneCCL PreMulSum on all_reduce, reduce_scatter and reduce, fp16/bf16/fp32/fp64, no "
-                            "scale-out guard; ValueError 'PreMulSum requires oneCCL>=2021.17' in builds against "
-                            "older oneCCL (release/2.11 xccl.h:29-33, :341-363)"),
-                   ("2.12", "input.mul_(factor) on the tensor handed, then SUM, on every topology (#2903); reduce "
-                            "raises ValueError"),
-                   ("2.13", "all_reduce / reduce_scatter: input.mul_(factor), then SUM (oneCCL never sees "
-                            "PREMUL_SUM, PGX:1338,1417,1784,1862,1903); reduce: onecclRedOpCreatePreMulSum when "
-                            "built against oneCCL >= 2022.0 (#3173), else ValueError")),
+         by_version=(("2.9", "raises ValueError (no PREMUL_SUM)"),
+                     ("2.11", "oneCCL PreMulSum on all_reduce, reduce_scatter and reduce, fp16/bf16/fp32/fp64, no "
+                              "scale-out guard; ValueError 'PreMulSum requires oneCCL>=2021.17' in builds against "
+                              "older oneCCL (release/2.11 xccl.h:29-33, :341-363)"),
+                     ("2.12", "input.mul_(factor) on the tensor handed, then SUM, on every topology (#2903); reduce "
+                              "raises ValueError"),
+                     ("2.13", "all_reduce / reduce_scatter: input.mul_(factor), then SUM (oneCCL never sees "
+                              "PREMUL_SUM, PGX:1338,1417,1784,1862,1903); reduce: onecclRedOpCreatePreMulSum when "
+                              "built against oneCCL >= 2022.0 (#3173), else ValueError")),
          build="torch 2.11: oneCCL >= 2021.17 at build time; 2.13+ reduce: oneCCL >= 2022.0 at build time",
          unknown="torch 2.11 with an unknown build oneCCL: no override (it could raise); torch > 2.15: the 2.15 row"),
-    Fact("premul_sum_reduce_scatter",
-         "ReduceOp.PREMUL_SUM on reduce_scatter and reduce",
-         native_since=None, scale_out_since=None, overridable=_NEVER,  # torch 2.11 scale-up: see overridable()
+    Fact("premul_sum_reduce_scatter", "ReduceOp.PREMUL_SUM on reduce_scatter and reduce",
+         # overridable on torch 2.11 scale-up: see overridable()
          strategy="multiply a copy of the input by the factor on the device, then SUM (the caller's input is never "
                   "scaled)",
          source="torch 2.12+: reduce_scatter scales its *input* in place (input.mul_ in applyPreMulSumIfNeeded, "
@@ -216,108 +180,89 @@ XCCL_FACTS: Dict[str, Fact] = {f.key: f for f in (
                 "through, PGX:770-880), so a native reduce_scatter_tensor with PREMUL_SUM would change the "
                 "caller's input; reduce: no PreMulSum in oneCCL's Reduce (uxlfoundation/oneCCL#196, open; the "
                 "upstream test comments it out, test_c10d_ops_xccl.py:307)",
-         by_torch=(("2.9", "raises ValueError"),
-                   ("2.11", "oneCCL PreMulSum (input left as it is) when built against oneCCL >= 2021.17"),
-                   ("2.12", "reduce_scatter: the caller's input scaled in place, then SUM; reduce: ValueError"),
-                   ("2.13", "reduce_scatter: the caller's input scaled in place; reduce: oneCCL PreMulSum (build "
-                            ">= 2022.0)")),
+         by_version=(("2.9", "raises ValueError"),
+                     ("2.11", "oneCCL PreMulSum (input left as it is) when built against oneCCL >= 2021.17"),
+                     ("2.12", "reduce_scatter: the caller's input scaled in place, then SUM; reduce: ValueError"),
+                     ("2.13", "reduce_scatter: the caller's input scaled in place; reduce: oneCCL PreMulSum (build "
+                              ">= 2022.0)")),
          build="as premul_sum",
          unknown="never native on reduce: funcoll's reduce goes through all_reduce"),
-    Fact("bitwise",
-         "ReduceOp.BAND / BOR / BXOR",
-         native_since=None, scale_out_since=None, overridable=_NEVER,
+    Fact("bitwise", "ReduceOp.BAND / BOR / BXOR",
          strategy="all_to_all, reduce each block locally in rank order, all_gather (reduce_scatter: all_to_all + "
                   "local)",
          source="xcclOps maps only MIN/MAX/SUM/PRODUCT/AVG (xccl.h:88-94): ValueError 'Cannot use ReduceOp.BAND "
                 "with XCCL' (:233-236, asserted by test_c10d_ops_xccl.py:222-226); oneCCL has no bitwise op "
                 "either (onecclRedOp_t = Sum/Prod/Max/Min/Avg, oneCCL 2022.2 types.h:157-167)",
-         by_torch=(("2.9", "raises ValueError"),)),
-    Fact("int_minmax",
-         "ReduceOp.MIN / MAX on integer and bool dtypes",
-         native_since=None, scale_out_since=None, overridable=_BOTH,
+         by_version=(("2.9", "raises ValueError"),)),
+    Fact("int_minmax", "ReduceOp.MIN / MAX on integer and bool dtypes", overridable=_BOTH,
          strategy="all_to_all, min/max of each block locally, all_gather (bool: a uint8 count and one compare; "
                   "reduce_scatter: all_to_all + local)",
          source="int64 MAX over [-1, 0] returned a wrong result on Arc B60 (intel/torch-xpu-ops#3059: closed, "
                 "resolution and fixed version not found); torch maps MIN/MAX to onecclMin/Max for int8, uint8, "
                 "int32, int64 and bool with no gate; verl routes its integer MAX through a CPU group (seed 002)",
-         by_torch=(("2.9", "handed to oneCCL"),),
+         by_version=(("2.9", "handed to oneCCL"),),
          unknown="which oneCCL fixes #3059: the strategy until a fixed version is cited"),
-    Fact("dtypes_16_unsigned",
-         "int16, uint16, uint32, uint64",
-         native_since=None, scale_out_since=None, overridable=_NEVER,
+    Fact("dtypes_16_unsigned", "int16, uint16, uint32, uint64",
          strategy="moved as raw bits of a same-width dtype; reduced as the signed dtype (sign bit flipped "
                   "for MIN/MAX) or widened int16 -> int32",
          source="xcclDatatypes has no kShort/kUInt16/kUInt32/kUInt64 (xccl.h:96-111): TypeError 'Input tensor "
                 "data type is not supported for XCCL process group' (:184-189); oneCCL 2022.x has uint32/uint64 "
                 "(types.h:131-147), so those two are a gap of torch's map only; int16/uint16 are absent in oneCCL "
                 "too",
-         by_torch=(("2.9", "raises TypeError"),),
+         by_version=(("2.9", "raises TypeError"),),
          unknown="torch may add uint32/uint64 to its map without notice; funcoll keeps the strategy"),
-    Fact("float8",
-         "float8 dtypes",
-         native_since=None, scale_out_since=None, overridable=_NEVER,
+    Fact("float8", "float8 dtypes",
          strategy="moved as a uint8 view (no copy); reductions are a TypeError in funcoll's semantics",
          source="float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz map to ccl uint8 for non-reducing ops (xccl.h:106-110); "
                 "reductions raise 'Float8 dtypes are not currently supported for XCCL reductions' (:179-183); no "
                 "float8_e8m0fnu",
-         by_torch=(("2.9", "moved as uint8; reductions raise"),)),
-    Fact("uneven_all_to_all",
-         "all_to_all_single with split sizes",
-         native_since=None, scale_out_since=None, overridable=_BOTH,
+         by_version=(("2.9", "moved as uint8; reductions raise"),)),
+    Fact("uneven_all_to_all", "all_to_all_single with split sizes", overridable=_BOTH,
          strategy="n-1 rounds of pairwise send/recv, each message exactly its split (no agreement, no padding)",
          source="uneven all_to_all_single has returned wrong results on some GPUs (docs/design.md section 1; "
                 "intel/torch-xpu-ops#3021 on B60, torch 2.9, open); torch 2.9/2.10 call ccl::alltoallv (release/2.10 "
                 "PGX:2295,2387); from 2.11 (#2803, merged 2026-02-06) non-uniform splits are one group of send/recv "
                 "on the v1 and v2 paths (xccl.cpp:211-282); onecclAllToAllV (#5057) is an open PR as of 2026-08-20",
-         by_torch=(("2.9", "ccl::alltoallv"),
-                   ("2.11", "one grouped send/recv (uniform splits: native all_to_all)")),
+         by_version=(("2.9", "ccl::alltoallv"),
+                     ("2.11", "one grouped send/recv (uniform splits: native all_to_all)")),
          build="#5057 would use onecclAllToAllV only when torch is built against oneCCL headers that declare it "
                "(XCCL_HAS_ALLTOALLV, oneCCL 2022.2) and only for contiguous displacements",
          unknown="whether torch 2.15 includes #5057"),
-    Fact("all_reduce_coalesced",
-         "one tuple all_reduce of several tensors",
-         native_since=None, scale_out_since=None, overridable=_NEVER,
+    Fact("all_reduce_coalesced", "one tuple all_reduce of several tensors",
          strategy="one flat buffer per dtype, one all_reduce each",
          source="allreduce_coalesced requires identical dtypes ('Tensors must have identical type', "
                 "checkTensorOnSameDevice PGX:105-126); funcoll's tuple path does not group by dtype",
-         by_torch=(("2.9", "identical dtypes only"),)),
+         by_version=(("2.9", "identical dtypes only"),)),
     # -- facts funcoll's strategies respect on every version (they switch no plan) ------------------------
-    Fact("graph_capture",
-         "XPU graph capture of XCCL collectives",
-         native_since=None, scale_out_since=None, overridable=_NEVER, info=True,
+    Fact("graph_capture", "XPU graph capture of XCCL collectives", info=True,
          strategy="every strategy runs on the device with no host synchronisation, so a captured graph can hold it",
          source="#2992: capturing is allowed only with oneCCL >= 2022.0.0 found at run time (onecclGetVersion), "
                 "else NotImplementedError 'Capturing XCCL collectives is only allowed with oneCCL >= 2022.0.0' "
                 "(PGX:150-168, checked in collective() at :786, :937)",
-         by_torch=(("2.9", "not supported (no capture check before #2992)"),
-                   ("2.13", "allowed with oneCCL >= 2022.0.0 at run time")),
+         by_version=(("2.9", "not supported (no capture check before #2992)"),
+                     ("2.13", "allowed with oneCCL >= 2022.0.0 at run time")),
          unknown="oneCCL unknown at run time: whether capture is allowed is unknown"),
-    Fact("nan_check",
-         "TORCH_XCCL_NAN_CHECK (or _set_enable_nan_check): a device assert on NaN in any buffer sent",
-         native_since=None, scale_out_since=None, overridable=_NEVER, info=True,
+    Fact("nan_check", "TORCH_XCCL_NAN_CHECK (or _set_enable_nan_check): a device assert on NaN in any buffer sent",
+         info=True,
          strategy="no buffer funcoll sends holds undefined bytes: padding and scratch that are sent are written "
                   "first (zeros or results), only receive buffers are left uninitialised",
          source="PGX:396 (default off), checkForNan on every input of collective() (PGX:868-870), on the root only "
                 "for broadcast and scatter (:1303, :1457, :1485), on send (:1024); NanCheck_XPU.cpp",
-         by_torch=(("2.9", "checks the inputs of every collective when enabled"),)),
-    Fact("oneccl_api",
-         "which oneCCL API ProcessGroupXCCL uses",
-         native_since=None, scale_out_since=None, overridable=_NEVER, info=True,
+         by_version=(("2.9", "checks the inputs of every collective when enabled"),)),
+    Fact("oneccl_api", "which oneCCL API ProcessGroupXCCL uses", info=True,
          strategy="nothing depends on it in funcoll; the oneCCL version is read with get_xccl_version()",
          source="2.11-2.13: the v1 C++ API by default, the v2 C API with USE_CCL_V2=1 (release/2.13 xccl.h:77-90); "
                 "2.14+: the v1 API removed, USE_CCL_V2 gone (#4145, merged 2026-07-10)",
-         by_torch=(("2.9", "the oneCCL C++ API (v1)"),
-                   ("2.11", "v1 by default, v2 (C API) with USE_CCL_V2=1"),
-                   ("2.14", "the C API only"))),
-    Fact("send_recv",
-         "single send/recv",
-         native_since=None, scale_out_since=None, overridable=_NEVER, info=True,
+         by_version=(("2.9", "the oneCCL C++ API (v1)"),
+                     ("2.11", "v1 by default, v2 (C API) with USE_CCL_V2=1"),
+                     ("2.14", "the C API only"))),
+    Fact("send_recv", "single send/recv", info=True,
          strategy="uneven all_to_all's pairwise rounds are single sends and receives, ordered so that no cycle "
                   "of ranks all send first",
          source="#3071 (merged 2026-04-08): a single send or recv is wrapped in onecclGroupStart/End",
-         by_torch=(("2.9", "plain send/recv"),
-                   ("2.12", "each wrapped in a group call"))),
-)}
+         by_version=(("2.9", "plain send/recv"),
+                     ("2.12", "each wrapped in a group call"))),
+)
 
 # ======================================================================================================
 # OPEN REPORTS: a native request seen going wrong upstream, with no fixed oneCCL named by a maintainer. While one
@@ -363,86 +308,75 @@ def open_reports(fact: str, topology: str, oneccl: Optional[Version], gpu: Optio
     return tuple(r for r in OPEN_REPORTS if r.covers(fact, topology, oneccl, gpu))
 
 
+
+
 # ======================================================================================================
 # THE BACKEND CLASS. The facts above are ProcessGroupXCCL's (torch-xpu-ops). ``xccl2`` (pytorch/pytorch#194761, open
 # RFC, 2026-08-25: torchcomms' XCCL backend ported into c10d on oneCCL's v2 C API, the sibling of ``nccl2``, whose
 # class torch 2.15 names ProcessGroupNCCL2; funcoll expects ProcessGroupXCCL2) has the facts of XCCL2_FACTS, read from
 # meta-pytorch/torchcomms comms/torchcomms/xccl/ at 59426ba4 (2026-08-21): TCX = TorchCommXCCL.cpp, TCXU =
-# TorchCommXCCLUtils.cpp. Any other class takes the conservative row (unknown_backend_row).
+# TorchCommXCCLUtils.cpp. Any other class takes the conservative row.
 # ======================================================================================================
 XCCL_CLASS, XCCL2_CLASS = "ProcessGroupXCCL", "ProcessGroupXCCL2"
 BACKEND_LABELS = {XCCL_CLASS: "xccl", XCCL2_CLASS: "xccl2"}
 XCCL2_SOURCE = "meta-pytorch/torchcomms comms/torchcomms/xccl at 59426ba4 (2026-08-21)"
 
-XCCL2_FACTS: Dict[str, Fact] = {f.key: f for f in (
-    Fact("avg", "ReduceOp.AVG on floating dtypes (all_reduce)", None, None, _BOTH, XCCL_FACTS["avg"].strategy,
-         source="all_reduce turns AVG into SUM and divides the result in place by the group size (TCX:860-907, "
-                "'AVG issue: uxlfoundation/oneCCL#195'): onecclAvg is never called, so the open AVG reports "
-                "(oneCCL's avg) do not apply; the sum is in the tensor's dtype",
-         by_torch=(("2.9", "SUM, then tensor.div_(group size)"),), always=True),
-    Fact("avg_reduce_scatter", "ReduceOp.AVG on floating dtypes (reduce_scatter)", None, None, _BOTH,
-         XCCL_FACTS["avg_reduce_scatter"].strategy,
-         source="reduce_scatter, reduce_scatter_single and reduce_scatter_v: SUM, then output.div_(group size) "
-                "(TCX:1234-1279, 1327-1396, 1438-1478)",
-         by_torch=(("2.9", "SUM, then output.div_(group size)"),), always=True),
-    Fact("avg_reduce", "ReduceOp.AVG on reduce (to one rank)", None, None, _BOTH, XCCL_FACTS["avg_reduce"].strategy,
-         source="reduce: SUM, then the root divides by the group size (TCX:943-988)",
-         by_torch=(("2.9", "SUM, then div_ on the root"),), always=True),
-    Fact("avg_int", "ReduceOp.AVG on integer dtypes", None, None, _NEVER, XCCL_FACTS["avg_int"].strategy,
-         source="integer AVG is SUM in the tensor's own dtype, then a truncating div_ (TCX:892-907): int8/uint8/int32 "
-                "sums overflow where funcoll sums in int64",
-         by_torch=(("2.9", "SUM in the tensor's dtype, then div_(rounding_mode='trunc')"),)),
-    Fact("premul_sum", "ReduceOp.PREMUL_SUM on all_reduce", None, None, _BOTH, XCCL_FACTS["premul_sum"].strategy,
-         source="all_reduce multiplies the tensor it is handed (its output) by the factor, then SUM "
-                "(applyPreMulFactor, TCX:81-84, 860-872, 'PREMUL_SUM issue: uxlfoundation/oneCCL#196'): oneCCL's "
-                "PreMulSum (RedOpRAII, TCXU:64-103) is never reached from a collective; an integer tensor raises in "
-                "mul_",
-         by_torch=(("2.9", "tensor.mul_(factor), then SUM"),), always=True),
-    Fact("premul_sum_reduce_scatter", "ReduceOp.PREMUL_SUM on reduce_scatter and reduce", None, None, _BOTH,
-         XCCL_FACTS["premul_sum_reduce_scatter"].strategy,
-         source="reduce_scatter, reduce_scatter_single, reduce_scatter_v and reduce scale a clone of the input, then "
-                "SUM (getMaybeScaledInputsAndNewOp, TCX:86-113): the caller's input is left as it is",
-         by_torch=(("2.9", "input.clone().mul_(factor), then SUM"),), always=True),
-    Fact("bitwise", "ReduceOp.BAND / BOR / BXOR", None, None, _NEVER, XCCL_FACTS["bitwise"].strategy,
-         source="getXcclReduceOp raises 'Unsupported BAND reduce operation' (and BOR, BXOR) (TCXU:136-165)",
-         by_torch=(("2.9", "raises std::runtime_error"),)),
-    Fact("int_minmax", "ReduceOp.MIN / MAX on integer and bool dtypes", None, None, _BOTH,
-         XCCL_FACTS["int_minmax"].strategy,
-         source="onecclMin/onecclMax for every dtype (TCXU:145-148): the oneCCL of intel/torch-xpu-ops#3059",
-         by_torch=(("2.9", "handed to oneCCL"),)),
-    Fact("dtypes_16_unsigned", "int16, uint16, uint32, uint64", None, None, _NEVER,
-         XCCL_FACTS["dtypes_16_unsigned"].strategy,
-         source="getXcclDataTypeInternal maps float32/64, float16, bfloat16, int32/64, int8, uint8 and bool (as uint8) "
-                "only, else 'Unsupported tensor data type for XCCL' (TCXU:14-37)",
-         by_torch=(("2.9", "raises std::runtime_error"),)),
-    Fact("float8", "float8 dtypes", None, None, _NEVER, XCCL_FACTS["float8"].strategy,
-         source="no float8 dtype in the map, for moves too (TCXU:14-37): funcoll moves float8 as uint8 itself",
-         by_torch=(("2.9", "raises std::runtime_error, also on moves"),)),
-    Fact("uneven_all_to_all", "all_to_all_single with split sizes", None, None, _BOTH,
-         XCCL_FACTS["uneven_all_to_all"].strategy,
-         source="all_to_all_v_single: one onecclGroupStart/End of send/recv, the own block copied (TCX:1548-1711), "
-                "the grouped path of ProcessGroupXCCL 2.11+ (intel/torch-xpu-ops#3021 open)",
-         by_torch=(("2.9", "one group of send/recv"),)),
-    Fact("all_reduce_coalesced", "one tuple all_reduce of several tensors", None, None, _NEVER,
-         XCCL_FACTS["all_reduce_coalesced"].strategy,
-         source="TorchCommXCCL has no coalesced all_reduce; what the c10d port does is unknown",
-         by_torch=(("2.9", "unknown"),)),
-    Fact("send_recv", "batch_isend_irecv", None, None, _NEVER, info=True,
+
+def _xccl2(key: str, does: str, overridable: Tuple[str, ...] = _NEVER, *, source: str, always: bool = False,
+           what: Optional[str] = None) -> Fact:
+    """xccl2's fact ``key``: the request (unless ``what``) and funcoll's strategy are ProcessGroupXCCL's; ``does``: what
+    xccl2 does, on every torch."""
+    fact = XCCL_FACTS[key]
+    return replace(fact, what=what or fact.what, source=source, by_version=(("2.9", does),), native_since=None,
+                   scale_out_since=None, overridable=overridable, build="", unknown="", always=always)
+
+
+XCCL2_FACTS = table(
+    "torch", _strategy_used,
+    _xccl2("avg", "SUM, then tensor.div_(group size)", _BOTH, always=True,
+           source="all_reduce turns AVG into SUM and divides the result in place by the group size (TCX:860-907, "
+                  "'AVG issue: uxlfoundation/oneCCL#195'): onecclAvg is never called, so the open AVG reports "
+                  "(oneCCL's avg) do not apply; the sum is in the tensor's dtype"),
+    _xccl2("avg_reduce_scatter", "SUM, then output.div_(group size)", _BOTH, always=True,
+           source="reduce_scatter, reduce_scatter_single and reduce_scatter_v: SUM, then output.div_(group size) "
+                  "(TCX:1234-1279, 1327-1396, 1438-1478)"),
+    _xccl2("avg_reduce", "SUM, then div_ on the root", _BOTH, always=True,
+           source="reduce: SUM, then the root divides by the group size (TCX:943-988)"),
+    _xccl2("avg_int", "SUM in the tensor's dtype, then div_(rounding_mode='trunc')",
+           source="integer AVG is SUM in the tensor's own dtype, then a truncating div_ (TCX:892-907): "
+                  "int8/uint8/int32 sums overflow where funcoll sums in int64"),
+    _xccl2("premul_sum", "tensor.mul_(factor), then SUM", _BOTH, always=True,
+           what="ReduceOp.PREMUL_SUM on all_reduce",
+           source="all_reduce multiplies the tensor it is handed (its output) by the factor, then SUM "
+                  "(applyPreMulFactor, TCX:81-84, 860-872, 'PREMUL_SUM issue: uxlfoundation/oneCCL#196'): oneCCL's "
+                  "PreMulSum (RedOpRAII, TCXU:64-103) is never reached from a collective; an integer tensor raises "
+                  "in mul_"),
+    _xccl2("premul_sum_reduce_scatter", "input.clone().mul_(factor), then SUM", _BOTH, always=True,
+           source="reduce_scatter, reduce_scatter_single, reduce_scatter_v and reduce scale a clone of the input, "
+                  "then SUM (getMaybeScaledInputsAndNewOp, TCX:86-113): the caller's input is left as it is"),
+    _xccl2("bitwise", "raises std::runtime_error",
+           source="getXcclReduceOp raises 'Unsupported BAND reduce operation' (and BOR, BXOR) (TCXU:136-165)"),
+    _xccl2("int_minmax", "handed to oneCCL", _BOTH,
+           source="onecclMin/onecclMax for every dtype (TCXU:145-148): the oneCCL of intel/torch-xpu-ops#3059"),
+    _xccl2("dtypes_16_unsigned", "raises std::runtime_error",
+           source="getXcclDataTypeInternal maps float32/64, float16, bfloat16, int32/64, int8, uint8 and bool (as "
+                  "uint8) only, else 'Unsupported tensor data type for XCCL' (TCXU:14-37)"),
+    _xccl2("float8", "raises std::runtime_error, also on moves",
+           source="no float8 dtype in the map, for moves too (TCXU:14-37): funcoll moves float8 as uint8 itself"),
+    _xccl2("uneven_all_to_all", "one group of send/recv", _BOTH,
+           source="all_to_all_v_single: one onecclGroupStart/End of send/recv, the own block copied "
+                  "(TCX:1548-1711), the grouped path of ProcessGroupXCCL 2.11+ (intel/torch-xpu-ops#3021 open)"),
+    _xccl2("all_reduce_coalesced", "unknown",
+           source="TorchCommXCCL has no coalesced all_reduce; what the c10d port does is unknown"),
+    Fact("send_recv", "batch_isend_irecv", info=True,
          strategy="nothing switches on it",
          source="batch_op_issue issues every send before any receive in one group (TCX:680-790, #2885)",
-         by_torch=(("2.9", "sends first within a group"),)),
-)}
+         by_version=(("2.9", "sends first within a group"),)),
+)
 
 # stock torch wheels ship ProcessGroupXCCL from 2.8 (docs/design.md section 1); source builds with USE_XCCL=1 from 2.7
 # (huggingface/accelerate#3401)
 XCCL_BACKEND_SINCE = (2, 8)
-
-# The oneCCL each stock XPU wheel pins (its Requires-Dist; funcoll reads the installed wheel's own metadata, this table
-# is for the docs and the report): pytorch .github/scripts/generate_binary_build_matrix.py for 2.9/2.10; 2.11-2.13
-# from third-party environment dumps and torch-xpu-ops CI (.github/scripts/build.sh); 2.14 from vLLM's XPU docs
-# (the oneAPI 2026.1.1 set); 2.15: no source.
-WHEEL_ONECCL = {"2.9": "2021.16.1", "2.10": "2021.17.1", "2.11": "2021.17.2", "2.12": "2021.17.2",
-                "2.13": "2022.0.0", "2.14": "2022.1.2", "2.15": None}
 
 
 def backend_class(backend=None) -> str:
@@ -479,7 +413,7 @@ def _override_rule(key: str, row: Optional[str], build: Optional[Version], topol
         return _NEVER, f"cannot be overridden on {cls} (an XPU backend funcoll has no facts for: the conservative row)"
     fact = fact_table(cls)[key]
     if cls == XCCL_CLASS and key in ("premul_sum", "premul_sum_reduce_scatter") and row is not None:
-        if _row_key(row) < _row_key(_PREMUL_ONECCL_ROW):
+        if row_key(row) < row_key(_PREMUL_ONECCL_ROW):
             return _NEVER, f"cannot be overridden on torch {row} (ProcessGroupXCCL raises on PREMUL_SUM)"
         if row == _PREMUL_ONECCL_ROW:
             if build is None or build < _PREMUL_BUILD_2_11:
@@ -498,9 +432,7 @@ def _override_rule(key: str, row: Optional[str], build: Optional[Version], topol
     return _NEVER, "cannot be overridden (the library has no native path)"
 
 
-# ------------------------------------------------------------------------------------------------------
-# capabilities
-# ------------------------------------------------------------------------------------------------------
+# -- capabilities ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class XcclCapabilities(VersionedCapabilities):
     """The capabilities :func:`derive` gives, plus ``unverified``: the same table with the facts that only an open
@@ -508,11 +440,6 @@ class XcclCapabilities(VersionedCapabilities):
     table's extra requests on the live group and keeps, for that group, those that were right on every rank."""
 
     unverified: Optional[Capabilities] = field(default=None, compare=False)
-
-
-def parse_version(v) -> Optional[Version]:
-    """'2.9.0+xpu' -> (2, 9, 0); '2021.16.1' -> (2021, 16, 1); a tuple stays; None/'' -> None."""
-    return _parse_version(v, "funcoll.xpu: cannot read a version", "2021.16.1")
 
 
 def parse_topology(topology) -> str:
@@ -546,12 +473,12 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
             if "=" not in part:
                 raise ValueError(f"funcoll.xpu: override entry {part!r} must be <fact>=native or <fact>=strategy")
         items = [(k.strip(), v.strip()) for k, v in (p.split("=", 1) for p in parts)]
-    row, build, cls = torch_row(torch_version), parse_version(oneccl_build), backend_class(backend)
-    table = fact_table(cls)
+    row, build, cls = torch_row(torch_version), _version(oneccl_build), backend_class(backend)
+    facts = fact_table(cls)
     out = {}
-    allowed = sorted(k for k in table if topology in _override_rule(k, row, build, topology, cls)[0])
+    allowed = sorted(k for k in facts if topology in _override_rule(k, row, build, topology, cls)[0])
     for key, val in items:
-        topologies, why = _override_rule(key, row, build, topology, cls) if key in table else ((), "is not a fact")
+        topologies, why = _override_rule(key, row, build, topology, cls) if key in facts else ((), "is not a fact")
         if topology not in topologies:
             raise ValueError(f"funcoll.xpu: override {key!r} {why}; overridable facts on {topology}: "
                              f"{', '.join(allowed) or 'none'}")
@@ -562,19 +489,14 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
     return out
 
 
-def _vstr(v: Optional[Version]) -> str:
-    return ".".join(map(str, v)) if v else "unknown"
-
-
 def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], versions: Dict[str, str],
            premul_on_reduce: bool = False, unverified: Optional[Capabilities] = None,
            lists: bool = False) -> XcclCapabilities:
-    """The capabilities whose facts ``native(key)`` says are native (the keys of XCCL_FACTS / XCCL2_FACTS);
-    ``premul_on_reduce``: PREMUL_SUM on reduce follows ``premul_sum_reduce_scatter`` (xccl2), else it is never
-    native (ProcessGroupXCCL: oneCCL's Reduce has no PreMulSum). ``lists``: the list all_gather and reduce_scatter
-    serve a size per rank (ProcessGroupXCCL::allgather: one _broadcast_oop per rank, ::reduce_scatter: one _reduce_oop
-    per destination, when the sizes differ; intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14
-    and main ab84f925)."""
+    """The capabilities whose facts ``native(key)`` says are native. ``premul_on_reduce``: PREMUL_SUM on reduce follows
+    ``premul_sum_reduce_scatter`` (xccl2), else it is never native (ProcessGroupXCCL: oneCCL's Reduce has no
+    PreMulSum). ``lists``: the list all_gather and reduce_scatter serve a size per rank (ProcessGroupXCCL::allgather:
+    one _broadcast_oop per rank, ::reduce_scatter: one _reduce_oop per destination, when the sizes differ;
+    intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14 and main ab84f925)."""
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
     refused = {(op, d) for op in (R.AVG,) for d in _XCCL_INTS | {torch.bool}}  # avg_int
     refused_on = set()
@@ -615,52 +537,48 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
     """The XCCL capabilities of a stack: a pure function of (torch version, oneCCL found at run time, override,
     topology, oneCCL torch was built against, the backend class that runs the calls, the GPU's name).
 
-    ``oneccl_version`` None means unknown: every fact gated on it takes its strategy. ``topology`` None means
-    unknown: the scale-out row (what every path has). ``oneccl_build`` None means unknown: no override that needs a
-    build-time oneCCL is allowed. ``torch_version`` None means unknown: no torch-gated fact is native. ``backend``
-    (see :func:`backend_class`) None means ProcessGroupXCCL; xccl2 has its own facts (XCCL2_FACTS); any other class
-    gets the conservative row (nothing but SUM/PRODUCT/MIN/MAX of floats and SUM/PRODUCT of integers native, no
-    override). ``gpu`` (the device name) None means unknown: every GPU-specific open report covers it.
+    None means unknown, and takes the safe side: an unknown oneCCL or torch makes no fact gated on it native; an
+    unknown topology is scale-out (what every path has); an unknown build oneCCL allows no override that needs it; an
+    unknown GPU is covered by every GPU-specific open report. ``backend`` (see :func:`backend_class`) None means
+    ProcessGroupXCCL; xccl2 has its own facts; any other class gets the conservative row (nothing but
+    SUM/PRODUCT/MIN/MAX of floats and SUM/PRODUCT of integers native, no override).
     """
-    row, ov, build = torch_row(torch_version), parse_version(oneccl_version), parse_version(oneccl_build)
+    row, ov, build = torch_row(torch_version), _version(oneccl_version), _version(oneccl_build)
     topo, cls = parse_topology(topology), backend_class(backend)
     flips = parse_override(override, topo, torch_version, oneccl_build, cls)
-    table = fact_table(cls)
+    facts = fact_table(cls)
     gpu = gpu.strip() if gpu and gpu.strip() else None
 
     def gate(key: str) -> bool:
         """The fact's own rule (torch row, oneCCL version, topology), before reports and overrides."""
-        fact = table.get(key)
+        fact = facts.get(key)
         if fact is None or fact.info or cls not in BACKEND_LABELS:
             return False
         if fact.always:
             return True
         if cls == XCCL_CLASS and key == "premul_sum":  # the torch row decides: own scale + SUM from 2.12
-            return row is not None and _row_key(row) >= _row_key(_PREMUL_NATIVE_AR)
+            return row is not None and row_key(row) >= row_key(_PREMUL_NATIVE_AR)
         since = fact.native_since if topo == SCALE_UP else fact.scale_out_since
         return since is not None and ov is not None and ov >= since
 
-    reports = {k: open_reports(k, topo, ov, gpu) for k in table if cls == XCCL_CLASS and gate(k) and k not in flips}
+    reports = {k: open_reports(k, topo, ov, gpu) for k in facts if cls == XCCL_CLASS and gate(k) and k not in flips}
     reports = {k: r for k, r in reports.items() if r}
 
     def native(key: str) -> bool:
-        if key in flips:
-            return flips[key]
-        return gate(key) and key not in reports
+        return flips[key] if key in flips else gate(key) and key not in reports
 
-    def label(key: str, fact: Fact) -> str:
-        if fact.info:
-            return f"info: {fact.source}"
+    def why(key: str) -> str:
+        """What keeps fact ``key`` on its strategy beyond the table: an unknown backend class, open reports."""
         if cls not in BACKEND_LABELS:
-            return f"strategy: {cls} is an XPU backend funcoll has no facts for (the conservative row); {fact.source}"
-        if key in reports:
-            return (f"strategy: open report{'s' if len(reports[key]) > 1 else ''} "
-                    f"{', '.join(r.ref for r in reports[key])} cover{'' if len(reports[key]) > 1 else 's'} this stack "
-                    f"({topo}, oneCCL {_vstr(ov)}, GPU {gpu or 'unknown'}): native once funcoll.probe verifies it on "
-                    f"the live group, or with {ENV_OVERRIDE}={key}=native; {fact.source}")
-        return f"{'native' if native(key) else 'strategy'}: {fact.source}"
+            return f"{cls} is an XPU backend funcoll has no facts for (the conservative row)"
+        if key not in reports:
+            return ""
+        many = len(reports[key]) > 1
+        return (f"open report{'s' if many else ''} {', '.join(r.ref for r in reports[key])} "
+                f"cover{'' if many else 's'} this stack ({topo}, oneCCL {version_text(ov)}, GPU {gpu or 'unknown'}): "
+                f"native once funcoll.probe verifies it on the live group, or with {ENV_OVERRIDE}={key}=native")
 
-    if row is not None and _row_key(row) >= _row_key(_GRAPH_CAPTURE_ROW):
+    if row is not None and row_key(row) >= row_key(_GRAPH_CAPTURE_ROW):
         capture = ("unknown (oneCCL unknown at run time)" if ov is None else
                    "allowed" if ov >= _GRAPH_CAPTURE_ONECCL else "refused (NotImplementedError): oneCCL < 2022.0")
     else:
@@ -668,13 +586,11 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
     if cls != XCCL_CLASS:
         capture = "unknown (not read for this backend)"
     tstr = row or "?"
-    prefix = BACKEND_LABELS.get(cls, f"xpu:{cls}")
-    name = f"{prefix}[torch {tstr}, oneCCL {_vstr(ov)}, {topo}]"
-    sources = {f"xccl.{k}": label(k, f) for k, f in table.items()}
-    versions = {"torch": tstr, "oneccl": _vstr(ov), "oneccl_build": _vstr(build), "topology": topo,
+    name = f"{BACKEND_LABELS.get(cls, f'xpu:{cls}')}[torch {tstr}, oneCCL {version_text(ov)}, {topo}]"
+    sources = {f"xccl.{k}": label(f, native(k), why(k)) for k, f in facts.items()}
+    versions = {"torch": tstr, "oneccl": version_text(ov), "oneccl_build": version_text(build), "topology": topo,
                 "graph_capture": capture, "backend": cls, "gpu": gpu or "unknown"}
-    xccl2 = cls == XCCL2_CLASS
-    lists = cls == XCCL_CLASS
+    xccl2, lists = cls == XCCL2_CLASS, cls == XCCL_CLASS
     unverified = (_build(lambda k: native(k) or k in reports, name + "+unverified", sources, versions, xccl2,
                          lists=lists) if reports else None)
     return _build(native, name, sources, versions, xccl2, unverified, lists)
@@ -691,9 +607,7 @@ def conservative_profile(torch_version=None) -> Capabilities:
                             "xccl.fp8": "fp8 reductions raise (docs/design.md section 1); fp8 is moved as bytes"})
 
 
-# ------------------------------------------------------------------------------------------------------
-# reading the running stack (guarded; never touches the XPU runtime)
-# ------------------------------------------------------------------------------------------------------
+# -- reading the running stack (guarded; never touches the XPU runtime) ------------------------------------------------
 def _version_of(read: Callable[[], object]) -> Optional[str]:
     """``read()`` when it gives a version (text that starts with a digit), else None (also when it raises: not an XPU
     build of torch, no such package, no recorder)."""
@@ -808,9 +722,7 @@ def measure_topology(store, rank: int, size: int, timeout=None) -> str:
     return SCALE_UP if hosts == {host} else SCALE_OUT
 
 
-# ------------------------------------------------------------------------------------------------------
-# the transport
-# ------------------------------------------------------------------------------------------------------
+# -- the transport -----------------------------------------------------------------------------------------------------
 class XcclTransport(C10dTransport):
     """The primitives of a c10d XCCL backend for XPU tensors. Everything is reused from ``C10dTransport``;
     this class only says where small control tensors live (``control_device``: the group's XPU device, so
