@@ -1,9 +1,6 @@
-"""The compiled-graph entry point: funcoll kernels for the ``_c10d_functional`` ops, per dispatch key.
-
-``install(["xla"])`` registers them on the XLA key over torch_xla's own; ``install(["cpu"])`` on the CPU key
-(only when asked); ``uninstall()`` removes them, and the dispatcher serves the kernels that were there before.
-Each kernel is a thin adapter: it resolves the group, allocates the functional output and calls
-:mod:`funcoll.algorithms`; the Work is registered so that upstream ``wait_tensor`` waits on it.
+"""The compiled-graph entry point: funcoll kernels for the ``_c10d_functional`` ops, per dispatch key (``install``,
+``uninstall``). Each kernel resolves the group, allocates the functional output and calls :mod:`funcoll.algorithms`;
+the Work is registered so that upstream ``wait_tensor`` waits on it.
 """
 
 from __future__ import annotations
@@ -107,13 +104,9 @@ def all_reduce_coalesced_(inputs, reduce_op, group_name):
     return inputs
 
 
-def _gather_out(input, group_size):
-    shape = (group_size * (input.shape[0] if input.dim() else 1),) + tuple(input.shape[1:])
-    return input.new_empty(shape)
-
-
 def all_gather_into_tensor(input, group_size, group_name):
-    return all_gather_into_tensor_out(input, group_size, group_name, out=_gather_out(input, group_size))
+    out = input.new_empty(semantics.gathered_shape(input, group_size))
+    return all_gather_into_tensor_out(input, group_size, group_name, out=out)
 
 
 def all_gather_into_tensor_out(input, group_size, group_name, *, out):
@@ -126,7 +119,7 @@ def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
     if not inputs:
         return []
     tp = _sized("all_gather_into_tensor_coalesced", group_name, inputs[0].device, group_size)
-    outs = [_gather_out(t, group_size) for t in inputs]
+    outs = [t.new_empty(semantics.gathered_shape(t, group_size)) for t in inputs]
     _finish(algorithms.all_gather_into_tensor_coalesced(tp, outs, list(inputs)), outs, tp)
     return outs
 
@@ -173,17 +166,11 @@ KERNELS = {fn.__name__: fn for fn in (  # op -> kernel, one flat table (the same
     all_reduce, all_reduce_, all_reduce_coalesced, all_reduce_coalesced_, all_gather_into_tensor,
     all_gather_into_tensor_out, all_gather_into_tensor_coalesced, reduce_scatter_tensor,
     reduce_scatter_tensor_coalesced, all_to_all_single, broadcast, broadcast_)}
-# Kernels only some device types need, as (op, dispatch key) -> kernel: on XLA, the functionalized kernels, the
-# native all_reduce fast path, wait_tensor and the Functionalize kernels below (filled at the end of this module).
-_EXTRA: Dict[str, Dict[tuple, object]] = {}
+_EXTRA: Dict[str, Dict[tuple, object]] = {}  # device type -> {(op, dispatch key): kernel} only it needs (XLA: below)
 
 
-# -- the in-place / out variants under functionalization -------------------------------------------------
-# c10d declares all_reduce_, all_reduce_coalesced_, broadcast_ and all_gather_into_tensor_out with alias
-# annotations and gives them no Functionalize kernel, so on a device whose tensors are functional wrappers
-# (torch_xla 2.9) calling them raises "Found a custom (non-ATen) operator whose output has alias annotations".
-# These kernels are the functional op plus a copy_ into the argument it mutates (``_MUTATED``): functionalization
-# records the mutation, eagerly and when AOTAutograd traces a graph that contains them.
+# c10d gives the in-place/out variants (alias annotations) no Functionalize kernel: on functional tensors (torch_xla
+# 2.9) calling them raises (docs/xla.md). These kernels are the functional op plus a copy_ into the argument it mutates.
 _MUTATED = ("all_reduce_", "all_reduce_coalesced_", "broadcast_", "all_gather_into_tensor_out")
 
 
@@ -210,17 +197,9 @@ def _functionalize(name: str):
 FUNCTIONALIZE = {name: _functionalize(name) for name in _MUTATED}
 
 
-# ---------------------------------------------------------------------------------------------------
-# the XLA dispatch-key kernels: a native fast path for all_reduce; funcoll's generic kernels, run with
-# functionalization re-entered
-# ---------------------------------------------------------------------------------------------------
-# Why: torch_xla 2.9 runs XLA tensors under functionalization, and a kernel registered on the XLA key runs
-# *below* it (Functionalize is in the TLS exclude set). There, ``t.view(torch.uint8)`` returns a tensor torch_xla
-# cannot read ("Expected XLA tensor") and a write into a slice (``out[a:b].copy_(x)``) is lost. funcoll's
-# strategies use both (bool as uint8, raw bits, pad/unpad, unflatten), exactly as they do eagerly. Each XLA
-# kernel therefore wraps its tensors as functional tensors again and runs the generic kernel with
-# functionalization on, then unwraps the results (and copies them into the arguments of in-place variants).
-
+# The XLA key's kernels run *below* functionalization (torch_xla 2.9), where ``t.view(torch.uint8)`` returns a tensor
+# torch_xla cannot read and a write into a slice is lost; funcoll's strategies use both. Each XLA kernel therefore
+# wraps its tensors as functional tensors again and runs the generic kernel with functionalization on, then unwraps.
 def _to_functional(x):
     """``x`` (tensors, lists of them) with every tensor a functional wrapper."""
     return tree_map_only(torch.Tensor, lambda t: t if torch._is_functional_tensor(t) else
@@ -269,11 +248,9 @@ def _wait_tensor(tensor):
     return tensor
 
 
-# XLA tensors are functional wrappers: the in-place/out variants need a Functionalize kernel to be callable
 _EXTRA["xla"] = {
     **{(name, "XLA"): _functionalized(name, fn) for name, fn in KERNELS.items()},
-    # the native fast path below functionalization, as torch_xla's own kernel (one lazy all-reduce); functionalized
-    # for everything funcoll fills
+    # native: below functionalization, as torch_xla's own kernel; functionalized for everything funcoll fills
     ("all_reduce", "XLA"): _all_reduce(_functionalized("all_reduce", _filled_all_reduce)),
     ("wait_tensor", "XLA"): _wait_tensor,
     **{(name, "Functionalize"): fn for name, fn in FUNCTIONALIZE.items()},

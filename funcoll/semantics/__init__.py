@@ -13,22 +13,9 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = [
-    "ReduceOp",
-    "Reduction",
-    "parse_reduction",
-    "check_reduction",
-    "check_all_gather",
-    "check_reduce_scatter",
-    "check_all_to_all",
-    "check_root",
-    "check_layout",
-    "check_same_tensor",
-    "check_rank_list",
-    "dtype_kind",
-    "dtype_name",
-    "ranks_text",
-]
+__all__ = ["ReduceOp", "Reduction", "parse_reduction", "check_reduction", "check_all_gather", "check_reduce_scatter",
+           "check_all_to_all", "check_root", "check_layout", "check_same_tensor", "check_rank_list", "dtype_kind",
+           "dtype_name", "ranks_text", "gathered_shape"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -91,18 +78,13 @@ def parse_reduction(op, opname: str) -> Reduction:
         raise ValueError(f"funcoll.{opname}: unknown reduce op {op!r}; use one of "
                          f"{', '.join(o.value for o in ReduceOp)}")
     if red.op is ReduceOp.PREMUL_SUM and red.factor is None:
-        raise ValueError(
-            f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
-            "torch.distributed._make_nccl_premul_sum(factor)"
-        )
+        raise ValueError(f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
+                         "torch.distributed._make_nccl_premul_sum(factor)")
     return red
 
 
-FLOAT8 = frozenset(
-    getattr(torch, n)
-    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
-    if hasattr(torch, n)
-)
+FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                               "float8_e8m0fnu") if hasattr(torch, n))
 UNSIGNED = frozenset({torch.uint8, torch.uint16, torch.uint32, torch.uint64})
 
 
@@ -156,10 +138,8 @@ def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
         if (what == kind or what == dtype) and op in ops:
             raise TypeError(f"funcoll.{opname}: " + why.format(op=op, dtype=dtype))
     if op is ReduceOp.PREMUL_SUM and isinstance(red.factor, torch.Tensor) and red.factor.numel() != 1:
-        raise ValueError(
-            f"funcoll.{opname}: premul_sum factor must be a scalar or a one-element tensor, "
-            f"got shape {tuple(red.factor.shape)}"
-        )
+        raise ValueError(f"funcoll.{opname}: premul_sum factor must be a scalar or a one-element tensor, "
+                         f"got shape {tuple(red.factor.shape)}")
 
 
 def check_layout(opname: str, tensors: Sequence[torch.Tensor]) -> None:
@@ -167,28 +147,19 @@ def check_layout(opname: str, tensors: Sequence[torch.Tensor]) -> None:
     sent. (gloo has a sparse all-reduce; NCCL, XCCL and XLA have none, and funcoll keeps one semantics.)"""
     for t in tensors:
         if t.layout != torch.strided:
-            raise TypeError(
-                f"funcoll.{opname}: {t.layout} tensors are not supported, only dense ones; convert with "
-                f".to_dense() (or all-reduce the indices and values of a sparse tensor yourself)"
-            )
+            raise TypeError(f"funcoll.{opname}: {t.layout} tensors are not supported, only dense ones; convert with "
+                            f".to_dense() (or all-reduce the indices and values of a sparse tensor yourself)")
 
 
-def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor,
-                      shape: Sequence[int]) -> None:
+def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor, shape: Sequence[int]) -> None:
     """An output tensor must have the expected shape and the input's dtype and device."""
     if tuple(t.shape) != tuple(shape):
-        raise ValueError(
-            f"funcoll.{opname}: {arg} has shape {tuple(t.shape)}, expected {tuple(shape)}; "
-            f"allocate it with that shape"
-        )
+        raise ValueError(f"funcoll.{opname}: {arg} has shape {tuple(t.shape)}, expected {tuple(shape)}; "
+                         f"allocate it with that shape")
     if t.dtype != ref.dtype:
-        raise TypeError(
-            f"funcoll.{opname}: {arg} has dtype {t.dtype}, expected {ref.dtype} (the input's dtype)"
-        )
+        raise TypeError(f"funcoll.{opname}: {arg} has dtype {t.dtype}, expected {ref.dtype} (the input's dtype)")
     if t.device != ref.device:
-        raise ValueError(
-            f"funcoll.{opname}: {arg} is on {t.device}, expected {ref.device} (the input's device)"
-        )
+        raise ValueError(f"funcoll.{opname}: {arg} is on {t.device}, expected {ref.device} (the input's device)")
 
 
 def check_rank_list(opname: str, role: str, tensors: Sequence[torch.Tensor], own: torch.Tensor, group_size: int,
@@ -206,28 +177,29 @@ def check_rank_list(opname: str, role: str, tensors: Sequence[torch.Tensor], own
     mine = tensors[rank].numel()
     if mine != own.numel():
         other = "input" if role == "output" else "output"
-        raise ValueError(
-            f"funcoll.{opname}: {role}[{rank}] (this rank's own) has {mine} elements but the {other} has "
-            f"{own.numel()}; {role}[r] must have rank r's {other} size (its number of elements)")
+        raise ValueError(f"funcoll.{opname}: {role}[{rank}] (this rank's own) has {mine} elements but the {other} has "
+                         f"{own.numel()}; {role}[r] must have rank r's {other} size (its number of elements)")
     return [t.numel() for t in tensors]
 
 
+def gathered_shape(inp: torch.Tensor, group_size: int) -> tuple:
+    """all_gather's output shape: the inputs concatenated along dim 0 (a 0-dim input counts as one row)."""
+    return (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
+
+
 def check_all_gather(opname: str, out: torch.Tensor, inp: torch.Tensor, group_size: int) -> tuple:
-    """The output is the concatenation along dim 0 or, as upstream accepts too, the stack ``[group_size, *shape]``
-    (the same memory when contiguous). Returns the concatenated shape (a 0-dim input counts as one row)."""
-    shape = (group_size * (inp.shape[0] if inp.dim() else 1),) + tuple(inp.shape[1:])
+    """The output is :func:`gathered_shape` or, as upstream accepts too, the stack ``[group_size, *shape]`` (the same
+    memory when contiguous). Returns the concatenated shape."""
+    shape = gathered_shape(inp, group_size)
     stacked = (group_size,) + tuple(inp.shape)
     check_same_tensor(opname, "output", out, inp, stacked if tuple(out.shape) == stacked else shape)
     return shape
 
 
-def check_reduce_scatter(opname: str, out: Optional[torch.Tensor], inp: torch.Tensor,
-                         group_size: int) -> tuple:
+def check_reduce_scatter(opname: str, out: Optional[torch.Tensor], inp: torch.Tensor, group_size: int) -> tuple:
     if inp.dim() == 0 or inp.shape[0] % group_size:
-        raise ValueError(
-            f"funcoll.{opname}: input dim 0 ({inp.shape[0] if inp.dim() else 'a 0-dim tensor'}) must be "
-            f"divisible by the group size ({group_size}); pad the input to a multiple of {group_size}"
-        )
+        raise ValueError(f"funcoll.{opname}: input dim 0 ({inp.shape[0] if inp.dim() else 'a 0-dim tensor'}) must be "
+                         f"divisible by the group size ({group_size}); pad the input to a multiple of {group_size}")
     shape = (inp.shape[0] // group_size,) + tuple(inp.shape[1:])
     if out is not None:
         if out.dim() and tuple(inp.shape) == (group_size,) + tuple(out.shape):
@@ -239,24 +211,18 @@ def check_reduce_scatter(opname: str, out: Optional[torch.Tensor], inp: torch.Te
 def _check_splits(opname: str, arg: str, splits, dim0: int, group_size: int, what: str) -> list:
     if splits is None or len(splits) == 0:
         if dim0 % group_size:
-            raise ValueError(
-                f"funcoll.{opname}: {what} dim 0 ({dim0}) is not divisible by the group size "
-                f"({group_size}) and no {arg} were given; pass {arg} explicitly"
-            )
+            raise ValueError(f"funcoll.{opname}: {what} dim 0 ({dim0}) is not divisible by the group size "
+                             f"({group_size}) and no {arg} were given; pass {arg} explicitly")
         return [dim0 // group_size] * group_size
     splits = [int(s) for s in splits]
     if len(splits) != group_size:
-        raise ValueError(
-            f"funcoll.{opname}: {arg} has {len(splits)} entries, expected one per rank of the group "
-            f"({group_size})"
-        )
+        raise ValueError(f"funcoll.{opname}: {arg} has {len(splits)} entries, expected one per rank of the group "
+                         f"({group_size})")
     if any(s < 0 for s in splits):
         raise ValueError(f"funcoll.{opname}: {arg} {splits} has a negative entry")
     if sum(splits) != dim0:
-        raise ValueError(
-            f"funcoll.{opname}: {arg} {splits} sum to {sum(splits)}, but {what} dim 0 is {dim0}; "
-            f"the splits must sum to dim 0"
-        )
+        raise ValueError(f"funcoll.{opname}: {arg} {splits} sum to {sum(splits)}, but {what} dim 0 is {dim0}; "
+                         f"the splits must sum to dim 0")
     return splits
 
 
@@ -266,23 +232,18 @@ def check_all_to_all(opname: str, out: torch.Tensor, inp: torch.Tensor, output_s
     if inp.dim() == 0:
         raise ValueError(f"funcoll.{opname}: input must have at least one dimension")
     ins = _check_splits(opname, "input_split_sizes", input_split_sizes, inp.shape[0], group_size, "input")
-    outs = _check_splits(opname, "output_split_sizes", output_split_sizes, out.shape[0], group_size,
-                         "output")
+    outs = _check_splits(opname, "output_split_sizes", output_split_sizes, out.shape[0], group_size, "output")
     if tuple(out.shape[1:]) != tuple(inp.shape[1:]):
-        raise ValueError(
-            f"funcoll.{opname}: output shape {tuple(out.shape)} and input shape {tuple(inp.shape)} "
-            f"must agree after dim 0"
-        )
+        raise ValueError(f"funcoll.{opname}: output shape {tuple(out.shape)} and input shape {tuple(inp.shape)} "
+                         f"must agree after dim 0")
     check_same_tensor(opname, "output", out, inp, out.shape)  # the dtype and device (the shape was checked above)
     return outs, ins
 
 
 def check_root(opname: str, arg: str, root: int, group_size: int) -> None:
     if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < group_size:
-        raise ValueError(
-            f"funcoll.{opname}: {arg}={root!r} is outside the group (group-local ranks are "
-            f"0..{group_size - 1}); pass a rank of the group"
-        )
+        raise ValueError(f"funcoll.{opname}: {arg}={root!r} is outside the group (group-local ranks are "
+                         f"0..{group_size - 1}); pass a rank of the group")
 
 
 def check_root_list(opname: str, role: str, tensors, like, group_size: int) -> None:
