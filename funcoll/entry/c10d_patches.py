@@ -1,10 +1,6 @@
-"""What funcoll changes in torch.distributed, in one place: the backend ``"funcoll"`` registered
-(:func:`register_backend`), funcoll declared self-recording to torch >= 2.15's flight recorder, Dynamo's rewrite of
-``dist.broadcast`` for funcoll groups (torch's own rewrites cover all_reduce, all_gather_into_tensor,
-reduce_scatter_tensor and all_to_all_single), the kernel of a compiled ``batch_isend_irecv`` (torch >= 2.15) on
-funcoll groups, eager ``batch_isend_irecv`` on funcoll groups as one batch on torch 2.9, and, on torch versions
-whose ``dist.monitored_barrier`` accepts only groups named "gloo" (2.9), :func:`patch_monitored_barrier`. Every other
-group keeps torch's own behaviour.
+"""What funcoll changes in torch.distributed, in one place (each function below says what and on which torch): the
+backend ``"funcoll"``, its flight-recorder declaration, Dynamo's ``dist.broadcast`` rewrite, ``batch_isend_irecv``
+(compiled and eager) and ``monitored_barrier``, for funcoll groups only: every other group keeps torch's behaviour.
 """
 
 from __future__ import annotations
@@ -35,10 +31,8 @@ def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
 
 
 def _funcoll_traceable_broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
-    """What torch.compile traces for ``dist.broadcast`` (Dynamo's rewrite of the eager call, as upstream does
-    for all_reduce, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single): on a funcoll group,
-    the functional broadcast (group-local source) copied into ``tensor``; on any other group, upstream's own
-    ``dist.broadcast``, traced as before."""
+    """What torch.compile traces for ``dist.broadcast``: on a funcoll group, the functional broadcast (group-local
+    source) copied into ``tensor``; on any other group, upstream's own ``dist.broadcast``, traced as before."""
     group = group or dist.group.WORLD
     if not isinstance(group, ProcessGroupFuncoll):
         return _eager_broadcast(tensor, src, group, async_op, group_src)
@@ -63,24 +57,20 @@ def _register_traceable_broadcast() -> None:
 
 
 def _declare_self_recording() -> None:
-    """torch >= 2.15 attaches its C++ flight-recorder hook to every new group whose backend does not record itself;
-    the hook runs around the C++ ProcessGroup methods, which a Python process group replaces, and it cannot read a
-    Python group's name (group creation failed with "ProcessGroup name not set"). funcoll records every collective
-    itself and dumps in the format torch's analyser reads (:mod:`funcoll.entry.flight_recorder`), so it declares
-    itself self-recording, as gloo and xccl are. Older torch has no such set and attaches no hook."""
+    """torch >= 2.15 attaches its C++ flight-recorder hook to every new group whose backend does not record itself,
+    and the hook cannot read a Python group's name (group creation failed with "ProcessGroup name not set"). funcoll
+    records every collective itself (:mod:`funcoll.entry.flight_recorder`): it is self-recording, as gloo and xccl."""
     self_recording = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
     if self_recording is not None:
         self_recording.add(BACKEND_NAME)
 
 
 def _batch_p2p_ops(op_list, peer_list, tag_list, tensors, group_name):
-    """torch >= 2.15 compiles ``dist.batch_isend_irecv`` (with ``enable_p2p_compilation``) into
-    ``_c10d_functional.batch_p2p_ops``, whose kernel coalesces through the group's C++ backend for the tensors'
-    device; a Python process group has none ("No backend type associated with device type cpu"). On a funcoll group
-    the batch is the group's own isend/irecv (group-local peers) between its _start_coalescing and _end_coalescing, as
-    eager batch_isend_irecv sends them (one group, sends first), each Work registered for ``wait_tensor`` as torch's
-    kernel does; on any other group torch's own kernel runs."""
-    group = c10d._resolve_process_group(group_name)
+    """torch >= 2.15 compiles ``dist.batch_isend_irecv`` into ``_c10d_functional.batch_p2p_ops``, whose kernel needs
+    the group's C++ backend ("No backend type associated with device type cpu" on a Python group). On a funcoll group
+    the batch is the group's own send/recv between _start_coalescing and _end_coalescing, as eager
+    batch_isend_irecv sends them, each Work registered for ``wait_tensor``; on any other group torch's kernel runs."""
+    group = groups.resolve(group_name)
     if not isinstance(group, ProcessGroupFuncoll):
         assert _BATCH_P2P is not None  # registered only where the op exists
         return _BATCH_P2P.redispatch(_COMPOSITE, op_list, peer_list, tag_list, tensors, group_name)
@@ -114,11 +104,9 @@ _LIBS: list = []
 
 
 def _patch_batch_isend_irecv() -> None:
-    """torch 2.9's ``dist.batch_isend_irecv`` coalesces only a group whose class is ProcessGroup itself
-    (``type(group) == ProcessGroup``): a funcoll group got its sends and receives one at a time, never as one batch.
-    Where that is so, this wraps it: a batch on a funcoll group goes through c10d's coalescing manager, as torch >= 2.10
-    sends it (funcoll then issues it as one group, sends first: :mod:`funcoll.algorithms.p2p`); every other group
-    calls the original function."""
+    """torch 2.9's ``dist.batch_isend_irecv`` coalesces only a group whose class is ProcessGroup itself: a funcoll
+    group got its sends and receives one at a time. Where that is so, a batch on a funcoll group goes through c10d's
+    coalescing manager, as torch >= 2.10 sends it (:mod:`funcoll.algorithms.p2p`); other groups call the original."""
     orig = c10d.batch_isend_irecv
     if getattr(orig, "__funcoll_patch__", False) or "type" not in orig.__code__.co_names:
         return
@@ -135,10 +123,7 @@ def _patch_batch_isend_irecv() -> None:
                 op.op(op.tensor, group=op.group, tag=op.tag, **peer)
         return cm.works
 
-    batch_isend_irecv.__funcoll_patch__ = True  # type: ignore[attr-defined]
-    c10d.batch_isend_irecv = batch_isend_irecv
-    if dist.batch_isend_irecv is orig:
-        dist.batch_isend_irecv = batch_isend_irecv
+    _replace("batch_isend_irecv", orig, batch_isend_irecv)
 
 
 def _register_compiled_batch_p2p() -> None:
@@ -187,8 +172,13 @@ def patch_monitored_barrier() -> bool:
         c10d._check_valid_timeout(timeout)
         return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
-    monitored_barrier_.__funcoll_patch__ = True  # type: ignore[attr-defined]
-    c10d.monitored_barrier = monitored_barrier_
-    if dist.monitored_barrier is orig:
-        dist.monitored_barrier = monitored_barrier_
+    _replace("monitored_barrier", orig, monitored_barrier_)
     return True
+
+
+def _replace(name: str, orig, patched) -> None:
+    """``patched`` in place of c10d's ``name`` (and torch.distributed's, where it is the same function)."""
+    patched.__funcoll_patch__ = True
+    setattr(c10d, name, patched)
+    if getattr(dist, name) is orig:
+        setattr(dist, name, patched)

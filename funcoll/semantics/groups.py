@@ -1,11 +1,6 @@
-"""The group registry: group name -> global ranks, and, where known, the partition the group belongs to.
-
-Group-local and global ranks are translated here and nowhere else. A partition is the set of disjoint
-blocks a group was created with (every block of a DeviceMesh dim, of ``new_subgroups``, of
-``split_group``); XLA needs it to emit the same ``replica_groups`` on every rank. A group whose partition
-was not registered is taken as a block of the regular partition its ranks imply (an aligned range or an aligned
-stride: what DeviceMesh dims and ``new_subgroups`` create), else as a lone sub-group: the other ranks of the
-world are singleton blocks.
+"""The group registry: group name -> global ranks, and the partition (the disjoint blocks created together: a
+DeviceMesh dim, ``new_subgroups``, ``split_group``) a group belongs to, which XLA needs to emit the same
+``replica_groups`` on every rank (docs/design.md, "Groups"). Group-local and global ranks are translated here only.
 """
 
 from __future__ import annotations
@@ -72,10 +67,8 @@ def lookup(name: str) -> GroupInfo:
     info = _groups.get(name) or _from_c10d(name)  # a group made by torch.distributed with another backend: c10d's
     if info is None:
         known = ", ".join(sorted(_groups)) or "none"
-        raise ValueError(
-            f"funcoll: no process group named {name!r} (known: {known}); create it with "
-            f"torch.distributed.new_group(...) or init_process_group(...) first"
-        )
+        raise ValueError(f"funcoll: no process group named {name!r} (known: {known}); create it with "
+                         f"torch.distributed.new_group(...) or init_process_group(...) first")
     return info
 
 
@@ -140,10 +133,9 @@ def regular_partition(ranks: Sequence[int], world_size: int) -> Optional[Tuple[T
 
 
 def blocks_for(ranks: Sequence[int], world_size: int) -> List[List[int]]:
-    """The replica groups every rank of the world must emit for a collective over the group of global ``ranks``:
-    the registered partition the group is a block of, else the regular partition it is a block of
-    (:func:`regular_partition`), else the group padded with singleton blocks. Sorted by smallest rank. Cached per
-    (ranks, world size, registered partitions): the cost of a call does not grow with the world."""
+    """The replica groups every rank of the world must emit for a collective over the group of global ``ranks``: the
+    registered or :func:`regular_partition` the group is a block of, else the group padded with singleton blocks,
+    sorted by smallest rank. Cached: the cost of a call does not grow with the world."""
     return [list(b) for b in _blocks_for(tuple(int(r) for r in ranks), int(world_size), _version[0])]
 
 
