@@ -1,14 +1,8 @@
-"""The two cross-rank checks of an eager collective, run right before its first byte is sent (funcoll's own
-validation has passed, the call has its sequence number): the debug mode's :func:`store_check` (every rank publishes
-the call's fingerprint in the group's c10d store and reads every other rank's: never through the backend that carries
-the data, which aborts the process on some mismatches) and the size guard's :func:`size_guard` (ONE all_gather of
-every rank's :func:`~funcoll.entry.fingerprint.digest` on the group's gloo backend, compared locally; the full
-fingerprints are exchanged only when the digests differ). Both compare by the rules of :mod:`funcoll.entry.fingerprint`
-and raise the same :class:`~funcoll.entry.errors.CollectiveMismatchError` on every rank when the ranks differ; nothing
-of the collective is sent then, and every rank has used its sequence number, so the next collective pairs up. A rank
-that does not arrive makes the check time out (:class:`~funcoll.entry.errors.CollectiveTimeoutError`, the flight
-recorder dumped). When each runs, what it costs and what the guard leaves out (and why): docs/conformance.md, "The
-size guard" and "Debug mode".
+"""The cross-rank checks of an eager collective, run right before its first byte is sent: the debug mode's
+:func:`store_check` (fingerprints through the group's c10d store, never through the backend that carries the data) and
+the size guard (:func:`size_guard`: one all_gather of every rank's digest on the group's gloo backend). Both compare by
+the rules of :mod:`funcoll.entry.fingerprint` and raise the same error on every rank; when each runs and what it costs:
+docs/conformance.md, "The size guard" and "Debug mode".
 """
 
 from __future__ import annotations
@@ -37,16 +31,12 @@ from funcoll.transport import Handle
 __all__ = ["store_check", "size_guard", "P2PCheck"]
 
 
-# ---------------------------------------------------------------------------------------------------
-# the store check (debug mode)
-# ---------------------------------------------------------------------------------------------------
 _KEY = "funcoll-check/{seq}/{rank}"
 
 
 def store_check(st: GroupState, call: Call) -> None:
     """Publishes this rank's fingerprint of ``call`` in the group's store, waits (group timeout) for every other
-    rank's, compares. Raises CollectiveMismatchError (same message on every rank) or CollectiveTimeoutError
-    naming the ranks that did not arrive."""
+    rank's, compares: CollectiveMismatchError, or CollectiveTimeoutError naming the ranks that did not arrive."""
     n, me, seq, store = st.size, st.rank, call.seq, st.store
     keys = [_KEY.format(seq=seq, rank=r) for r in range(n)]
     others = [keys[r] for r in range(n) if r != me]
@@ -83,12 +73,9 @@ def store_check(st: GroupState, call: Call) -> None:
         raise CollectiveMismatchError(msg)
 
 
-# ---------------------------------------------------------------------------------------------------
-# the size guard
-# ---------------------------------------------------------------------------------------------------
 def _buffers(n: int) -> tuple:
-    """``(input, output)`` int64 tensors for the digest exchange, and Python arrays sharing their memory (cheaper
-    to fill and read than tensor ops: this is most of the guard's own time; no numpy needed)."""
+    """``(input, output)`` int64 tensors for the digest exchange, and Python arrays sharing their memory (cheaper to
+    fill and read than tensor ops)."""
     inp_arr = array.array("q", bytes(8 * SLOTS))
     out_arr = array.array("q", bytes(8 * n * SLOTS))
     return (torch.frombuffer(inp_arr, dtype=torch.int64), torch.frombuffer(out_arr, dtype=torch.int64),
@@ -102,11 +89,9 @@ def _exchange(backend, values: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def size_guard(st: GroupState, call: Call) -> None:
-    """Checks, across the ranks of the group, that ``call`` moves the same bytes on every rank, before it sends
-    anything (see the module's docstring). Returns at once where the guard does not apply (off, one rank, a virtual
-    world, not a CPU collective). Raises CollectiveMismatchError (the same message on every rank),
-    CollectiveTimeoutError (a rank did not reach the collective within the group's timeout) or CollectiveError (a
-    peer died)."""
+    """Checks that ``call`` moves the same bytes on every rank of the group, before it sends anything; returns at once
+    where it does not apply (off, one rank, a virtual world, not a CPU collective). Raises CollectiveMismatchError,
+    CollectiveTimeoutError (a rank did not reach the collective) or CollectiveError (a peer died)."""
     if not st.guard:
         return
     fp = call.fingerprint
@@ -148,8 +133,7 @@ _GUARD = "funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off"
 
 
 def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
-    """The slow path: every rank's full fingerprint, through two more all_gathers of sizes every rank knows, then
-    the debug mode's message. Raises CollectiveMismatchError."""
+    """The slow path: every rank's full fingerprint (two more all_gathers), then the debug mode's message."""
     payload = json.dumps({"seq": call.seq, "fp": call.fingerprint}).encode()
     try:
         lengths = _exchange(backend, torch.tensor([len(payload)], dtype=torch.int64), n).tolist()
@@ -175,17 +159,10 @@ def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
     raise CollectiveMismatchError(mismatch(group, ranks, min(seqs), why, lines, _GUARD))
 
 
-# ---------------------------------------------------------------------------------------------------
-# the point-to-point check (debug mode)
-# ---------------------------------------------------------------------------------------------------
-# A send and its receive must move the same bytes: gloo aborts the receiving process when a larger message arrives
-# (torch 2.9's pipeline warm-up sends an int64 scalar into a float32 buffer of one element), and XCCL's receive would
-# read a count of the wrong size. In debug mode the k-th message from rank s to rank d is described in the group's
-# store by its sender before it is sent; its receiver reads that before it posts the receive. A mismatch is a
-# CollectiveMismatchError on the receiver, which posts nothing and writes its verdict, and on the sender, whose Work
-# reads the verdict while it waits (its message is never received). A receive is checked on a waiter thread, so it
-# does not wait for its send at the call (an irecv issued before the peer's send, on every rank of a ring, stays legal);
-# a batch (batch_isend_irecv) describes its sends first, then checks its receives, then is issued.
+# The point-to-point check (debug mode): a send and its receive must move the same bytes (gloo aborts the receiving
+# process when a larger message arrives). The sender describes its k-th message to a peer in the store before sending;
+# the receiver compares before it posts the receive (on a waiter thread: an irecv may precede its send) and, on a
+# mismatch, writes a verdict that the sender's Work reads while it waits. A batch describes its sends first.
 _P2P_KEY = "funcoll-p2p/{src}-{dst}/{k}"
 
 
