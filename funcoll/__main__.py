@@ -1,10 +1,5 @@
 """funcoll's command line: ``python -m funcoll report|probe|demo`` (each option: ``--help``; examples:
 docs/observability.md, "The command line").
-
-``report`` prints the capability table derived from the code, for profiles or for a device's stack (with its XCCL or
-TorchTPU fact rows), as Markdown or JSON; ``probe`` runs :func:`funcoll.probe.run` under ``torchrun`` on the world it
-joins, else on a local world of CPU ranks over gloo (``--simulate-wrong`` makes one request wrong, to see it caught);
-``demo`` runs :mod:`funcoll.demo`.
 """
 
 from __future__ import annotations
@@ -18,9 +13,6 @@ from typing import List, Optional
 import torch
 
 
-# ---------------------------------------------------------------------------------------------------
-# report
-# ---------------------------------------------------------------------------------------------------
 def _columns(args):
     """(column label, Capabilities) per column: the named profiles, or each ``--device`` type's transport with the
     versions/profile the user named."""
@@ -120,9 +112,6 @@ def cmd_report(args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------------------------------
-# probe
-# ---------------------------------------------------------------------------------------------------
 def _probe_rank(rank, n, device, cache, simulate):
     """Runs on every rank of the probe world: the probe, and with --simulate-wrong the demoted request through dist.*
     after it: (strategies, right?)."""
@@ -203,9 +192,6 @@ def cmd_probe(args) -> int:
     return 0 if not res["wrong"] else 1
 
 
-# ---------------------------------------------------------------------------------------------------
-# demo, and the parser
-# ---------------------------------------------------------------------------------------------------
 def cmd_demo(args) -> int:
     from funcoll import demo
 

@@ -111,15 +111,11 @@ TORCHTPU_COLUMN_VERSION = "0.2.0"  # the torchtpu column: the newest row of func
 
 
 def transport_capabilities(name: str):
-    """The capabilities of a real transport, by column name: ``gloo`` (the CPU transport), ``xccl`` (the XPU
-    transport of torch 2.15 for an unknown or pre-2022 oneCCL, scale-out: what a job gets when nothing better is
-    known), ``xccl-2022-scale-up`` (torch 2.15, oneCCL >= 2022.0, all ranks on one node: by default, with the open
-    reports' facts on their strategies), ``xccl-2022-probed`` (the same once funcoll.probe verified those facts on the
-    live group), ``xccl2`` (the XPU transport over xccl2's ProcessGroupXCCL2, torch 2.15's row: its own facts, from
-    torchcomms' XCCL backend), ``xla`` (the XLA transport on
-    a group whose replica groups have one size; torch_xla need not be installed: it is the ``xla`` profile, which a
-    test checks against the transport), ``torchtpu`` (the tpu transport over TorchTPU's ProcessGroupTpu, torch_tpu
-    0.2: ``funcoll.transport.tpu.derive("0.2.0")``). Any other name is a capability profile."""
+    """The capabilities of a real transport, by column name: ``gloo``; ``xccl`` (torch 2.15, an unknown or pre-2022
+    oneCCL: what a job gets when nothing better is known); ``xccl-2022-scale-up`` (oneCCL >= 2022.0 on one node, the
+    open reports' facts on their strategies) and ``xccl-2022-probed`` (those verified by funcoll.probe); ``xccl2``
+    (ProcessGroupXCCL2); ``xla`` (the ``xla`` profile, which a test checks against the transport); ``torchtpu``
+    (torch_tpu 0.2). Any other name is a capability profile."""
     from funcoll.transport import gloo, tpu, xpu
 
     if name == "gloo":

@@ -1,12 +1,5 @@
-"""Helpers for users' snapshot tests of compiled collectives (public; each helper: docs/testing-compiled.md).
-
-Everything here returns plain, normalised text or plain values, stable across runs, processes, ranks and
-machines, meant for expecttest's ``assertExpectedInline``: the FX graphs ``torch.compile`` produced or a fake-tensor
-trace (:func:`capture_graphs`, :func:`trace_fake`, :func:`render_graph`, :func:`collectives`), graph breaks and
-recompilations (:func:`count_compiles`, :func:`compile_counts`), the collectives in the HLO of lazy XLA tensors
-(:func:`xla_collectives`, :func:`xla_compiled_collectives`); :func:`run_replicas` *executes* what every rank of a
-virtual N-rank XLA world compiles on N replicas of the XLA CPU runtime (:mod:`funcoll.replicas`, needs jaxlib;
-docs/xla-replicas.md).
+"""Helpers for users' snapshot tests of compiled collectives (public; each helper: docs/testing-compiled.md): plain,
+normalised text or values, stable across runs, processes, ranks and machines, for expecttest's ``assertExpectedInline``.
 """
 
 from __future__ import annotations
@@ -34,20 +27,15 @@ __all__ = ["xla_collectives", "xla_compiled_collectives", "group_label", "normal
 
 def xla_collectives(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
                     keep: Optional[Iterable[str]] = None) -> str:
-    """The collectives of the pending XLA computation producing ``tensors`` (lazy XLA tensors), one normalised
-    line each (``opcode(operand shapes) -> result shape  replica_groups=... to_apply=...``), joined by newlines.
-    Names, ids, layouts and metadata are removed. ``keep`` lists the HLO opcodes to show (default: the
-    collectives; add e.g. ``"multiply"`` to see AVG's scale). Nothing is executed, so the replica groups of a
-    virtual world larger than this machine are fine. Needs torch_xla."""
+    """The collectives of the pending XLA computation producing ``tensors`` (lazy XLA tensors), one :func:`hlo_lines`
+    line each, joined by newlines; ``keep``: the HLO opcodes to show (default: the collectives). Nothing is executed,
+    so a virtual world larger than this machine is fine. Needs torch_xla."""
     import torch_xla
 
     hlo = torch_xla._XLAC._get_xla_tensors_hlo([tensors] if isinstance(tensors, torch.Tensor) else list(tensors))
     return "\n".join(hlo_lines(hlo, COLLECTIVE_OPCODES if keep is None else keep))
 
 
-# ---------------------------------------------------------------------------------------------------
-# normalisation
-# ---------------------------------------------------------------------------------------------------
 def _group_ranks(name: str) -> Optional[Tuple[bool, Tuple[int, ...]]]:
     """(is the default group, global ranks) of the group called ``name``, or None when nobody knows it."""
     import torch.distributed as dist
@@ -67,10 +55,8 @@ def _group_ranks(name: str) -> Optional[Tuple[bool, Tuple[int, ...]]]:
 
 
 def group_label(name: str, names: Optional[Mapping[str, str]] = None) -> str:
-    """A stable label for the process group called ``name``: ``<world>`` for the default group, else
-    ``<group r0,r1,...>`` (its global ranks, in group-rank order). Group names themselves ("0", "1", hashes)
-    depend on how many groups were created before; ranks do not. ``names`` overrides labels by name. A name
-    no one knows is returned unchanged."""
+    """A stable label for the process group called ``name``: ``<world>``, else ``<group r0,r1,...>`` (its global
+    ranks, in group-rank order); ``names`` overrides labels by name; a name no one knows is returned unchanged."""
     if names and name in names:
         return names[name]
     found = _group_ranks(name)
@@ -92,9 +78,6 @@ def normalize_text(text: str) -> str:
     return _PATH.sub(r"\1", text)
 
 
-# ---------------------------------------------------------------------------------------------------
-# rendering FX graphs
-# ---------------------------------------------------------------------------------------------------
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 
 
@@ -134,11 +117,9 @@ def _target_name(target) -> str:
 
 
 def render_graph(gm: Union[torch.fx.GraphModule, torch.fx.Graph], names: Optional[Mapping[str, str]] = None) -> str:
-    """An FX graph as text, one node per line: ``name = target(args) -> dtype[shape]@device``; placeholders
-    as ``name: dtype[shape]@device``, then ``return ...``. ``c10d.`` stands for ``_c10d_functional.``,
-    ``.default`` overloads are omitted, the ``group_name`` of every collective is shown as
-    :func:`group_label` (``names`` overrides labels), addresses and paths are removed. Works on Dynamo graphs
-    (values from ``example_value``), AOTAutograd/make_fx graphs (``val``) and graphs without metadata."""
+    """An FX graph as text, one node per line: ``name = target(args) -> dtype[shape]@device``; placeholders as
+    ``name: dtype[shape]@device``, then ``return ...``. ``c10d.`` stands for ``_c10d_functional.``, ``.default`` is
+    omitted, every ``group_name`` is shown as :func:`group_label` (``names`` overrides labels)."""
     graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
 
     def arg(a, group=False):
@@ -177,9 +158,6 @@ def render_graph(gm: Union[torch.fx.GraphModule, torch.fx.Graph], names: Optiona
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------------
-# listing collectives
-# ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Collective:
     """One collective of a graph. ``op`` is the ``_c10d_functional`` op name (``all_reduce``,
@@ -215,9 +193,8 @@ def _specs(v) -> Tuple[Tuple[torch.dtype, Tuple[int, ...]], ...]:
 
 
 def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collective]:
-    """The collectives of an FX graph, in graph order (``wait_tensor`` is not one, nor torch 2.15's
-    ``wait_tensors``, which waits on a coalesced op's outputs). Shapes come from the nodes' metadata (``val`` or
-    ``example_value``)."""
+    """The collectives of an FX graph, in graph order (not ``wait_tensor``, nor torch 2.15's ``wait_tensors``); shapes
+    come from the nodes' metadata."""
     graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
     out = []
     for n in graph.nodes:
@@ -248,9 +225,6 @@ def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collect
     return out
 
 
-# ---------------------------------------------------------------------------------------------------
-# capturing compiled graphs
-# ---------------------------------------------------------------------------------------------------
 @dataclass
 class CapturedGraph:
     """One graph: ``gm`` as the compiler received it, ``text`` (:func:`render_graph`) and ``collectives``
@@ -321,12 +295,10 @@ def _tensors(x) -> List[torch.Tensor]:
 def capture_graphs(fn: Callable, *args, backend: str = "aot_eager", backward: bool = False,
                    fullgraph: bool = True, dynamic: Optional[bool] = False, reset: bool = True,
                    **kwargs) -> Captured:
-    """Calls ``torch.compile(fn, backend=..., fullgraph=..., dynamic=...)(*args, **kwargs)`` once and returns
-    the graphs it produced. ``backend``: ``"aot_eager"`` (the graphs aot_eager runs), ``"inductor"`` (the
-    graphs AOTAutograd hands to inductor, before inductor's own passes) or ``"eager"`` (Dynamo graphs only).
-    ``backward=True`` then runs a backward from the result (gradient of ones for every output that requires
-    grad) so that ``backward`` holds the backward graphs. ``fn`` may be an ``nn.Module``. ``reset`` clears
-    Dynamo's caches first (``torch._dynamo.reset()``) so that the graphs are this call's."""
+    """Calls ``torch.compile(fn, backend=..., fullgraph=..., dynamic=...)(*args, **kwargs)`` once and returns the
+    graphs it produced. ``backend``: ``"aot_eager"``, ``"inductor"`` (the graphs AOTAutograd hands to inductor) or
+    ``"eager"`` (Dynamo graphs only). ``backward=True`` then runs a backward from the result (gradient of ones).
+    ``reset`` clears Dynamo's caches first, so that the graphs are this call's."""
     import torch._dynamo
 
     if reset:
@@ -344,9 +316,8 @@ def capture_graphs(fn: Callable, *args, backend: str = "aot_eager", backward: bo
 
 
 def trace_fake(fn: Callable, *args, functional: bool = False) -> torch.fx.GraphModule:
-    """The graph of ``fn`` traced with fake tensors (``make_fx``, nothing runs, no device runtime is touched):
-    create the arguments under ``torch._subclasses.fake_tensor.FakeTensorMode()`` to trace for a device this
-    machine does not have (``torch.empty(8, device="xpu")``). ``functional=True`` functionalizes first
+    """The graph of ``fn`` traced with fake tensors (``make_fx``; nothing runs): arguments made under
+    ``FakeTensorMode()`` may be on a device this machine does not have. ``functional=True`` functionalizes first
     (in-place collectives become functional ones plus copies, as AOTAutograd sees them)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -354,15 +325,10 @@ def trace_fake(fn: Callable, *args, functional: bool = False) -> torch.fx.GraphM
     return make_fx(f, tracing_mode="fake")(*args)
 
 
-# ---------------------------------------------------------------------------------------------------
-# graph breaks and recompilations
-# ---------------------------------------------------------------------------------------------------
 @dataclass
 class CompileCounts:
-    """What torch.compile did: ``graphs`` compiled, ``graph_breaks`` met while tracing (a break is counted
-    each time its frame is traced), ``break_reasons`` (first line of each distinct reason, in order),
-    ``recompiles`` (frames compiled again because a guard failed) and ``recompile_reasons`` (the failed guards,
-    one per line). Filled when the :func:`compile_counts` block exits."""
+    """What torch.compile did (filled when the :func:`compile_counts` block exits): a break is counted each time its
+    frame is traced; ``break_reasons``: the first line of each; ``recompile_reasons``: the failed guards."""
 
     graphs: int = 0
     graph_breaks: int = 0
@@ -409,10 +375,8 @@ def compile_counts() -> Iterator[CompileCounts]:
 
 def count_compiles(fn: Callable, *calls, backend: Union[str, Callable] = "eager",
                    dynamic: Optional[bool] = None, reset: bool = True) -> CompileCounts:
-    """Compiles ``fn`` (not fullgraph: breaks are counted, not raised) and calls it once per element of
-    ``calls``: a tuple of positional arguments, or any other value as the single argument. The backend does
-    not change the counts; "eager" is the cheapest. ``reset`` clears Dynamo's caches first
-    (``torch._dynamo.reset()``) so that earlier compilations of ``fn`` do not count."""
+    """Compiles ``fn`` (not fullgraph: breaks are counted, not raised) and calls it once per element of ``calls``
+    (a tuple of positional arguments, or the single argument). ``reset`` clears Dynamo's caches first."""
     import torch._dynamo
 
     if reset:
@@ -424,17 +388,11 @@ def count_compiles(fn: Callable, *calls, backend: Union[str, Callable] = "eager"
     return c
 
 
-# ---------------------------------------------------------------------------------------------------
-# XLA
-# ---------------------------------------------------------------------------------------------------
 def xla_compiled_collectives(fn: Callable, *args, keep: Optional[Iterable[str]] = None,
                              backward: bool = False, **kwargs) -> str:
-    """:func:`xla_collectives` of a compiled function: ``fn`` is compiled (aot_eager, fullgraph) and called on
-    ``args`` (lazy XLA tensors), and the collectives of the HLO computing its outputs and its mutated inputs
-    (and, with ``backward=True``, the gradients) are returned, one normalised line each. The graph is built,
-    never executed, so a virtual world larger than this machine works; a fresh ordering token is started
-    first so that earlier collectives do not appear, and again after reading, so that later ones are not chained to
-these. Needs torch_xla and ``funcoll.install(["xla"])``."""
+    """:func:`xla_collectives` of ``fn`` compiled (aot_eager, fullgraph) and called on ``args`` (lazy XLA tensors):
+    of its outputs, its mutated inputs and, with ``backward=True``, the gradients. Built, never executed; a fresh
+    ordering token before and after. Needs torch_xla and ``funcoll.install(["xla"])``."""
     from funcoll import xla
 
     xla_args = [t for t in _tensors(list(args) + list(kwargs.values())) if t.device.type == "xla"]
@@ -446,15 +404,11 @@ these. Needs torch_xla and ``funcoll.install(["xla"])``."""
     grads = [t.grad for t in (xla_args if backward else []) + params if t.grad is not None]
     tensors = _tensors(cap.result) + xla_args + params + grads
     text = xla_collectives([t for t in tensors if t.device.type == "xla"], keep)
-    # the ordering token now holds these collectives: the next collective (of a real world, in the same process)
-    # would chain to them and run them at its sync; start afresh
+    # the token holds these collectives now: the next one would chain to them and run them at its sync
     xla.reset_token(xla_args[0].device)
     return text
 
 
-# ---------------------------------------------------------------------------------------------------
-# reading HLO (torch_xla's HLO text -> one normalised line per collective)
-# ---------------------------------------------------------------------------------------------------
 COLLECTIVE_OPCODES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
                       "collective-broadcast", "send", "recv", "all-reduce-start", "all-gather-start",
                       "collective-permute-start")
@@ -492,9 +446,8 @@ def _norm_shape(shape: str) -> str:
 
 
 def hlo_lines(hlo: str, keep: Iterable[str] = COLLECTIVE_OPCODES) -> List[str]:
-    """The instructions of the ENTRY computation of ``hlo`` whose opcode is in ``keep``, one normalised line
-    each: ``opcode(operand shapes) -> result shape  attr=... `` with names, ids, layouts and metadata removed,
-    ``to_apply`` shown as the reduction's opcode (add, multiply, minimum, maximum, and, or)."""
+    """The instructions of the ENTRY computation of ``hlo`` whose opcode is in ``keep``, one normalised line each:
+    ``opcode(operand shapes) -> result shape  attr=...``, ``to_apply`` shown as the reduction's opcode (add, ...)."""
     keep = tuple(keep)
     roots: Dict[str, str] = {}  # computation -> the opcode of its ROOT (%AddComputation.4 -> add)
     found, computation, in_entry = [], None, False
