@@ -31,11 +31,8 @@ patch_monitored_barrier()  # torch 2.9: dist.monitored_barrier reaches funcoll g
 
 
 def capabilities(device_type: str, profile: Optional[str] = None) -> Capabilities:
-    """What funcoll's transport for ``device_type`` does natively (the rest funcoll fills).
-
-    ``profile`` names a capability profile ("gloo", "xccl", "xla", "torchtpu") to read instead of the running stack;
-    for "cpu" it is intersected with gloo's, exactly as ``FUNCOLL_PROFILE`` does.
-    """
+    """What funcoll's transport for ``device_type`` does natively (the rest funcoll fills); ``profile`` names a
+    capability profile ("gloo", "xccl", "xla", "torchtpu") to read instead (for "cpu": intersected with gloo's)."""
     import sys
 
     from funcoll.transport.registry import _ensure_loaded

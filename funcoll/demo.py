@@ -1,15 +1,7 @@
-"""funcoll's demo (``./dev demo``, ``python -m funcoll demo``).
-
-1. A 2-rank CPU world over gloo runs a few collectives and one training step of a tiny model whose gradients are
-   averaged through funcoll, eager and compiled, once natively and once under ``FUNCOLL_PROFILE=xccl`` (where
-   XCCL's gaps are filled by funcoll's strategies). It prints which strategy each call used and whether the results
-   agree.
-2. When torch_xla is installed, the XLA part, on the CPU PJRT device (``python -m funcoll.demo --xla`` runs it alone):
-   a funcoll world of one rank, executed: a few collectives torch_xla 2.9 refuses or gets wrong (AVG, PREMUL_SUM,
-   BXOR, uneven all_to_all, broadcast, in-place), run eagerly (``dist.*``) and as ``_c10d_functional`` ops compiled
-   with ``torch.compile(backend="openxla", fullgraph=True)``; the two must agree. Then the HLO a virtual 4-rank job
-   would compile (rank 1; built in a spawned process, which has no process group yet): replica groups of the world,
-   of a 2x2 mesh's dims and of a lone sub-group, AVG, uneven all_to_all.
+"""funcoll's demo (``./dev demo``, ``python -m funcoll demo``): a 2-rank CPU world over gloo runs a few collectives and
+a training step, eager and compiled, natively and under ``FUNCOLL_PROFILE=xccl``, and prints each call's strategy and
+whether the results agree. With torch_xla (``--xla`` alone): a world of one rank executed on the CPU PJRT device, eager
+vs compiled (``openxla``), then the HLO rank 1 of a virtual 4-rank job would compile.
 """
 
 from __future__ import annotations
@@ -140,9 +132,6 @@ def main(argv=None) -> int:
     return 0 if ok and not rc else 1
 
 
-# ---------------------------------------------------------------------------------------------------
-# the XLA part
-# ---------------------------------------------------------------------------------------------------
 def _xla_world1() -> bool:
     import torch.distributed as dist
     import torch_xla

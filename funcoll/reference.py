@@ -1,12 +1,7 @@
-"""The one numeric reference of funcoll's tests and of :mod:`funcoll.probe`: inputs, reductions computed
-independently of any collective, the comparator, and which reduce ops a dtype takes.
-
-Every rank builds *every* rank's inputs from a seed (:func:`make`), so each result is compared with a reference
-computed locally from all of them (:func:`reduce`); nothing is exchanged to build it. Integer dtypes are reduced
-with Python integers (exact, then wrapped to the dtype's width), floating ones in float64/complex128 and rounded
-once to the dtype. :func:`close` compares a result with its reference; :func:`valid_ops` reads which reduce ops
-a dtype takes from ``funcoll.semantics`` (the one table; the probe uses it). The tests take the valid requests from
-tests/oracle.py instead (what NCCL, gloo and XCCL accept, plus funcoll's promises), and check this against it.
+"""The one numeric reference of funcoll's tests and of :mod:`funcoll.probe`: every rank's inputs from a seed
+(:func:`make`), reductions computed independently of any collective (:func:`reduce`: integers with Python integers,
+floats in float64/complex128, rounded once), the comparator (:func:`close`) and which reduce ops a dtype takes
+(:func:`valid_ops`, read from ``funcoll.semantics``; the tests check it against tests/oracle.py).
 """
 
 from __future__ import annotations
