@@ -18,7 +18,7 @@ import torch
 import torch.autograd.profiler as _prof
 
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
-from funcoll.transport import PRIMITIVES
+from funcoll.transport import PRIMITIVES, registry
 
 __all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label"]
 
@@ -58,12 +58,7 @@ def _params(fn) -> Tuple[str, ...]:
 
 def group_label(tp) -> str:
     """The name of the group a transport serves (``"?"`` when it cannot be told)."""
-    if tp.group_name:
-        return tp.group_name
-    # a transport lent by a group of another backend (the dispatch-key kernels)
-    from funcoll.transport.registry import _c10d_cache
-
-    return next((k[0] for k, v in list(_c10d_cache.items()) if v is tp), "?")
+    return tp.group_name or registry.lent_group_name(tp) or "?"
 
 
 def _tensors(vals) -> List[torch.Tensor]:
