@@ -22,15 +22,13 @@ from funcoll.algorithms.move import (
     barrier,
     broadcast,
     gather,
-    native_all_gather_list_request,
-    native_all_gather_request,
-    native_all_to_all_request,
-    native_barrier_request,
-    native_broadcast_request,
-    native_gather_request,
-    native_recv_request,
-    native_scatter_request,
-    native_send_request,
+    native_all_gather_call,
+    native_all_gather_list_call,
+    native_all_to_all_call,
+    native_barrier_call,
+    native_broadcast_call,
+    native_p2p_call,
+    native_rooted_call,
     recv,
     scatter,
     send,
@@ -42,15 +40,14 @@ from funcoll.algorithms.reduce import (
     all_reduce,
     all_reduce_coalesced,
     native_all_reduce,
-    native_all_reduce_request,
-    native_reduce_scatter_list_request,
-    native_reduce_scatter_request,
+    native_all_reduce_call,
+    native_reduce_scatter_call,
+    native_reduce_scatter_list_call,
     reduce,
     reduce_scatter,
     reduce_scatter_tensor,
     reduce_scatter_tensor_coalesced,
 )
-from funcoll.transport import Native
 
 __all__ = [  # one function per op, named as the op
     "Pending", "record", "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
@@ -59,10 +56,9 @@ __all__ = [  # one function per op, named as the op
     "send", "recv", "barrier",
     # a group of point-to-point operations (batch_isend_irecv), issued in an order that cannot deadlock
     "P2P", "Batch", "p2p_op", "batch_isend_irecv",
-    # the fast paths: is this request's plan one native call? (the transport hands back the backend's callable)
-    "Native", "native_all_reduce", "native_all_reduce_request", "native_all_gather_request",
-    "native_reduce_scatter_request", "native_all_to_all_request", "native_broadcast_request", "watched",
-    "native_all_gather_list_request", "native_reduce_scatter_list_request", "native_send_request",
-    "native_recv_request", "native_barrier_request", "native_gather_request", "native_scatter_request",
+    # the fast paths: is this request's plan one native call? (None: no; else the call, for Transport.native_method)
+    "native_all_reduce", "native_all_reduce_call", "native_all_gather_call", "native_reduce_scatter_call",
+    "native_all_to_all_call", "native_broadcast_call", "native_all_gather_list_call", "native_reduce_scatter_list_call",
+    "native_p2p_call", "native_rooted_call", "native_barrier_call", "watched",
     "R",
 ]

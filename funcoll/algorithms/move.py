@@ -1,7 +1,7 @@
 """The collectives that move data without reducing it: all_gather (tensor, coalesced and list forms), all_to_all
 (even, uneven, list form), broadcast, gather, scatter, send, recv and barrier, each filled from the primitives the
 transport has (:mod:`funcoll.algorithms.planner` lists the strategies); the even all_gather and all_to_all are in
-:mod:`funcoll.algorithms.reduce`. ``native_*_request`` answer the eager fast path's one question, as there.
+:mod:`funcoll.algorithms.reduce`. ``native_*_call`` answer the eager fast path's one question, as there.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from funcoll.algorithms.tensors import (
     _write_bits,
 )
 from funcoll.semantics import ReduceOp, Reduction
-from funcoll.transport import Native, Transport
+from funcoll.transport import Transport
 
 R = ReduceOp
 
@@ -35,7 +35,9 @@ R = ReduceOp
 # ---------------------------------------------------------------------------------------------------
 # is the plan native? (the eager fast path)
 # ---------------------------------------------------------------------------------------------------
-def _all_gather_native(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
+def native_all_gather_call(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
+    """``ProcessGroup._allgather_base(out, inp, opts)`` (output in the concatenated shape): the native call, or None
+    (as :func:`funcoll.algorithms.reduce.native_all_reduce_call`)."""
     shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
     caps = tp.caps
     if (out.numel() == 0 or inp.dim() == 0 or tuple(out.shape) != tuple(shape) or not caps.has("all_gather")
@@ -44,15 +46,8 @@ def _all_gather_native(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> O
     return ("all_gather", "", inp.dtype)
 
 
-def native_all_gather_request(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
-    """``ProcessGroup._allgather_base(out, inp, opts)`` as one native call of the backend's ``_allgather_base``
-    (output in the concatenated shape)."""
-    key = ("all_gather", out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype, inp.shape,
-           None if inp.is_cpu else inp.device)
-    return tp.native_request(key, _all_gather_native, out, inp)
-
-
-def _all_to_all_native(tp: Transport, out: torch.Tensor, inp: torch.Tensor, osz: tuple, isz: tuple):
+def native_all_to_all_call(tp: Transport, out: torch.Tensor, inp: torch.Tensor, osz: tuple, isz: tuple):
+    """``ProcessGroup.alltoall_base(out, inp, osz, isz, opts)`` (split sizes empty: even splits)."""
     outs, ins = semantics.check_all_to_all("all_to_all_single", out, inp, list(osz), list(isz), tp.size)
     caps = tp.caps
     if not caps.has("all_to_all") or not caps.moves(inp.dtype):
@@ -62,29 +57,13 @@ def _all_to_all_native(tp: Transport, out: torch.Tensor, inp: torch.Tensor, osz:
     return ("all_to_all", "", inp.dtype)
 
 
-def native_all_to_all_request(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes: list,
-                              input_split_sizes: list) -> Optional[Native]:
-    """``ProcessGroup.alltoall_base(out, inp, output_split_sizes, input_split_sizes, opts)`` (lists; empty: even
-    splits) as one native call of the backend's ``alltoall_base``."""
-    osz, isz = tuple(output_split_sizes), tuple(input_split_sizes)
-    key = ("all_to_all", out.dtype, out.shape, None if out.is_cpu else out.device, inp.dtype, inp.shape,
-           None if inp.is_cpu else inp.device, osz, isz)
-    return tp.native_request(key, _all_to_all_native, out, inp, osz, isz)
-
-
-def _broadcast_native(tp: Transport, t: torch.Tensor, src, root_tensor) -> Optional[tuple]:
+def native_broadcast_call(tp: Transport, t: torch.Tensor, src, root_tensor) -> Optional[tuple]:
+    """``ProcessGroup.broadcast([t], opts)`` (group-local ``src = opts.rootRank``)."""
     semantics.check_root("broadcast", "src", src, tp.size)
     caps = tp.caps
     if root_tensor != 0 or t.numel() == 0 or not caps.has("broadcast") or not caps.moves(t.dtype):
         return None
     return ("broadcast", "", t.dtype)
-
-
-def native_broadcast_request(tp: Transport, t: torch.Tensor, src, root_tensor) -> Optional[Native]:
-    """``ProcessGroup.broadcast([t], opts)`` (group-local ``src = opts.rootRank``) as one native call of the backend's
-    ``broadcast``."""
-    key = ("broadcast", src, root_tensor, t.dtype, t.shape, None if t.is_cpu else t.device)
-    return tp.native_request(key, _broadcast_native, t, src, root_tensor)
 
 
 def _ag_list_native(tp: Transport, dtype: torch.dtype, shapes: Sequence[tuple]) -> bool:
@@ -95,84 +74,40 @@ def _ag_list_native(tp: Transport, dtype: torch.dtype, shapes: Sequence[tuple]) 
             and (len(set(shapes)) == 1 or caps.uneven_all_gather))
 
 
-def _all_gather_list_native(tp: Transport, outs: tuple, inp: torch.Tensor) -> Optional[tuple]:
-    sizes = [math.prod(s) for _, s in outs]
-    if len(outs) != tp.size or any(d != inp.dtype for d, _ in outs) or sizes[tp.rank] != inp.numel():
-        raise ValueError("funcoll.all_gather: an output differs from the input")  # the full path names it
-    if outs[tp.rank][1] != inp.shape or not any(sizes) or not _ag_list_native(tp, inp.dtype, [s for _, s in outs]):
-        return None  # (the full path hands the backend this rank's input in its output's shape)
+def native_all_gather_list_call(tp: Transport, outs: tuple, inp: torch.Tensor) -> Optional[tuple]:
+    """``ProcessGroup.allgather([outs], [inp], opts)`` (``dist.all_gather``; ``outs``: each output's (dtype, shape))
+    as the backend's list form, which wants this rank's input in its output's shape."""
+    if (len(outs) != tp.size or any(d != inp.dtype for d, _ in outs) or outs[tp.rank][1] != inp.shape
+            or not any(math.prod(s) for _, s in outs) or not _ag_list_native(tp, inp.dtype, [s for _, s in outs])):
+        return None
     return ("all_gather", "", inp.dtype, "allgather")
 
 
-def native_all_gather_list_request(tp: Transport, outs: Sequence[torch.Tensor],
-                                   inp: torch.Tensor) -> Optional[Native]:
-    """``ProcessGroup.allgather([outs], [inp], opts)`` (``dist.all_gather``) as one native call of the backend's
-    ``allgather`` (its list form; ``outs[r]`` in rank r's input size)."""
-    sig = tuple([(o.dtype, o.shape) for o in outs])
-    key = ("all_gather list", sig, None if outs[0].is_cpu else outs[0].device, inp.dtype, inp.shape,
-           None if inp.is_cpu else inp.device)
-    return tp.native_request(key, _all_gather_list_native, sig, inp)
-
-
-def _p2p_native(tp: Transport, opname: str, t: torch.Tensor, peer) -> Optional[tuple]:
+def native_p2p_call(tp: Transport, opname: str, t: torch.Tensor, peer) -> Optional[tuple]:
+    """``ProcessGroup.send([t], dst, tag)`` or ``recv([t], src, tag)`` (``opname``)."""
     semantics.check_root(opname, "dst" if opname == "send" else "src", peer, tp.size)
-    if peer == tp.rank:
-        raise ValueError(f"funcoll.{opname}: the peer is the calling rank")  # the full path names it
     caps = tp.caps
-    if not caps.has("send_recv") or not caps.moves(t.dtype):
+    if peer == tp.rank or not caps.has("send_recv") or not caps.moves(t.dtype):
         return None
     return ("send_recv", "", t.dtype, opname)
 
 
-def native_send_request(tp: Transport, t: torch.Tensor, dst, tag) -> Optional[Native]:
-    """``ProcessGroup.send([t], dst, tag)`` as one native call of the backend's ``send``."""
-    key = ("send", dst, tag, t.dtype, t.shape, None if t.is_cpu else t.device)
-    return tp.native_request(key, _p2p_native, "send", t, dst)
-
-
-def native_recv_request(tp: Transport, t: torch.Tensor, src, tag) -> Optional[Native]:
-    """``ProcessGroup.recv([t], src, tag)`` as one native call of the backend's ``recv``."""
-    key = ("recv", src, tag, t.dtype, t.shape, None if t.is_cpu else t.device)
-    return tp.native_request(key, _p2p_native, "recv", t, src)
-
-
-def _rooted_list_native(tp: Transport, opname: str, root, sig: Optional[tuple], t: torch.Tensor) -> Optional[tuple]:
-    role = "dst" if opname == "gather" else "src"
-    semantics.check_root(opname, role, root, tp.size)
+def native_rooted_call(tp: Transport, opname: str, root, sig: Optional[tuple], t: torch.Tensor) -> Optional[tuple]:
+    """``ProcessGroup.gather([outs] on the root, else [], [inp], opts)`` or ``scatter([out], [inps] on the root, else
+    [], opts)`` (``opname``; ``sig``: the root's list's (dtype, shape)s; ``root = opts.rootRank``, group-local)."""
+    semantics.check_root(opname, "dst" if opname == "gather" else "src", root, tp.size)
+    caps = tp.caps
     if tp.rank == root and (sig is None or len(sig) != tp.size
                             or any(dtype != t.dtype or shape != t.shape for dtype, shape in sig)):
-        raise ValueError(f"funcoll.{opname}: the root's list differs from the tensor")  # the full path names it
-    caps = tp.caps
+        return None
     if t.numel() == 0 or not caps.has(opname) or not caps.moves(t.dtype):
         return None
     return (opname, "", t.dtype, opname)
 
 
-def native_gather_request(tp: Transport, inp: torch.Tensor, outs: Optional[Sequence[torch.Tensor]],
-                          dst) -> Optional[Native]:
-    """``ProcessGroup.gather([outs] on the root, else [], [inp], opts)`` (``dist.gather``, group-local
-    ``dst = opts.rootRank``) as one native call of the backend's ``gather``."""
-    sig = tuple([(o.dtype, o.shape) for o in outs]) if outs is not None else None
-    key = ("gather", dst, sig, inp.dtype, inp.shape, None if inp.is_cpu else inp.device)
-    return tp.native_request(key, _rooted_list_native, "gather", dst, sig, inp)
-
-
-def native_scatter_request(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tensor]],
-                           src) -> Optional[Native]:
-    """``ProcessGroup.scatter([out], [inps] on the root, else [], opts)`` (``dist.scatter``, group-local
-    ``src = opts.rootRank``) as one native call of the backend's ``scatter``."""
-    sig = tuple([(i.dtype, i.shape) for i in inps]) if inps is not None else None
-    key = ("scatter", src, sig, out.dtype, out.shape, None if out.is_cpu else out.device)
-    return tp.native_request(key, _rooted_list_native, "scatter", src, sig, out)
-
-
-def _barrier_native(tp: Transport) -> Optional[tuple]:
+def native_barrier_call(tp: Transport) -> Optional[tuple]:
+    """``ProcessGroup.barrier(opts)``."""
     return ("barrier", "", None) if tp.caps.has("barrier") else None
-
-
-def native_barrier_request(tp: Transport) -> Optional[Native]:
-    """``ProcessGroup.barrier(opts)`` as one native call of the backend's ``barrier``."""
-    return tp.native_request(("barrier",), _barrier_native)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The reducing collectives: all_reduce (and its coalesced form), reduce_scatter (tensor, coalesced and list forms)
 and reduce, each run as the planner's plan (:mod:`funcoll.algorithms.planner` lists the strategies). The even
 all_gather and all_to_all the plans build on live here too (:func:`_ag`, :func:`_a2a_even`). ``native_*`` answer the
-fast paths' question "is this request's plan one native call?" (:meth:`funcoll.transport.Transport.native_request`).
+eager fast path's question "is this request's plan one native call?" (:mod:`funcoll.entry.fast_path`).
 """
 
 from __future__ import annotations
@@ -32,15 +32,9 @@ from funcoll.algorithms.tensors import (
     _write_bits,
 )
 from funcoll.semantics import ReduceOp, Reduction
-from funcoll.transport import Native, Transport
+from funcoll.transport import Transport
 
 R = ReduceOp
-
-try:
-    from torch.distributed import ReduceOp as _C10D_REDUCE_OP
-except ImportError:  # pragma: no cover - torch without distributed
-    _C10D_REDUCE_OP = None  # type: ignore[assignment,misc]
-
 
 # ---------------------------------------------------------------------------------------------------
 # is the plan native? (the fast paths)
@@ -79,23 +73,18 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
     return red
 
 
-def _all_reduce_native(tp: Transport, op, t: torch.Tensor) -> Optional[tuple]:
+def native_all_reduce_call(tp: Transport, op, t: torch.Tensor) -> Optional[tuple]:
+    """``ProcessGroup.allreduce([t], opts)`` with ``op = opts.reduceOp``: the native call ``(primitive, reduce op,
+    dtype[, backend method])`` when the plan is one, else None (each ``native_*_call`` answers the eager fast path's
+    question for its request, :mod:`funcoll.entry.fast_path`; an invalid request raises the full path's error)."""
     red = _native_reduction(tp, op, t.dtype)
     if red is None or t.numel() == 0 or not tp.caps.moves(t.dtype):
         return None
     return ("all_reduce", str(red.op), t.dtype)
 
 
-def native_all_reduce_request(tp: Transport, op, t: torch.Tensor) -> Optional[Native]:
-    """``ProcessGroup.allreduce([t], opts)`` with ``op = opts.reduceOp``, when it is one native call of the backend's
-    ``allreduce`` with the same arguments; else None. The key: reduce op, dtype, shape, device."""
-    # the reduce op's key: a c10d ReduceOp (a new object per read of ``opts.reduceOp``, with a slow __eq__) hashes as
-    # its RedOpType, so it is keyed by that number (PREMUL_SUM's factor is not in it: no PREMUL_SUM is native here)
-    return tp.native_request(("all_reduce", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), t.dtype,
-                              t.shape, None if t.is_cpu else t.device), _all_reduce_native, op, t)
-
-
-def _reduce_scatter_native(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
+def native_reduce_scatter_call(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
+    """``ProcessGroup._reduce_scatter_base(out, inp, opts)`` (input in the concatenated shape)."""
     red = semantics.parse_reduction(op, "reduce_scatter_tensor")
     semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
     semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
@@ -106,14 +95,6 @@ def _reduce_scatter_native(tp: Transport, op, out: torch.Tensor, inp: torch.Tens
             or not planner.plan(caps, "reduce_scatter", red.op, inp.dtype, tp.size).native):
         return None
     return ("reduce_scatter", str(red.op), inp.dtype)
-
-
-def native_reduce_scatter_request(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[Native]:
-    """``ProcessGroup._reduce_scatter_base(out, inp, opts)`` as one native call of the backend's own (input in the
-    concatenated shape)."""
-    key = ("reduce_scatter", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), out.dtype, out.shape,
-           None if out.is_cpu else out.device, inp.dtype, inp.shape, None if inp.is_cpu else inp.device)
-    return tp.native_request(key, _reduce_scatter_native, op, out, inp)
 
 
 def _rs_list_native(tp: Transport, red: Reduction, dtype: torch.dtype, sizes: Sequence[int]) -> bool:
@@ -129,26 +110,16 @@ def _rs_list_native(tp: Transport, red: Reduction, dtype: torch.dtype, sizes: Se
                                     and planner.plan(caps, "reduce", red.op, dtype, tp.size).native)
 
 
-def _reduce_scatter_list_native(tp: Transport, op, out: torch.Tensor, ins: tuple) -> Optional[tuple]:
+def native_reduce_scatter_list_call(tp: Transport, op, out: torch.Tensor, ins: tuple) -> Optional[tuple]:
+    """``ProcessGroup.reduce_scatter([out], [ins], opts)`` (``dist.reduce_scatter``; ``ins``: each input's (dtype,
+    shape)) as the backend's list form, which wants rank r's input in rank r's output shape."""
     red = semantics.parse_reduction(op, "reduce_scatter")
     semantics.check_reduction("reduce_scatter", red, out.dtype)
     sizes = [math.prod(s) for _, s in ins]
-    if len(ins) != tp.size or any(d != out.dtype for d, _ in ins) or sizes[tp.rank] != out.numel():
-        raise ValueError("funcoll.reduce_scatter: the inputs differ from the output")  # the full path names it
-    # the backend wants this rank's output in its own input's shape (the full path hands it a view)
-    if ins[tp.rank][1] != out.shape or not any(sizes) or not _rs_list_native(tp, red, out.dtype, sizes):
+    if (len(ins) != tp.size or any(d != out.dtype for d, _ in ins) or ins[tp.rank][1] != out.shape
+            or not any(sizes) or not _rs_list_native(tp, red, out.dtype, sizes)):
         return None
     return ("reduce_scatter", str(red.op), out.dtype, "reduce_scatter")
-
-
-def native_reduce_scatter_list_request(tp: Transport, op, out: torch.Tensor,
-                                       ins: Sequence[torch.Tensor]) -> Optional[Native]:
-    """``ProcessGroup.reduce_scatter([out], [ins], opts)`` (``dist.reduce_scatter``) as one native call of the
-    backend's ``reduce_scatter`` (its list form; ``ins[r]`` in rank r's output size)."""
-    sig = tuple([(t.dtype, t.shape) for t in ins])
-    key = ("reduce_scatter list", hash(op) if type(op) is _C10D_REDUCE_OP else ("op", op), out.dtype, out.shape,
-           None if out.is_cpu else out.device, sig)
-    return tp.native_request(key, _reduce_scatter_list_native, op, out, sig)
 
 
 # ---------------------------------------------------------------------------------------------------

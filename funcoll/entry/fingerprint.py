@@ -13,6 +13,7 @@ fingerprint and which argument it sends (the NaN check). Adding an op means addi
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import inspect
@@ -363,20 +364,34 @@ def describe(fp: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# per c10d method: its op, its fingerprint, the argument it sends
+# per c10d method: its op, its fingerprint, what it sends, its Work's outputs
 # ---------------------------------------------------------------------------------------------------
+def _first_list(args):
+    return args[0]
+
+
+def _first_tensor(args):
+    return [args[0]]
+
+
 class Spec:
-    """One c10d method: its op, ``fn(pg, args) -> fingerprint`` (args positional, options last), the index of the
-    argument it sends (None: it sends nothing of its own; the NaN check reads it) and whether it is point-to-point."""
+    """One c10d method's row: its op, ``fn(pg, args) -> fingerprint`` (args positional, options last), the index of
+    the argument it sends (None: nothing of its own; the NaN check reads it), whether it is point-to-point, and for
+    the fast path's Work: ``outputs(args)``, the outputs its future completes with where the backend's Work has no
+    future and no result() (gloo's send, recv and reduce_scatter), and ``quiet``, its backend writes the outputs in
+    wait() on the waiting thread (gloo's reduce_scatter copies its slice then: waited on with autograd off). Whether
+    it has a fast path is :data:`funcoll.entry.fast_path.FAST`; ``method`` is its name in :data:`METHODS`."""
 
-    __slots__ = ("op", "fn", "sends", "p2p")
+    __slots__ = ("op", "fn", "sends", "p2p", "outputs", "quiet", "method")
 
-    def __init__(self, op: str, fn: Callable, sends: Optional[int] = 1):
+    def __init__(self, op: str, fn: Callable, sends: Optional[int] = 1, outputs: Optional[Callable] = None,
+                 quiet: bool = False):
         self.op, self.fn, self.sends, self.p2p = op, fn, sends, RULES[op].p2p
+        self.outputs, self.quiet, self.method = outputs, quiet, ""
 
 
 def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, key: str = "outputs",
-           red: bool = False, root: bool = False) -> Spec:
+           red: bool = False, root: bool = False, **work) -> Spec:
     """A method ``(mine[, other], opts)`` whose fields every rank shares: the dtypes and shapes of its own tensors
     (argument ``mine``, a tensor or a list), the shapes of the other side (argument ``other``, as ``key``), the
     reduce op (``red``) and the root (``root``) its options name."""
@@ -392,7 +407,7 @@ def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, 
             fp[key] = _shapes(_listed(a[other]))
         fp["device"] = _device(ts)
         return fp
-    return Spec(op, fn, sends)
+    return Spec(op, fn, sends, **work)
 
 
 def _fp_a2a_single(pg, a):
@@ -462,8 +477,10 @@ METHODS: Dict[str, Spec] = {
     "allgather": Spec("all_gather", _fp_sized_list("all_gather", "input_shape", "output_shapes", True)),
     "allgather_into_tensor_coalesced": _plain("all_gather_into_tensor_coalesced", mine=1, other=0),
     "allgather_coalesced": _plain("all_gather_coalesced", mine=1, other=0),
-    "_reduce_scatter_base": _plain("reduce_scatter_tensor", mine=1, other=0, red=True),
-    "reduce_scatter": Spec("reduce_scatter", _fp_sized_list("reduce_scatter", "output_shape", "input_shapes", False)),
+    "_reduce_scatter_base": _plain("reduce_scatter_tensor", mine=1, other=0, red=True, outputs=_first_tensor,
+                                   quiet=True),
+    "reduce_scatter": Spec("reduce_scatter", _fp_sized_list("reduce_scatter", "output_shape", "input_shapes", False),
+                           outputs=_first_list, quiet=True),
     "reduce_scatter_tensor_coalesced": _plain("reduce_scatter_tensor_coalesced", mine=1, other=0, red=True),
     "alltoall_base": Spec("all_to_all_single", _fp_a2a_single),
     "alltoall": Spec("all_to_all", _fp_a2a),
@@ -473,17 +490,21 @@ METHODS: Dict[str, Spec] = {
     "scatter": Spec("scatter", _fp_rooted("scatter", "root_inputs")),
     "gather_single": Spec("gather_single", _fp_gather_single),
     "barrier": Spec("barrier", lambda pg, a: {"op": "barrier"}, None),
-    "send": Spec("send", _fp_p2p("send"), 0),
-    "recv": Spec("recv", _fp_p2p("recv"), None),
+    "send": Spec("send", _fp_p2p("send"), 0, outputs=_first_list),
+    "recv": Spec("recv", _fp_p2p("recv"), None, outputs=_first_list),
     "recv_anysource": Spec("recv", lambda pg, a: {"op": "recv", "peer": "any", "tag": _at(a, 1, 0),
                                                   "tensors": _ts(list(a[0]))}, None),
 }
-# the names newer c10d calls (torch >= 2.10) -> the older method of the same request
+# the names newer c10d calls (torch >= 2.10) -> the older method of the same request, whose row they inherit (and
+# whose body ProcessGroupFuncoll runs under the new name); written nowhere else
 ALIASES = {"all_gather_single": "_allgather_base", "all_gather_single_coalesced": "allgather_into_tensor_coalesced",
            "reduce_scatter_single": "_reduce_scatter_base",
            "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced",
            "all_to_all_single": "alltoall_base", "gather_into_tensor": "gather_single"}
-METHODS.update({new: METHODS[old] for new, old in ALIASES.items()})
+METHODS.update({new: copy.copy(METHODS[old]) for new, old in ALIASES.items()})
+for _name, _spec in METHODS.items():
+    _spec.method = _name
+del _name, _spec
 
 
 _signature = functools.lru_cache(maxsize=None)(inspect.signature)

@@ -75,6 +75,7 @@ class GroupState:
         self.guard = self._checkable and (guard_from_env() if guard is None else bool(guard))
         self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
         # the size guard's: the CPU transport's gloo backend (set when the group makes its CPU transport) and its
+        self.native: dict = {}  # the eager fast path's answer per request signature (funcoll.entry.fast_path)
         # reused digest buffers (another thread on the same group allocates its own)
         self.guard_backend = None
         self.guard_lock = threading.Lock()

@@ -28,6 +28,7 @@ from funcoll.algorithms.observe import LOG
 from funcoll.entry import flight_recorder
 from funcoll.entry.checks import P2PCheck
 from funcoll.entry.errors import CollectiveError
+from funcoll.entry.fingerprint import ALIASES
 from funcoll.entry.group_state import GroupState, unwrap_store
 from funcoll.entry.pipeline import collective
 from funcoll.entry.work import (
@@ -319,18 +320,6 @@ class ProcessGroupFuncoll(ProcessGroup):
         self._held.append(work)
         return work
 
-    # -- the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones) ------
-    # Each runs its older twin's body under its own name (fingerprint.ALIASES); the C++ defaults would look for a
-    # per-device backend, which a Python process group does not have ("No backend type associated with device type
-    # cpu").
-    all_gather_single = collective("all_gather_single")(inspect.unwrap(_allgather_base))
-    all_gather_single_coalesced = collective("all_gather_single_coalesced")(
-        inspect.unwrap(allgather_into_tensor_coalesced))
-    reduce_scatter_single = collective("reduce_scatter_single")(inspect.unwrap(_reduce_scatter_base))
-    reduce_scatter_single_coalesced = collective("reduce_scatter_single_coalesced")(
-        inspect.unwrap(reduce_scatter_tensor_coalesced))
-    all_to_all_single = collective("all_to_all_single")(inspect.unwrap(alltoall_base))
-
     @collective("gather_single")
     def gather_single(self, output, input, opts=None):
         """``dist.gather_single``: every rank's ``input`` lands in the single ``output`` of the root (a flat
@@ -347,8 +336,6 @@ class ProcessGroupFuncoll(ProcessGroup):
             outs = list(work.view((n,) + tuple(input.shape)).unbind(0))
         p = algorithms.gather(self._tp(input), outs, input, root)
         return self._work(p if work is output else p.and_then(lambda: output.copy_(work)), [output])
-
-    gather_into_tensor = collective("gather_into_tensor")(inspect.unwrap(gather_single))
 
     @collective("recv_anysource")
     def recv_anysource(self, tensors, tag=0):
@@ -512,6 +499,14 @@ class ProcessGroupFuncoll(ProcessGroup):
         child = ProcessGroupFuncoll(dist.PrefixStore(f"split/{name}/", self._store), ranks.index(self.rank()),
                                     len(ranks), timeout or self._timeout, group_name=name,
                                     global_ranks=[self._global_ranks[r] for r in ranks],
+
+
+# the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones): each runs its older
+# twin's body under its own name (fingerprint.ALIASES); the C++ defaults would look for a per-device backend, which a
+# Python process group does not have ("No backend type associated with device type cpu")
+for _new, _old in ALIASES.items():
+    setattr(ProcessGroupFuncoll, _new, collective(_new)(inspect.unwrap(getattr(ProcessGroupFuncoll, _old))))
+del _new, _old
                                     world_size=self._world_size,
                                     options=opts if isinstance(opts, Options) else self._options)
         if group_desc:

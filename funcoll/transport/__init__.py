@@ -322,21 +322,17 @@ class Tally:
 
 
 class Native:
-    """A request signature the transport's backend serves natively and unchanged (the eager fast path): ``issue`` is
-    the backend's own method of the same name as the eager ProcessGroup method (called with the caller's arguments);
-    ``tally.n += 1`` counts a call in :attr:`Transport.calls`; ``cpu``: the request's tensors are CPU tensors.
-    ``note`` is the entry point's own per-signature data (its flight-recorder description), filled once by it."""
+    """A request the transport's backend serves natively and unchanged (the eager fast path): ``issue`` is the
+    backend's own method of the same name as the eager ProcessGroup method (called with the caller's arguments);
+    ``tally.n += 1`` counts a call in :attr:`Transport.calls`; ``cpu``: the request's tensors are CPU tensors; ``caps``
+    and ``cls``: the capabilities and transport class it was made under (an answer under others is stale)."""
 
-    __slots__ = ("tp", "caps", "cls", "issue", "tally", "cpu", "note")
+    __slots__ = ("tp", "caps", "cls", "issue", "tally", "cpu")
 
     def __init__(self, tp: "Transport", issue: Callable, calls_key: tuple):
-        self.tp, self.caps, self.cls, self.issue, self.note = tp, tp.caps, type(tp), issue, None
+        self.tp, self.caps, self.cls, self.issue = tp, tp.caps, type(tp), issue
         self.tally = tp.tally(calls_key)
         self.cpu = tp.device_type == "cpu"
-
-
-_NATIVE_CACHE_MAX = 4096  # signatures per transport; the cache starts over past it
-_MISSING = object()
 
 
 class Transport:
@@ -359,7 +355,6 @@ class Transport:
         self._calls: collections.Counter = collections.Counter()
         self._tallies: Dict[tuple, Tally] = {}
         self._ar_forms: Dict[tuple, tuple] = {}  # (op, dtype) -> (tally, the backend's form of the op)
-        self._native_requests: Dict[tuple, object] = {}  # request signature -> native_request's answer
 
     @property
     def calls(self) -> collections.Counter:
@@ -388,29 +383,6 @@ class Transport:
         return got
 
     # -- the eager fast path: the backend's own callable for a request -------------------------------------
-    def native_request(self, key: tuple, plan: Callable[..., Optional[tuple]], *args) -> Optional[Native]:
-        """The backend's own callable for a request signature ``key`` (a :class:`Native`), or None: the full path.
-        ``plan(self, *args)`` is the algorithms' answer to "is this request's plan one native call?": the native
-        ``(primitive, reduce op or "", dtype[, backend method])``, or None; it raises ValueError/TypeError for an
-        invalid request, which is never cached (the full path raises the error, every time). Each signature is planned
-        once per transport; an answer made under other capabilities or another class (funcoll.probe demoted a request)
-        is dropped."""
-        cache = self._native_requests
-        got = cache.get(key, _MISSING)
-        if got is None or (type(got) is Native and got.caps is self.caps and got.cls is type(self)):
-            return got
-        if got is not _MISSING:
-            cache.clear()
-        try:
-            request = plan(self, *args)
-        except (ValueError, TypeError):
-            return None
-        got = self.native_method(*request) if request is not None else None
-        if len(cache) >= _NATIVE_CACHE_MAX:
-            cache.clear()
-        cache[key] = got
-        return got
-
     def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype],
                       method: Optional[str] = None) -> Optional[Native]:
         """A :class:`Native` calling the backend's own method for a native ``primitive`` request, counted under

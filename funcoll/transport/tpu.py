@@ -283,36 +283,12 @@ class TpuTransport(C10dTransport):
             d = self._device = torch.device(self.device_type, 0)  # one TPU device per process (ProcessGroupTpu)
         return d
 
-    @staticmethod
-    def _work(w):
-        return DONE if w is None else w  # no Work: ProcessGroupTpu ran a synchronous call
-
-    def _all_reduce(self, t, red):
-        return self._work(super()._all_reduce(t, red))
-
-    def _all_gather(self, out, inp):
-        return self._work(super()._all_gather(out, inp))
-
+    # the other primitives are C10dTransport's, each completed when ProcessGroupTpu answers without a Work (see below)
     def _reduce_scatter(self, out, inp, red):
         o = C.ReduceScatterOptions()
         o.reduceOp = c10d_op(red)
         w = self.backend._reduce_scatter_base(out, inp, o)
         return DONE if w is None else waited(w, [out])
-
-    def _all_to_all(self, out, inp, out_splits, in_splits):
-        return self._work(super()._all_to_all(out, inp, out_splits, in_splits))
-
-    def _broadcast(self, t, src):
-        return self._work(super()._broadcast(t, src))
-
-    def _reduce(self, t, dst, red):
-        return self._work(super()._reduce(t, dst, red))
-
-    def _gather(self, outs, inp, dst):
-        return self._work(super()._gather(outs, inp, dst))
-
-    def _scatter(self, out, inps, src):
-        return self._work(super()._scatter(out, inps, src))
 
     def _send(self, t, dst, tag):
         w = self.backend.send([t], dst, tag)
@@ -323,10 +299,23 @@ class TpuTransport(C10dTransport):
         return DONE if w is None else waited(w, [t])
 
     def _barrier(self):
-        return self._work(self.backend.barrier(C.BarrierOptions()))  # default options: ProcessGroupTpu refuses any
+        w = self.backend.barrier(C.BarrierOptions())  # default options: ProcessGroupTpu refuses any
+        return DONE if w is None else w
 
     def split_bound(self) -> Optional[int]:
         return promised_split_bound()
+
+
+def _completed(primitive):
+    """C10dTransport's ``primitive``, done when ProcessGroupTpu answers without a Work (it ran a synchronous call)."""
+    def run(self, *args):
+        w = primitive(self, *args)
+        return DONE if w is None else w
+    return run
+
+
+for _name in ("_all_reduce", "_all_gather", "_all_to_all", "_broadcast", "_reduce", "_gather", "_scatter"):
+    setattr(TpuTransport, _name, _completed(getattr(C10dTransport, _name)))
 
 
 def _is_tpu_backend(backend) -> bool:

@@ -308,8 +308,6 @@ def open_reports(fact: str, topology: str, oneccl: Optional[Version], gpu: Optio
     return tuple(r for r in OPEN_REPORTS if r.covers(fact, topology, oneccl, gpu))
 
 
-
-
 # ======================================================================================================
 # THE BACKEND CLASS. The facts above are ProcessGroupXCCL's (torch-xpu-ops). ``xccl2`` (pytorch/pytorch#194761, open
 # RFC, 2026-08-25: torchcomms' XCCL backend ported into c10d on oneCCL's v2 C API, the sibling of ``nccl2``, whose
@@ -398,11 +396,7 @@ def fact_table(backend=None) -> Dict[str, Fact]:
 
 def overridable(key: str, row: Optional[str], build: Optional[Version], backend=None) -> Tuple[str, ...]:
     """The topologies on which ``FUNCOLL_XPU_OVERRIDE`` may flip fact ``key`` on torch ``row`` built against oneCCL
-    ``build`` (None: unknown), for ``backend`` (default ProcessGroupXCCL). PREMUL_SUM depends on the torch version:
-    nothing to switch to up to 2.10 (it raises); on 2.11 oneCCL's own PreMulSum exists on scale-up only and only in
-    builds against oneCCL >= 2021.17; from 2.12 the all_reduce may be flipped on every topology (ProcessGroupXCCL
-    scales and sums itself). PREMUL_SUM on reduce_scatter may be flipped on torch 2.11 scale-up only: from 2.12 it
-    would scale the caller's input. An unknown backend class has nothing to flip."""
+    ``build`` (None: unknown), for ``backend`` (default ProcessGroupXCCL); :func:`_override_rule` says why not."""
     return _override_rule(key, row, build, SCALE_OUT, backend_class(backend))[0]
 
 
@@ -609,8 +603,7 @@ def conservative_profile(torch_version=None) -> Capabilities:
 
 # -- reading the running stack (guarded; never touches the XPU runtime) ------------------------------------------------
 def _version_of(read: Callable[[], object]) -> Optional[str]:
-    """``read()`` when it gives a version (text that starts with a digit), else None (also when it raises: not an XPU
-    build of torch, no such package, no recorder)."""
+    """``read()`` when it gives a version (text that starts with a digit), else None (also when it raises)."""
     try:
         v = read()
     except Exception:
@@ -619,8 +612,7 @@ def _version_of(read: Callable[[], object]) -> Optional[str]:
 
 
 def _oneccl_from_torch() -> Optional[str]:
-    """``torch._C._distributed_c10d.get_xccl_version()``: onecclGetVersion of the oneCCL library loaded (xccl.h:71-84),
-    in XPU builds of torch (the upstream tests compare the flight recorder's version with it)."""
+    """onecclGetVersion of the oneCCL library loaded (xccl.h:71-84), in XPU builds of torch."""
     return _version_of(lambda: C.get_xccl_version())  # type: ignore[attr-defined]
 
 
@@ -630,14 +622,12 @@ def _oneccl_from_metadata() -> Optional[str]:
 
 
 def _oneccl_from_flight_recorder() -> Optional[str]:
-    """ProcessGroupXCCL records the oneCCL version (getXcclVersion) in its flight recorder when created; the dump
-    carries an empty version when the recorder is off."""
+    """The oneCCL version ProcessGroupXCCL records in its flight recorder when created (empty when it is off)."""
     return _version_of(lambda: pickle.loads(C._dump_xccl_trace()).get("comm_lib_version"))  # type: ignore[attr-defined]
 
 
 def _oneccl_pinned_by_torch() -> Optional[str]:
-    """The ``oneccl==X`` pin in the installed torch wheel's Requires-Dist (stock XPU wheels have one): the oneCCL the
-    wheel was built and released against."""
+    """The ``oneccl==X`` pin in the installed torch wheel's Requires-Dist (stock XPU wheels have one)."""
     pin = re.compile(r"\s*oneccl\s*==\s*([0-9.]+)")
     return _version_of(lambda: next((m.group(1) for m in map(pin.match, metadata.requires("torch") or ()) if m), None))
 
@@ -673,14 +663,9 @@ def build_version() -> Tuple[Optional[str], str]:
 def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_version=None, override=None,
                  topology=None, oneccl_build=None, backend=None, gpu: Optional[str] = None,
                  _backend_created: bool = False) -> XcclCapabilities:
-    """What funcoll's XPU transport does natively on this stack (the rest funcoll fills).
-
-    Versions default to the running stack; ``override`` defaults to ``FUNCOLL_XPU_OVERRIDE``; ``topology`` to
-    ``FUNCOLL_XPU_TOPOLOGY`` (a funcoll group measures it: all ranks on one host is scale-up), unknown meaning
-    scale-out; ``backend`` to ProcessGroupXCCL (a transport passes the class of the backend it drives); ``gpu`` (the
-    device name, read when a transport is created) to unknown; ``profile`` (default ``FUNCOLL_PROFILE``) names a
-    capability profile to intersect with, e.g. ``"xccl"``.
-    """
+    """What funcoll's XPU transport does natively on this stack (the rest funcoll fills): :func:`derive` of the
+    running stack, each input unless given read as docs/xpu.md says (``FUNCOLL_XPU_OVERRIDE``, ``FUNCOLL_XPU_TOPOLOGY``,
+    the oneCCL found); ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with."""
     src = "given"
     if torch_version is None or oneccl_version is None:
         tv, ov, found = stack_versions(_backend_created)
@@ -724,10 +709,8 @@ def measure_topology(store, rank: int, size: int, timeout=None) -> str:
 
 # -- the transport -----------------------------------------------------------------------------------------------------
 class XcclTransport(C10dTransport):
-    """The primitives of a c10d XCCL backend for XPU tensors. Everything is reused from ``C10dTransport``;
-    this class only says where small control tensors live (``control_device``: the group's XPU device, so
-    that e.g. the split-size agreement of uneven all_to_all never stages payload through the host) and binds
-    the barrier to that device."""
+    """C10dTransport over a c10d XCCL backend, with small control tensors (e.g. uneven all_to_all's split sizes) on
+    the group's XPU device, never staged through the host, and the barrier bound to that device."""
 
     def __init__(self, backend, caps: Capabilities, device=None, device_type: str = "xpu"):
         super().__init__(backend, caps, device_type)

@@ -285,7 +285,7 @@ def _watch(c, g, seen: list):
     tp = g.transport("cpu")
     log: list = []
     tp.backend = _Methods(tp.backend, log)
-    tp._native_requests.clear()  # a cached native call holds the backend's own method: looked up again, through the spy
+    g._state.native.clear()  # a cached native call holds the backend's own method: looked up again, through the spy
     trace = trace_of(g)
 
     def traced(name, fn):

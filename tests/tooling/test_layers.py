@@ -32,10 +32,11 @@ ALLOWED = {
     "entry/group_state": ("entry/flight_recorder",),
     "entry/checks": ("transport", "entry/errors", "entry/flight_recorder", "entry/fingerprint", "entry/group_state"),
     "entry/work": ("transport", "algorithms", "entry/errors", "entry/flight_recorder"),
+    "entry/fast_path": ("transport", "algorithms", "entry/errors", "entry/fingerprint", "entry/work"),
     "entry/pipeline": ("semantics", "transport", "algorithms", "entry/errors", "entry/flight_recorder",
-                       "entry/fingerprint", "entry/checks", "entry/work"),
+                       "entry/fingerprint", "entry/checks", "entry/work", "entry/fast_path"),
     "entry/process_group": ("semantics", "transport", "algorithms", "entry/errors", "entry/flight_recorder",
-                            "entry/group_state", "entry/checks", "entry/pipeline", "entry/work"),
+                            "entry/fingerprint", "entry/group_state", "entry/checks", "entry/pipeline", "entry/work"),
     "entry/c10d_patches": ("semantics", "entry/process_group"),
     "entry/kernels": ("semantics", "transport", "algorithms", "entry/work"),
 }
@@ -50,7 +51,8 @@ JOBS = {
     "entry/checks": ("the debug mode's store check and point-to-point size check, the size guard, before the first "
                      "byte is sent"),
     "entry/work": "FuncollWork and NativeWork: wait, futures, errors naming the call",
-    "entry/pipeline": "each eager call's pipeline, in order, as a decorator; the fast path's adapters",
+    "entry/fast_path": "the eager fast path: per c10d method, its request as one native backend call, issued",
+    "entry/pipeline": "each eager call's pipeline, in order, as a decorator: the fast path, then the full path's steps",
     "entry/process_group": "ProcessGroupFuncoll: the c10d surface, its transports, monitored_barrier",
     "entry/c10d_patches": "backend registration, the broadcast rewrite, the monitored_barrier patch",
     "entry/kernels": "the _c10d_functional kernels per dispatch key",

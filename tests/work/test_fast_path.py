@@ -517,52 +517,72 @@ def tp():
     return C10dTransport(backend, capabilities(None), "cpu")
 
 
-def test_a_signature_is_validated_once_and_the_answer_is_the_planners(tp, monkeypatch):
-    from funcoll import semantics
+def _blocking(op=R.SUM):
+    opts = C.AllreduceOptions()
+    opts.reduceOp, opts.asyncOp = op, False
+    return opts
 
-    parsed = []
-    orig = semantics.parse_reduction
-    monkeypatch.setattr(semantics, "parse_reduction", lambda op, name: (parsed.append(op), orig(op, name))[1])
+
+def test_a_signature_is_planned_once_per_group_and_the_answer_is_the_planners(monkeypatch):
+    from funcoll.entry import fast_path
+    from funcoll.entry.process_group import ProcessGroupFuncoll
+    from funcoll.entry.work import FuncollWork
+
+    pg = ProcessGroupFuncoll(dist.HashStore(), 0, 1, timedelta(seconds=30), options=None)
+    tp = pg.transport("cpu")
+    planned = []
+    orig = fast_path._plan
+    monkeypatch.setattr(fast_path, "_plan", lambda *a: (planned.append(a[5]), orig(*a))[1])
     t = torch.ones(4)
-    first = algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), t)
-    again = algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.zeros(4))
-    assert first is again and first is not None and len(parsed) == 1
-    assert first.tally.key == ("all_reduce", "sum", torch.float32) and first.issue == tp.backend.allreduce
-    # a new signature (shape, dtype, op) is validated again
-    algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.ones(5))
-    assert len(parsed) == 2
-    # not native: bool SUM is an OR in funcoll's semantics; PREMUL_SUM; empty tensors
-    assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.ones(4, dtype=torch.bool)) is None
-    assert algorithms.native_all_reduce_request(tp, dist._make_nccl_premul_sum(2.0), t) is None
-    assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), torch.ones(0)) is None
-    # invalid: never cached, validated every time
-    n = len(parsed)
+    # blocking and native: issued, waited on and returned as None (the backend has synchronized)
+    assert pg.allreduce([t], _blocking()) is None and pg.allreduce([torch.zeros(4)], _blocking()) is None
+    assert len(planned) == 1 and tp.calls[("all_reduce", "sum", torch.float32)] == 2
+    [(first, description)] = pg._state.native.values()
+    assert first.issue == tp.backend.allreduce and description["op"] == "all_reduce"
+    # a new signature (shape, dtype, op) is planned again
+    pg.allreduce([torch.ones(5)], _blocking())
+    assert len(planned) == 2
+    # not native, the full path: bool SUM is an OR in funcoll's semantics; PREMUL_SUM; empty tensors
+    for x, op in ((torch.ones(4, dtype=torch.bool), R.SUM), (t, dist._make_nccl_premul_sum(2.0)),
+                  (torch.ones(0), R.SUM)):
+        assert type(pg.allreduce([x], _blocking(op))) is FuncollWork
+    # invalid: never cached, planned every time; the full path raises its error
+    n = len(planned)
     for _ in range(2):
-        assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.BXOR), t) is None
-    assert len(parsed) == n + 2
+        with pytest.raises(TypeError, match="^funcoll.all_reduce: reduce op bxor needs an integer or bool tensor"):
+            pg.allreduce([t], _blocking(R.BXOR))
+    assert len(planned) == n + 2
     # a changed capability table drops the cached answers
     tp.caps = tp.caps.restrict(profile("xccl"))
-    assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.AVG), t) is None
-    assert algorithms.native_all_reduce_request(tp, dist.ReduceOp(R.SUM), t) is not first
+    assert type(pg.allreduce([t], _blocking(R.AVG))) is FuncollWork
+    assert pg.allreduce([t], _blocking()) is None and len(planned) == n + 4
+    assert next(nat for nat, _ in pg._state.native.values() if nat is not None) is not first
+
+
+def _issue(tp, call):
+    """The backend method a native call's answer hands the fast path."""
+    return tp.native_method(*call).issue
 
 
 def test_other_lookups(tp):
     x = torch.ones(4)
-    assert algorithms.native_all_gather_request(tp, torch.empty(4), x).issue == tp.backend._allgather_base
-    assert algorithms.native_all_gather_request(tp, torch.empty(1, 4), x) is None  # stacked form: the full path
-    assert algorithms.native_reduce_scatter_request(tp, dist.ReduceOp(R.MAX), torch.empty(4), x) is not None
-    assert algorithms.native_all_to_all_request(tp, torch.empty(4), x, [], []) is not None
-    assert algorithms.native_all_to_all_request(tp, torch.empty(4), x, [4], [4]) is not None
-    assert algorithms.native_broadcast_request(tp, x, 0, 0).issue == tp.backend.broadcast
-    assert algorithms.native_broadcast_request(tp, x, 1, 0) is None  # invalid root
-    assert algorithms.native_broadcast_request(tp, torch.ones(4, dtype=torch.int16), 0, 0) is None  # gloo: no int16
+    assert _issue(tp, algorithms.native_all_gather_call(tp, torch.empty(4), x)) == tp.backend._allgather_base
+    assert algorithms.native_all_gather_call(tp, torch.empty(1, 4), x) is None  # stacked form: the full path
+    assert _issue(tp, algorithms.native_reduce_scatter_call(tp, R.MAX, torch.empty(4), x)) == \
+        tp.backend._reduce_scatter_base
+    assert _issue(tp, algorithms.native_all_to_all_call(tp, torch.empty(4), x, (), ())) == tp.backend.alltoall_base
+    assert algorithms.native_all_to_all_call(tp, torch.empty(4), x, (4,), (4,)) is not None
+    assert _issue(tp, algorithms.native_broadcast_call(tp, x, 0, 0)) == tp.backend.broadcast
+    with pytest.raises(ValueError, match="^funcoll.broadcast: src=1 is outside the group"):  # the full path's error
+        algorithms.native_broadcast_call(tp, x, 1, 0)
+    assert algorithms.native_broadcast_call(tp, torch.ones(4, dtype=torch.int16), 0, 0) is None  # gloo: no int16
 
     class Spy(C10dTransport):  # a transport whose primitive differs is called through the transport
         def _all_reduce(self, t, red):
             return super()._all_reduce(t, red)
 
     spy = Spy(tp.backend, tp.caps, "cpu")
-    assert algorithms.native_all_reduce_request(spy, dist.ReduceOp(R.SUM), x) is None
+    assert spy.native_method(*algorithms.native_all_reduce_call(spy, R.SUM, x)) is None
 
 
 @pytest.mark.parametrize("name", ["xccl", "xla", "torchtpu"])
@@ -571,5 +591,5 @@ def test_split_sizes_passed_never_take_the_even_native_exchange(tp, name):
     values (equal ones too: a peer's may not be); no split sizes, the backend's even all_to_all."""
     tp.caps = tp.caps.restrict(profile(name))
     x = torch.ones(4)
-    assert algorithms.native_all_to_all_request(tp, torch.empty(4), x, [4], [4]) is None
-    assert algorithms.native_all_to_all_request(tp, torch.empty(4), x, [], []).issue == tp.backend.alltoall_base
+    assert algorithms.native_all_to_all_call(tp, torch.empty(4), x, (4,), (4,)) is None
+    assert _issue(tp, algorithms.native_all_to_all_call(tp, torch.empty(4), x, (), ())) == tp.backend.alltoall_base

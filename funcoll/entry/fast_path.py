@@ -1,0 +1,260 @@
+"""The eager fast path: a collective nobody observes (the gate at the head of :func:`funcoll.entry.pipeline.collective`)
+whose request is one native call of the transport's backend is issued as that call, with the caller's arguments.
+
+One function per c10d method (:data:`FAST`) reads the request as c10d passes it (positional arguments, options last;
+one dense tensor of a plain class per argument, options of the method's own type), builds its signature key and hands
+it to :func:`_take`. That asks ``funcoll.algorithms.native_*_call`` "is this request's plan one native call?" once per
+key and group (an invalid request is never cached: the full path raises its error, every time), keeps the answer
+with the signature's fingerprint, and issues the call: counted in the transport's ``calls``, numbered and recorded (a
+:class:`~funcoll.entry.flight_recorder.NativeEntry`). A blocking call is waited on here and returns None, as a backend
+that has synchronized already does (c10d's blocking functions wait only on a Work they get); an async one gets a
+:class:`~funcoll.entry.work.NativeWork`. Blocking CPU calls of a group whose size guard is on take the full path.
+A function returns :data:`FULL` when the request is not one native call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from funcoll import algorithms
+from funcoll.entry.errors import CollectiveError
+from funcoll.entry.fingerprint import ALIASES, fingerprint
+from funcoll.entry.work import NativeWork, failure
+from funcoll.transport import wait_quietly
+
+__all__ = ["FAST", "FULL", "issuing_error"]
+
+FULL = object()  # the request is not one native call: the full path serves it
+_CACHE_MAX = 4096  # signatures per group; the cache starts over past it
+_now = time.time
+_STRIDED = torch.strided
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_C = torch._C._distributed_c10d
+
+
+def issuing_error(call, e: Exception) -> CollectiveError:
+    """The error for a backend that failed while issuing ``call`` (recorded as failed), naming the collective."""
+    call.failed(e)
+    return CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}")
+
+
+def _plan(pg, st, row, args, tp, key: tuple, plan, request: tuple):
+    """A new signature (or one answered under other capabilities or another transport class, as funcoll.probe's
+    demotion makes): ``(Native or None, its fingerprint)``, cached; None for a request that is invalid or cannot be
+    read (not cached: the full path raises its error)."""
+    cache = st.native
+    if key in cache or len(cache) >= _CACHE_MAX:
+        cache.clear()  # every answer made under the old capabilities goes
+    try:
+        call = plan(tp, *request)
+    except Exception:  # noqa: BLE001 - an invalid request: the full path names the problem
+        return None
+    nat = tp.native_method(*call) if call is not None else None
+    got = cache[key] = (nat, fingerprint(pg, row.method, args, {}) if nat is not None else None)
+    return got
+
+
+def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request):
+    """Issues the request ``args`` (its options last) as one native call when its signature ``key`` is one on
+    transport ``tp`` (``plan(tp, *request)``: the algorithms' answer, asked once per key), else :data:`FULL`."""
+    if tp is None:
+        return FULL
+    got = st.native.get(key)
+    if got is None or (got[0] is not None and (got[0].caps is not tp.caps or got[0].cls is not type(tp))):
+        got = _plan(pg, st, row, args, tp, key, plan, request)
+        if got is None:
+            return FULL
+    nat, description = got
+    if nat is None:
+        return FULL
+    blocking = not row.p2p and not args[-1].asyncOp  # point-to-point calls are always asynchronous (c10d waits)
+    if blocking and nat.cpu and st.guard:
+        return FULL
+    nat.tally.n += 1
+    rec = st.trace.native_record(row.op, row.method, description, row.p2p)
+    try:
+        work = nat.issue(*args)
+        if not blocking:
+            return NativeWork(work, rec, st, args, row.outputs, row.quiet)
+        if row.quiet:
+            wait_quietly(work)
+        else:
+            work.wait()
+    except Exception as e:  # noqa: BLE001 - re-raised naming the collective
+        call = st.trace.promote(rec)
+        if not blocking:
+            raise issuing_error(call, e) from e
+        call.timeout = st.timeout_s
+        raise failure(call, st.trace, e) from e
+    rec.t_done = _now()
+    # finished here: c10d's blocking dist.* functions take None as "the backend has synced" (no second wait, no Work
+    # to build; a wait on gloo's reduce_scatter Work would copy its slice again)
+    return None
+
+
+def _dense(t) -> bool:
+    return t.__class__ in _PLAIN and t.layout is _STRIDED and t.is_contiguous()
+
+
+def _dense_on(ts, like) -> bool:
+    """Every tensor of ``ts`` dense, of a plain class, on ``like``'s device."""
+    if like.is_cpu:
+        return all(_dense(t) and t.is_cpu for t in ts)
+    dev = like.device
+    return all(_dense(t) and t.device == dev for t in ts)
+
+
+def _transport(pg, t):
+    return pg._transports.get("cpu" if t.is_cpu else t.device.type)
+
+
+def _sig(ts) -> tuple:
+    return tuple([(t.dtype, t.shape) for t in ts])
+
+
+# -- one function per c10d method: (pg, state, row, args, kwargs) -> the call's result, or FULL ------------------
+# the three FSDP2 and ZeRO engines call most are written out: inside a training step, between two collectives, each
+# Python call runs from cold caches and costs several us
+def _allreduce(pg, st, row, args, kwargs, _opts=_C.AllreduceOptions, _plan=algorithms.native_all_reduce_call):
+    if len(args) == 2 and not kwargs:
+        tensors, opts = args
+        if type(opts) is _opts and type(tensors) is list and len(tensors) == 1:
+            t = tensors[0]
+            if t.__class__ in _PLAIN and t.layout is _STRIDED and t.is_contiguous():
+                # the options' c10d ReduceOp (a new object per read, with a slow __eq__) is keyed by its hash, its
+                # RedOpType (PREMUL_SUM's factor is not in it: no PREMUL_SUM is native here)
+                op = opts.reduceOp
+                key = ("allreduce", hash(op), t.dtype, t.shape, t.get_device())
+                return _take(pg, st, row, args, pg._transports.get("cpu" if t.is_cpu else t.device.type), key,
+                             _plan, op, t)
+    return FULL
+
+
+def _base(name: str, opts_type, plan, reduces: bool):
+    """``_allgather_base`` (``reduces`` False) or ``_reduce_scatter_base`` (``reduces``: the options' reduce op is
+    planned with): ``(out, inp, opts)``, one dense tensor each; ``name`` heads its signature keys."""
+
+    def fast(pg, st, row, args, kwargs):
+        if len(args) == 3 and type(args[2]) is opts_type and not kwargs:
+            out, inp = args[0], args[1]
+            if (out.__class__ in _PLAIN and inp.__class__ in _PLAIN and out.layout is _STRIDED
+                    and inp.layout is _STRIDED and out.is_contiguous() and inp.is_contiguous()):
+                tp = pg._transports.get("cpu" if inp.is_cpu else inp.device.type)
+                if reduces:
+                    op = args[2].reduceOp
+                    return _take(pg, st, row, args, tp, (name, hash(op), out.dtype, out.shape, out.get_device(),
+                                                         inp.dtype, inp.shape, inp.get_device()), plan, op, out, inp)
+                return _take(pg, st, row, args, tp, (name, out.dtype, out.shape, out.get_device(), inp.dtype, inp.shape,
+                                                     inp.get_device()), plan, out, inp)
+        return FULL
+
+    return fast
+
+
+def _alltoall_base(pg, st, row, args, kwargs):
+    if len(args) != 5 or type(args[4]) is not _C.AllToAllOptions or kwargs:
+        return FULL
+    out, inp, osz, isz = args[0], args[1], args[2], args[3]
+    if not (_dense(out) and _dense(inp)) or type(osz) is not list or type(isz) is not list:
+        return FULL
+    osz, isz = tuple(osz), tuple(isz)
+    key = ("alltoall_base", out.dtype, out.shape, out.get_device(), inp.dtype, inp.shape, inp.get_device(), osz, isz)
+    return _take(pg, st, row, args, _transport(pg, inp), key, algorithms.native_all_to_all_call, out, inp, osz, isz)
+
+
+def _broadcast(pg, st, row, args, kwargs):
+    if len(args) != 2 or type(args[1]) is not _C.BroadcastOptions or kwargs:
+        return FULL
+    tensors, opts = args
+    if type(tensors) is not list or len(tensors) != 1 or not _dense(tensors[0]):
+        return FULL
+    t, src, which = tensors[0], opts.rootRank, opts.rootTensor
+    key = ("broadcast", src, which, t.dtype, t.shape, t.get_device())
+    return _take(pg, st, row, args, _transport(pg, t), key, algorithms.native_broadcast_call, t, src, which)
+
+
+def _list_form(opts_type, plan, list_first: bool):
+    """The list all_gather ``([[outs]], [inp], opts)`` (``list_first``) or reduce_scatter ``([out], [[ins]], opts)``:
+    one dense tensor and a list of dense ones on its device."""
+
+    def fast(pg, st, row, args, kwargs):
+        if len(args) != 3 or type(args[2]) is not opts_type or kwargs:
+            return FULL
+        a, b = args[0], args[1]
+        if type(a) is not list or type(b) is not list or len(a) != 1 or len(b) != 1:
+            return FULL
+        many, one = (a[0], b[0]) if list_first else (b[0], a[0])
+        if type(many) is not list or not many or not _dense(one) or not _dense_on(many, one):
+            return FULL
+        sig, tp = _sig(many), _transport(pg, one)
+        if list_first:
+            return _take(pg, st, row, args, tp, ("allgather", sig, one.dtype, one.shape, one.get_device()), plan,
+                         sig, one)
+        op = args[2].reduceOp
+        key = ("reduce_scatter", hash(op), one.dtype, one.shape, one.get_device(), sig)
+        return _take(pg, st, row, args, tp, key, plan, op, one, sig)
+
+    return fast
+
+
+def _p2p(pg, st, row, args, kwargs):
+    if len(args) != 3 or kwargs:
+        return FULL
+    tensors, peer, tag = args
+    if type(tensors) is not list or len(tensors) != 1 or type(peer) is not int or type(tag) is not int:
+        return FULL
+    t = tensors[0]
+    if not _dense(t):
+        return FULL
+    key = (row.op, peer, tag, t.dtype, t.shape, t.get_device())
+    return _take(pg, st, row, args, _transport(pg, t), key, algorithms.native_p2p_call, row.op, t, peer)
+
+
+def _rooted(opts_type, one_first: bool):
+    """gather (``([outs] on the root, else [], [inp], GatherOptions)``; ``one_first`` False) or scatter
+    (``([out], [inps] on the root, else [], ScatterOptions)``): this rank's one tensor, and the root's list, which
+    another rank may pass too (the full path, which ignores it)."""
+
+    def fast(pg, st, row, args, kwargs):
+        if len(args) != 3 or type(args[2]) is not opts_type or kwargs:
+            return FULL
+        if type(args[0]) is not list or type(args[1]) is not list:
+            return FULL
+        ones, roots = (args[0], args[1]) if one_first else (args[1], args[0])
+        if len(ones) != 1 or len(roots) > 1 or not _dense(ones[0]):
+            return FULL
+        one, root, sig = ones[0], args[2].rootRank, None
+        tp = _transport(pg, one)
+        if roots:
+            if tp is None or tp.rank != root or type(roots[0]) is not list or not _dense_on(roots[0], one):
+                return FULL
+            sig = _sig(roots[0])
+        key = (row.op, root, sig, one.dtype, one.shape, one.get_device())
+        return _take(pg, st, row, args, tp, key, algorithms.native_rooted_call, row.op, root, sig, one)
+
+    return fast
+
+
+def _barrier(pg, st, row, args, kwargs):
+    if kwargs:  # c10d calls group.barrier(opts=opts)
+        if args or kwargs.keys() != {"opts"}:
+            return FULL
+        args = (kwargs["opts"],)
+    if len(args) != 1 or type(args[0]) is not _C.BarrierOptions:
+        return FULL
+    # the full path's barrier runs on the CPU transport
+    return _take(pg, st, row, args, pg._transports.get("cpu"), ("barrier",), algorithms.native_barrier_call)
+
+
+# c10d method -> its fast path (the methods without one always take the full path); aliases inherit their method's
+FAST = {"allreduce": _allreduce, "broadcast": _broadcast, "alltoall_base": _alltoall_base,
+        "_allgather_base": _base("_allgather_base", _C.AllgatherOptions, algorithms.native_all_gather_call, False),
+        "_reduce_scatter_base": _base("_reduce_scatter_base", _C.ReduceScatterOptions,
+                                      algorithms.native_reduce_scatter_call, True),
+        "allgather": _list_form(_C.AllgatherOptions, algorithms.native_all_gather_list_call, True),
+        "reduce_scatter": _list_form(_C.ReduceScatterOptions, algorithms.native_reduce_scatter_list_call, False),
+        "gather": _rooted(_C.GatherOptions, False), "scatter": _rooted(_C.ScatterOptions, True),
+        "send": _p2p, "recv": _p2p, "barrier": _barrier}
+FAST.update({new: FAST[old] for new, old in ALIASES.items() if old in FAST})
