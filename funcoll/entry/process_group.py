@@ -499,6 +499,11 @@ class ProcessGroupFuncoll(ProcessGroup):
         child = ProcessGroupFuncoll(dist.PrefixStore(f"split/{name}/", self._store), ranks.index(self.rank()),
                                     len(ranks), timeout or self._timeout, group_name=name,
                                     global_ranks=[self._global_ranks[r] for r in ranks],
+                                    world_size=self._world_size,
+                                    options=opts if isinstance(opts, Options) else self._options)
+        if group_desc:
+            child._set_group_desc(group_desc)
+        return child
 
 
 # the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones): each runs its older
@@ -507,8 +512,3 @@ class ProcessGroupFuncoll(ProcessGroup):
 for _new, _old in ALIASES.items():
     setattr(ProcessGroupFuncoll, _new, collective(_new)(inspect.unwrap(getattr(ProcessGroupFuncoll, _old))))
 del _new, _old
-                                    world_size=self._world_size,
-                                    options=opts if isinstance(opts, Options) else self._options)
-        if group_desc:
-            child._set_group_desc(group_desc)
-        return child
