@@ -578,12 +578,12 @@ def compare(fps: List[dict], seq: int, group: str, global_ranks=None, by: str = 
         fields = fields or ["the arguments"]
         if "the collective" in fields:
             fields = ["the collective"]
-        why = "they differ in " + ", ".join(dict.fromkeys(fields))
+        why: Optional[str] = "they differ in " + ", ".join(dict.fromkeys(fields))
     else:
         check = row_of(fps[0].get("op", "")).check
         why = check(fps, n) if check is not None else None
-        if why is None:
-            return None
+    if why is None:
+        return None
     by_desc: Dict[str, List[int]] = {}
     for r, fp in enumerate(fps):
         by_desc.setdefault(describe(fp), []).append(r)
