@@ -69,13 +69,14 @@ class GroupState:
         self.timeout = timeout
         self.timeout_s = timeout.total_seconds()  # read by every call: the group's timeout in seconds
         self.local_store = is_local_store(store)
+        self.name = name  # the group's name ("" until c10d names it); its trace has its global ranks
         self.trace = GroupTrace(name or "(unnamed)", global_ranks, rank, size)
         self._checkable = size > 1 and not self.local_store
         self.debug = self._checkable and _switch("FUNCOLL_DEBUG")
         self.guard = self._checkable and (guard_from_env() if guard is None else bool(guard))
         self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
-        # the size guard's: the CPU transport's gloo backend (set when the group makes its CPU transport) and its
         self.native: dict = {}  # the eager fast path's answer per request signature (funcoll.entry.fast_path)
+        # the size guard's: the CPU transport's gloo backend (set when the group makes its CPU transport) and its
         # reused digest buffers (another thread on the same group allocates its own)
         self.guard_backend = None
         self.guard_lock = threading.Lock()
@@ -83,6 +84,9 @@ class GroupState:
 
     def set_timeout(self, timeout: timedelta) -> None:
         self.timeout, self.timeout_s = timeout, timeout.total_seconds()
+
+    def rename(self, name: str) -> None:
+        self.name, self.trace.group = name, name or "(unnamed)"
 
 
 def _of(group) -> GroupState:

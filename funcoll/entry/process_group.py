@@ -78,12 +78,8 @@ class ProcessGroupFuncoll(ProcessGroup):
                  global_ranks: Sequence[int] = (), world_size: Optional[int] = None,
                  options: Optional[Options] = None):
         super().__init__(rank, size)  # type: ignore[call-arg]  # torch's stubs name only the store-taking overload
-        self._store = store
-        self._timeout = timeout
         self._options = options or Options()
-        self._group_name = group_name
         ranks = tuple(global_ranks) or tuple(range(size))
-        self._global_ranks = ranks
         self._world_size = world_size if world_size is not None else size
         self._transports: Dict[str, Transport] = {}
         self._lock = threading.Lock()
@@ -112,17 +108,16 @@ class ProcessGroupFuncoll(ProcessGroup):
     name = getBackendName
 
     def _set_group_name(self, name: str) -> None:
-        if self._group_name and self._group_name != name:
-            groups.unregister(self._group_name)
-        self._group_name = name
-        self._state.trace.group = name or "(unnamed)"
+        if self._state.name and self._state.name != name:
+            groups.unregister(self._state.name)
+        self._state.rename(name)
         for tp in list(self._transports.values()):
             tp.group_name = name
-        groups.register(name, self._global_ranks, self._world_size)
+        groups.register(name, self._state.trace.global_ranks, self._world_size)
 
     @property
-    def group_name(self) -> str:  # type: ignore[override]  # torch >= 2.10 types it GroupName
-        return self._group_name
+    def group_name(self):  # not annotated: torch >= 2.10 types it GroupName, which torch 2.9 does not have
+        return self._state.name
 
     def _set_group_desc(self, desc: str) -> None:
         self._state.trace.desc = desc
@@ -136,7 +131,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._options
 
     def __repr__(self) -> str:
-        return f"ProcessGroupFuncoll(name={self._group_name!r}, rank={self.rank()}, size={self.size()})"
+        return f"ProcessGroupFuncoll(name={self._state.name!r}, rank={self.rank()}, size={self.size()})"
 
     # -- transports -----------------------------------------------------------------------------------
     def transport(self, device_type: str) -> Transport:
@@ -146,9 +141,9 @@ class ProcessGroupFuncoll(ProcessGroup):
         with self._lock:
             tp = self._transports.get(device_type)
             if tp is None:
-                ctx = GroupContext(self._group_name, dist.PrefixStore(f"{device_type}/", self._store),
-                                   self.rank(), self.size(), self._timeout, self._global_ranks,
-                                   self._world_size)
+                st = self._state
+                ctx = GroupContext(st.name, dist.PrefixStore(f"{device_type}/", st.store), self.rank(), self.size(),
+                                   st.timeout, st.trace.global_ranks, self._world_size)
                 if device_type == "cpu" and self._options.profile is not None:
                     tp = cpu_transport(ctx, self._options.profile)
                 else:
@@ -161,7 +156,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         """A transport was made for one device type: the size guard learns the CPU one's backend, the log says
         which, and the hooks run (FUNCOLL_PROBE=1 verifies it)."""
         # the funcoll log and profiler events name the group a transport serves
-        tp.group_name, tp.global_ranks = self._group_name, self._global_ranks
+        tp.group_name, tp.global_ranks = self._state.name, self._state.trace.global_ranks
         backend = getattr(tp, "backend", None)
         if device_type == "cpu" and hasattr(backend, "_allgather_base"):
             self._state.guard_backend = backend
@@ -170,7 +165,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             why = (f"profile {self._options.profile!r} from funcoll.Options"
                    if device_type == "cpu" and self._options.profile is not None
                    else f"FUNCOLL_PROFILE={env}" if env else "the running stack")
-            LOG.info("group %s rank %d/%d: %s transport %s, capabilities %s (%s)", self._group_name or "(unnamed)",
+            LOG.info("group %s rank %d/%d: %s transport %s, capabilities %s (%s)", self._state.trace.group,
                      self.rank(), self.size(), device_type, type(tp).__name__, tp.caps.name, why)
         for hook in TRANSPORT_HOOKS:
             hook(self, device_type, tp)
@@ -353,7 +348,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         and raises naming the first rank that did not arrive (all of them with ``wait_all_ranks``); the other ranks
         raise when rank 0 fails. Recorded in the flight recorder without a sequence number."""
         if timeout is None:
-            timeout = self._timeout
+            timeout = self._state.timeout
         elif not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
         trace = self._state.trace
@@ -402,15 +397,14 @@ class ProcessGroupFuncoll(ProcessGroup):
         return [torch.device(t) for t in dict.fromkeys(["cpu", *self._transports])]
 
     def get_group_store(self):
-        return self._store
+        return self._state.store
 
     @property
     def timeout(self) -> timedelta:
-        return self._timeout
+        return self._state.timeout
 
     def set_timeout(self, timeout: timedelta) -> None:
         """``dist.set_timeout``: the timeout of every later collective of this group, on every transport."""
-        self._timeout = timeout
         self._state.set_timeout(timeout)
         for tp in list(self._transports.values()):
             backend = getattr(tp, "backend", None)
@@ -432,12 +426,12 @@ class ProcessGroupFuncoll(ProcessGroup):
         are held and issued at the end as one group (:func:`funcoll.algorithms.batch_isend_irecv`: sends first, as
         XCCL needs). The Work of ``_end_coalescing`` waits for all of them."""
         if self._coalesced is not None:
-            raise RuntimeError(f"funcoll: group {self._group_name!r} is already coalescing; end it first")
+            raise RuntimeError(f"funcoll: group {self._state.name!r} is already coalescing; end it first")
         self._coalesced, self._batch, self._held = [], algorithms.Batch(), []
 
     def _end_coalescing(self, device=None) -> FuncollWork:
         if self._coalesced is None or self._batch is None:
-            raise RuntimeError(f"funcoll: _end_coalescing on group {self._group_name!r} without _start_coalescing")
+            raise RuntimeError(f"funcoll: _end_coalescing on group {self._state.name!r} without _start_coalescing")
         works, self._coalesced = self._coalesced, None
         batch, held, self._batch, self._held = self._batch, self._held, None, []
         pendings = [w._pending for w in works]
@@ -483,8 +477,8 @@ class ProcessGroupFuncoll(ProcessGroup):
         ``TORCH_FR_DUMP_TEMP_FILE`` set, this rank's flight recorder is written first, in torch's format."""
         flight_recorder.write_torch_dump()
         self._stop_transports("shutdown")
-        if self._group_name:
-            groups.unregister(self._group_name)
+        if self._state.name:
+            groups.unregister(self._state.name)
 
     def abort(self) -> None:
         self._stop_transports("abort")
@@ -495,10 +489,11 @@ class ProcessGroupFuncoll(ProcessGroup):
         ranks = [int(r) for r in ranks]
         if self.rank() not in ranks:
             return None
-        name = group_name or f"{self._group_name}:split:{','.join(map(str, ranks))}"
-        child = ProcessGroupFuncoll(dist.PrefixStore(f"split/{name}/", self._store), ranks.index(self.rank()),
-                                    len(ranks), timeout or self._timeout, group_name=name,
-                                    global_ranks=[self._global_ranks[r] for r in ranks],
+        st = self._state
+        name = group_name or f"{st.name}:split:{','.join(map(str, ranks))}"
+        child = ProcessGroupFuncoll(dist.PrefixStore(f"split/{name}/", st.store), ranks.index(self.rank()),
+                                    len(ranks), timeout or st.timeout, group_name=name,
+                                    global_ranks=[st.trace.global_ranks[r] for r in ranks],
                                     world_size=self._world_size,
                                     options=opts if isinstance(opts, Options) else self._options)
         if group_desc:

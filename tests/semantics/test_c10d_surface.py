@@ -169,7 +169,7 @@ def every_call(rank, world):
         dist.set_timeout(timedelta(seconds=42))
     else:
         dist.group.WORLD.set_timeout(timedelta(seconds=42))
-    assert dist.group.WORLD._timeout == timedelta(seconds=42)
+    assert dist.group.WORLD.timeout == timedelta(seconds=42)
     dist.barrier()
 
     # sub-groups: new_group, new_subgroups, split_group (where c10d has it without CUDA)
