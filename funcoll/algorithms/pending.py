@@ -97,6 +97,13 @@ class Pending(Handle):
             return self._future.done()
         return not self._then and all(h.is_completed() for h in self._handles)
 
+    def native_done(self) -> bool:
+        """Whether every native handle has completed (successfully or not), without blocking and without running the
+        finishing steps."""
+        if self._future is not None:
+            return self._future.done()
+        return all(h.native_done() if isinstance(h, Pending) else h.is_completed() for h in self._handles)
+
     def source_rank(self) -> int:
         """The group rank a receive got its data from (c10d's ``Work._source_rank()``)."""
         if self._source is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 __all__ = ["CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError", "backend_message",
-           "is_wait_timeout", "is_backend_timeout"]
+           "is_backend_timeout"]
 
 
 class CollectiveError(dist.DistBackendError):
@@ -40,12 +40,6 @@ def backend_message(e: BaseException) -> str:
         if sep and head.isidentifier() and (head.endswith("Error") or head.endswith("Exception")):
             msg = rest.strip()
     return msg
-
-
-def is_wait_timeout(e: BaseException) -> bool:
-    """The caller's ``wait(timeout)`` ran out (funcoll's own TimeoutError, or c10d's "Operation timed out!"), as
-    opposed to the backend giving up on the collective."""
-    return isinstance(e, TimeoutError) or "Operation timed out!" in str(e)
 
 
 def is_backend_timeout(e: BaseException) -> bool:

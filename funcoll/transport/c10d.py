@@ -4,6 +4,7 @@ c10d backend object, and the background waiter that gives a backend's short Work
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Optional, Sequence
@@ -13,7 +14,7 @@ import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
 from funcoll.semantics import ReduceOp, Reduction
-from funcoll.transport import P2P, Capabilities, Native, Transport, _run_before_send
+from funcoll.transport import P2P, Capabilities, Native, Transport, _run_before_send, wait_quietly
 
 _C10D_OP = {op: getattr(dist.ReduceOp, op.name) for op in ReduceOp if op is not ReduceOp.PREMUL_SUM}
 
@@ -36,9 +37,9 @@ def _options(cls, **fields):
 # Works the backend leaves short of c10d's contract
 # ---------------------------------------------------------------------------------------------------
 # gloo's send/recv and reduce_scatter Works have no future ("Work::getFuture not implemented") and say
-# is_completed() == False until someone calls wait() (reduce_scatter's, even after it). funcoll supplies both: such a
-# Work is waited on by a background thread from the moment it is issued, which completes a future (the Work's
-# result, or its error) and a flag.
+# is_completed() == False until someone calls wait() (reduce_scatter's, even after it). funcoll supplies both
+# (BackendWait): a background thread waits on such a Work and completes a future (the Work's result, or its error)
+# and a flag.
 #
 # The threads are concurrent.futures' (a new one when none is idle: a job may block for long), NOT daemons, on
 # purpose: a daemon thread blocked in a C++ wait with the GIL released, whose wait returns while the interpreter
@@ -53,9 +54,8 @@ _WAITERS = ThreadPoolExecutor(1 << 16, "funcoll-waiter", initializer=torch.set_g
 
 
 def in_background(job) -> None:
-    """Runs ``job()`` on one of the waiter threads (autograd off there: see wait_quietly, a Work may write in wait()):
-    a wait on a backend Work that must not block the caller (funcoll.entry.work.NativeWork, for a Work without a
-    future of its own)."""
+    """Runs ``job()`` on one of the waiter threads (autograd off there: see wait_quietly, a Work may write in
+    wait())."""
     try:
         _WAITERS.submit(job)
     except RuntimeError:  # the interpreter is exiting: the pool takes no more jobs, the job gets a thread of its own
@@ -78,8 +78,6 @@ def track_callbacks(fut) -> None:
 
 
 def _drain_callbacks() -> None:
-    import time
-
     end = time.monotonic() + _CALLBACK_GRACE_S
     while any(not f.done() for f in _CALLBACKS) and time.monotonic() < end:
         time.sleep(0.005)
@@ -88,68 +86,250 @@ def _drain_callbacks() -> None:
 threading._register_atexit(_drain_callbacks)  # type: ignore[attr-defined]
 
 
-class WaitedWork(C.Work):
-    """A backend Work with c10d's whole contract: ``wait([timeout])`` (past a timeout: "Operation timed out!", the
-    operation stays pending, as c10d's), ``is_completed()`` True once the data is in place, ``get_future()`` completed
-    with the Work's result or error, ``exception()``, ``result()``, ``_source_rank()``. The backend's Work is waited on
-    by a background thread (:func:`in_background`) from construction on."""
+def is_wait_timeout(e: BaseException) -> bool:
+    """The caller's ``wait(timeout)`` ran out (funcoll's own TimeoutError, or c10d's "Operation timed out!"), as
+    opposed to the backend giving up on the collective."""
+    return isinstance(e, TimeoutError) or "Operation timed out!" in str(e)
 
-    def __init__(self, work, result=None):
-        super().__init__()
-        self._work = work
-        self._res = result
-        self._event = threading.Event()
-        self._error: Optional[BaseException] = None
-        self._fut: torch.futures.Future = torch.futures.Future()
-        in_background(self._wait_backend)
 
-    def _wait_backend(self) -> None:
-        try:
-            self._work.wait()
-        except BaseException as e:  # noqa: BLE001 - kept for wait(), exception() and the future
-            self._error = e
-        self._event.set()
-        if self._error is not None:
-            self._fut.set_exception(self._error)
+_WAIT_LOCK = threading.Lock()  # BackendWait's short critical sections (who waits on the backend's Work)
+
+
+class BackendWait(C.Work):
+    """A backend Work (``_h``) with c10d's whole contract. Exactly one thread ever waits on the backend's Work (gloo's
+    send/recv Works must not be waited on twice at once): the caller of ``wait()``, directly, when nobody else does;
+    anyone else waits for that wait to return. A Work without a future and without a completion flag of its own gets a
+    background waiter (:func:`in_background`) at the first ``get_future()``, or at the first ``is_completed()`` poll
+    that finds it still running; a Work that is only waited on pays no thread. ``wait(timeout)`` past its timeout
+    leaves it pending; if a future or another thread waits for it, a background waiter takes the wait over.
+
+    What it raises and returns are the hooks ``_failure``, ``_wait_timeout``, ``_completed``, ``_value`` and
+    ``_watch``: here as c10d's Works (the backend's error, "Operation timed out!"); funcoll.entry.work.NativeWork's name
+    the collective. Subclasses set ``_h`` (no ``__init__`` here)."""
+
+    _h: C.Work
+    _done = False
+    _exc: Optional[BaseException] = None
+    _role = False  # a thread waits on the backend's Work (the caller in wait(), or a background waiter)
+    _ev: Optional[threading.Event] = None  # set when that wait has returned: made by whoever waits for it
+    _fut: Optional[torch.futures.Future] = None  # funcoll's future, for a backend Work without one
+    _bfut: Optional[torch.futures.Future] = None  # the backend Work's own future, handed out as this Work's
+    _nofut: Optional[bool] = None  # the backend's Work has no future (asked once, when it matters)
+    _quiet = False  # the backend's Work writes the outputs in wait(): a caller's thread waits with autograd off
+
+    # -- the hooks --------------------------------------------------------------------------------------
+    def _failure(self, e: BaseException) -> BaseException:
+        """Records ``e`` as the permanent failure; returns the error to raise."""
+        if self._exc is None:
+            self._exc = e
+        return self._exc
+
+    def _wait_timeout(self, e: BaseException, limit: timedelta) -> BaseException:
+        return RuntimeError("Operation timed out!")  # what c10d's Work.wait(timeout) raises
+
+    def _completed(self) -> None:
+        """The backend's Work has completed without error."""
+
+    def _value(self):
+        """What ``result()`` and the future hand over once the Work has completed."""
+        return self._h.result()
+
+    def _watch(self, fut: torch.futures.Future) -> None:
+        """The backend Work's own future is handed out (``get_future()``)."""
+
+    # -- who waits on the backend's Work ----------------------------------------------------------------
+    def _claim(self) -> Optional[bool]:
+        """True: this thread is now the one to wait on the backend's Work; False: another thread does (``_ev`` is set
+        when its wait returns); None: the Work has already finished."""
+        with _WAIT_LOCK:
+            if self._done or self._exc is not None:
+                return None
+            if not self._role:
+                self._role = True
+                return True
+            if self._ev is None:
+                self._ev = threading.Event()
+            return False
+
+    def _finish(self, e: Optional[BaseException]) -> None:
+        """The wait on the backend's Work returned (``e``: its error): records the outcome and wakes whoever waits."""
+        if e is None:
+            self._done = True
+            self._completed()
         else:
-            self._fut.set_result(self._res if self._res is not None else self._result_of_work())
+            self._failure(e)
+        self._wake()
 
-    def _result_of_work(self):
+    def _wake(self) -> None:
+        """Wakes the threads waiting for the wait, and completes the future, if one was asked for."""
+        with _WAIT_LOCK:
+            ev, fut = self._ev, self._fut
+        if ev is not None:
+            ev.set()
+        if fut is None or fut.done():
+            return
         try:
-            return self._work.result()
-        except Exception:  # noqa: BLE001 - a Work without result(): nothing to hand over
-            return []
+            if self._exc is not None:
+                fut.set_exception(self._exc)
+                return
+            try:
+                value = self._value()
+            except Exception:  # noqa: BLE001 - a backend Work without result() (no outputs known): nothing to hand over
+                value = []
+            fut.set_result(value)
+        except RuntimeError:  # settled meanwhile by another thread: get_future() and the waiting thread both may
+            pass
 
-    def wait(self, timeout=None) -> bool:
-        limit = None if timeout is None or timeout <= timedelta(0) else timeout.total_seconds()
-        if not self._event.wait(limit):
-            raise RuntimeError("Operation timed out!")  # what c10d's Work.wait(timeout) raises
-        if self._error is not None:
-            raise self._error
+    def _wait_backend(self) -> None:  # a background waiter's job (autograd is off on its thread)
+        try:
+            self._h.wait()
+        except BaseException as e:  # noqa: BLE001 - recorded; wait(), exception() and the future report it
+            self._finish(e)
+            return
+        self._finish(None)
+
+    def _in_background(self) -> None:
+        """A background waiter waits on the backend's Work, unless a thread does already."""
+        if self._claim():
+            in_background(self._wait_backend)
+
+    def _no_future(self) -> bool:
+        return self._nofut if self._nofut is not None else self._backend_future() is None
+
+    def _backend_future(self) -> Optional[torch.futures.Future]:
+        """The backend Work's own future; None where it has none (c10d's "not implemented": asked once)."""
+        try:
+            fut, self._nofut = (None, True) if self._nofut else (self._h.get_future(), False)
+        except (RuntimeError, AttributeError):  # not implemented, or a handle without futures
+            fut, self._nofut = None, True
+        return fut
+
+    # -- the Work API ---------------------------------------------------------------------------------
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        if self._exc is not None:
+            raise self._exc
+        if self._done:
+            return True
+        limit = timeout if timeout and timeout > timedelta(0) else None
+        with _WAIT_LOCK:  # _claim, inlined: every send and recv c10d waits on comes here
+            if self._done or self._exc is not None:
+                mine = None
+            elif not self._role:
+                self._role = mine = True
+            else:
+                mine = False
+                if self._ev is None:
+                    self._ev = threading.Event()
+        if mine:
+            h = self._h
+            try:
+                if self._quiet:
+                    wait_quietly(h, limit)
+                elif limit is None:
+                    h.wait()
+                else:
+                    h.wait(limit)
+            except Exception as e:  # noqa: BLE001 - re-raised through the hooks
+                if limit is not None and is_wait_timeout(e):
+                    with _WAIT_LOCK:  # still pending: the wait is handed to a background waiter if someone waits
+                        hand_over = self._ev is not None or self._fut is not None
+                        self._role = hand_over
+                    if hand_over:
+                        in_background(self._wait_backend)
+                    raise self._wait_timeout(e, limit) from e
+                self._finish(e)
+                raise self._failure(e) from e
+            self._done = True
+            self._completed()
+            if self._ev is not None or self._fut is not None:
+                self._wake()
+            return True
+        if mine is False:  # another thread waits on the backend's Work: wait for its wait
+            ev = self._ev
+            assert ev is not None
+            # (_done is read again: the waiting thread may have finished before this one made ``ev``)
+            if not (self._done or ev.wait(None if limit is None else limit.total_seconds())):
+                err = TimeoutError("Operation timed out!")
+                raise self._wait_timeout(err, limit or timedelta(0)) from err
+        if self._exc is not None:
+            raise self._exc
         return True
 
     def is_completed(self) -> bool:
-        return self._event.is_set()
+        if self._done or self._exc is not None:
+            return True
+        bf = self._bfut  # gloo completes a Work's future just before the Work itself
+        if self._h.is_completed() or (bf is not None and bf.done()):  # the data is in place: finish (a short wait)
+            if self._claim():
+                try:
+                    wait_quietly(self._h) if self._quiet else self._h.wait()
+                except Exception as e:  # noqa: BLE001 - recorded in self._exc
+                    self._finish(e)
+                    return True
+                self._finish(None)
+            return self._done or self._exc is not None
+        if self._no_future():  # a Work that never says completed until waited on
+            self._in_background()
+        return False
 
     def is_success(self) -> bool:
-        return self._event.is_set() and self._error is None
+        return self.is_completed() and self._exc is None
 
-    def exception(self):
-        return self._error
+    def exception(self) -> Optional[BaseException]:
+        self.is_completed()
+        return self._exc
 
     def get_future(self) -> torch.futures.Future:
-        return self._fut
+        """The backend Work's own future where it has one, as a c10d Work's (no Python callback runs on the backend's
+        thread; it completes, or fails with the backend's own error, when the backend's Work does); else one of
+        funcoll's, completed by whoever waits on the backend's Work (a background waiter, if nobody does)."""
+        bf = self._bfut
+        if bf is not None:
+            return bf
+        if self._exc is None:
+            bf = self._backend_future()  # one call: DDP asks every bucket's Work for its future
+            if bf is not None:
+                self._bfut = bf
+                self._watch(bf)
+                return bf
+        with _WAIT_LOCK:
+            if self._fut is not None:
+                return self._fut
+            out: torch.futures.Future = torch.futures.Future()
+            self._fut = out
+            finished = self._done or self._exc is not None
+        if finished:
+            self._wake()
+        else:
+            self._in_background()  # whoever waits on the backend's Work completes the future (_wake)
+        return out
 
     def result(self):
         self.wait()
-        return self._res if self._res is not None else self._result_of_work()
+        return self._value()
 
     def _source_rank(self) -> int:
         self.wait()
-        return self._work._source_rank()
+        return self._h._source_rank()
 
     def source_rank(self) -> int:
         return self._source_rank()
+
+
+class WaitedWork(BackendWait):
+    """A backend Work without a future of its own (:func:`waited`), waited on by a background waiter from the moment
+    it is made: its future completes with ``result`` (the Work's own ``result()`` when None)."""
+
+    _nofut = True
+
+    def __init__(self, work, result=None):
+        super().__init__()
+        self._h = work
+        self._res = result
+        self._in_background()
+
+    def _value(self):
+        return self._res if self._res is not None else super()._value()
 
 
 def has_future(work) -> bool:

@@ -127,7 +127,7 @@ def _rank_more(rank, n):
     against references and against a raw gloo group of the same ranks; which path ran; the flight recorder; and how
     many background waiters the Works started (only for a future or a poll that needs one)."""
     import funcoll
-    import funcoll.entry.work as work_mod
+    import funcoll.transport.c10d as c10d
     from funcoll.entry.work import NativeWork
 
     g = dist.group.WORLD
@@ -138,8 +138,8 @@ def _rank_more(rank, n):
     first = len(funcoll.flight_recorder.entries())
     counts = _spy(("all_gather", "reduce_scatter", "gather", "scatter", "barrier", "send", "recv"))
     jobs = []
-    orig_bg = work_mod.in_background
-    work_mod.in_background = lambda job: (jobs.append(job), orig_bg(job))[1]
+    orig_bg = c10d.in_background
+    c10d.in_background = lambda job: (jobs.append(job), orig_bg(job))[1]
     calls0 = dict(tp.calls)
     got, waiters = {}, {}
     peer = (rank + 1) % n
@@ -241,7 +241,7 @@ def _rank_more(rank, n):
                                                     torch.equal(into, want), all(w.exception() is None for w in ws))
             waiters[f"isend/irecv polled {attempt}"] = len(jobs) - before
             dist.barrier()
-    work_mod.in_background = orig_bg
+    c10d.in_background = orig_bg
     calls = {k: v - calls0.get(k, 0) for k, v in tp.calls.items() if v != calls0.get(k, 0)}
     entries = funcoll.flight_recorder.entries()
     return {"got": got, "counts": counts, "waiters": waiters, "calls": calls, "rank": rank, "first": first,
