@@ -249,6 +249,14 @@ def test_request_names_are_checked():
             probe.Request.parse(bad)
 
 
+def test_the_wrong_result_hook_is_not_public_api():
+    """``python -m funcoll probe --simulate-wrong`` breaks a transport through a private hook, which refuses a move."""
+    assert not hasattr(probe, "inject_wrong") and all(not name.startswith("_") for name in probe.__all__)
+    with pytest.raises(ValueError, match=r"^funcoll\.probe\.inject_wrong: only reductions can be made wrong, got "
+                                         r"'all_gather float32'$"):
+        probe._inject_wrong(object(), "all_gather float32")
+
+
 def _python_reduce(values, op, bits, signed):
     """Per element, in Python integers, wrapped to the width: independent of the probe's check."""
     fn = {"sum": lambda a, b: a + b, "product": lambda a, b: a * b, "min": min, "max": max,
