@@ -1,15 +1,10 @@
-"""The eager fast path: a collective nobody observes (the gate at the head of :func:`funcoll.entry.pipeline.collective`)
-whose request is one native call of the transport's backend is issued as that call, with the caller's arguments.
-
-One function per c10d method (:data:`FAST`) reads the request as c10d passes it (positional arguments, options last;
-one dense tensor of a plain class per argument, options of the method's own type), builds its signature key and hands
-it to :func:`_take`. That asks ``funcoll.algorithms.native_*_call`` "is this request's plan one native call?" once per
-key and group (an invalid request is never cached: the full path raises its error, every time), keeps the answer
-with the signature's fingerprint, and issues the call: counted in the transport's ``calls``, numbered and recorded (a
-:class:`~funcoll.entry.flight_recorder.NativeEntry`). A blocking call is waited on here and returns None, as a backend
-that has synchronized already does (c10d's blocking functions wait only on a Work they get); an async one gets a
-:class:`~funcoll.entry.work.NativeWork`. Blocking CPU calls of a group whose size guard is on take the full path.
-A function returns :data:`FULL` when the request is not one native call.
+"""The eager fast path: a collective nobody observes whose request is one native call of the transport's backend is
+issued as that call, with the caller's arguments. One function per c10d method (:data:`FAST`) reads the request as
+c10d passes it (positional arguments, options last; one dense tensor of a plain class per argument) and builds its
+signature key; :func:`_take` asks ``funcoll.algorithms.native_*_call`` about a new key once per group, and issues the
+call: counted, numbered and recorded (a :class:`~funcoll.entry.flight_recorder.NativeEntry`). A blocking call is waited
+on here and returns None, as a backend that has synchronized does (c10d's blocking functions wait only on a Work they
+get); an async one gets a :class:`~funcoll.entry.work.NativeWork`. :data:`FULL`: the full path serves the request.
 """
 
 from __future__ import annotations
@@ -71,7 +66,7 @@ def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request):
         return FULL
     blocking = not row.p2p and not args[-1].asyncOp  # point-to-point calls are always asynchronous (c10d waits)
     if blocking and nat.cpu and st.guard:
-        return FULL
+        return FULL  # the full path runs the size guard
     nat.tally.n += 1
     rec = st.trace.native_record(row.op, row.method, description, row.p2p)
     try:

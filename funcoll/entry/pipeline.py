@@ -1,23 +1,8 @@
 """Every eager collective's pipeline, in order: the decorator :func:`collective` wraps each collective method of
-:class:`~funcoll.entry.process_group.ProcessGroupFuncoll` in the class body, as c10d wraps its own collectives in
-its logger decorators. Per call:
-
-1. **the native fast path?** When nobody observes (no debug mode, no NaN check, not coalescing, not inside another
-   collective method, no ``record()``, profiler or funcoll debug log) and the request is one native backend call,
-   :mod:`funcoll.entry.fast_path` issues it and returns;
-2. **fingerprint and record**: the call's fingerprint (:mod:`funcoll.entry.fingerprint`) and its flight-recorder
-   :class:`~funcoll.entry.flight_recorder.Call`;
-3. **layout and NaN**: a sparse tensor is refused for every op; with ``TORCH_DIST_NAN_CHECK=1`` a floating input
-   holding a NaN is refused; nothing is sent, no sequence number used;
-4. **number and check before send**: right before the first primitive sends (the transport's ``before_send`` hook,
-   the one call from the transport layer up into the entry layer), the call gets the group's next sequence number
-   (point-to-point ops their own counter) and the debug mode's store check or the size guard runs
-   (:mod:`funcoll.entry.checks`);
-5. **the body**: the method itself (:mod:`funcoll.algorithms`); an error the backend raises while issuing is
-   re-raised naming the collective (:class:`~funcoll.entry.errors.CollectiveError`); funcoll's own validation errors
-   (ValueError, TypeError) pass unchanged;
-6. **the Work**: the Call is handed to the returned :class:`~funcoll.entry.work.FuncollWork`, which completes or
-   fails it.
+:class:`~funcoll.entry.process_group.ProcessGroupFuncoll` in the class body, as c10d wraps its own collectives in its
+logger decorators. Per call: the native fast path when nobody observes (:mod:`funcoll.entry.fast_path`), else the full
+path's steps, numbered in :func:`collective`'s body as docs/design.md ("The eager pipeline") lists them. An error the
+backend raises while issuing is re-raised naming the collective; funcoll's own validation errors pass unchanged.
 """
 
 from __future__ import annotations
