@@ -18,7 +18,7 @@ import torch
 import torch.autograd.profiler as _prof
 
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
-from funcoll.transport import PRIMITIVES, registry
+from funcoll.transport import PRIMITIVES
 
 __all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label"]
 
@@ -58,7 +58,7 @@ def _params(fn) -> Tuple[str, ...]:
 
 def group_label(tp) -> str:
     """The name of the group a transport serves (``"?"`` when it cannot be told)."""
-    return tp.group_name or registry.lent_group_name(tp) or "?"
+    return tp.group_name or "?"
 
 
 def _tensors(vals) -> List[torch.Tensor]:

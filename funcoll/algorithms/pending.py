@@ -73,10 +73,8 @@ class Pending(Handle):
             for h in self._handles:
                 if isinstance(h, Pending):
                     futs.append(h.future())
-                elif hasattr(h, "get_future"):  # a backend Work: one without a future of its own is given one
-                    from funcoll.transport.c10d import waited
-
-                    futs.append(waited(h).get_future())
+                elif hasattr(h, "get_future"):  # a backend Work (every one a transport returns has a future)
+                    futs.append(h.get_future())
             self._handles = []
             if not futs:
                 self._run_thens()

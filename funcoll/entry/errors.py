@@ -13,8 +13,7 @@ __all__ = ["CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError
 
 
 class CollectiveError(dist.DistBackendError):
-    """A funcoll collective failed (a peer died, the backend reported an error). The message names the op, the
-    group, its ranks and the sequence number; ``__cause__`` is the backend's own error."""
+    """A funcoll collective failed (a peer died, the backend reported an error)."""
 
 
 class CollectiveTimeoutError(CollectiveError):

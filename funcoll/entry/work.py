@@ -1,21 +1,8 @@
-"""``FuncollWork``: the Work every eager funcoll collective returns, and the errors it raises
-(:mod:`funcoll.entry.errors`).
-
-A Work waits on the transport's native handles, then runs the algorithm's finishing steps once. It tells the
-truth about failure, as c10d's own Works do:
-
-* ``wait()`` raises :class:`CollectiveError` (a ``torch.distributed.DistBackendError``, so a ``RuntimeError``)
-  when the collective failed -- a peer died, the backend timed out -- naming the op, the group, its ranks and the
-  sequence number, with the backend's own message kept (``__cause__``);
-* ``wait(timeout)`` raises :class:`CollectiveTimeoutError` past ``timeout``; the collective stays pending (a later
-  ``wait`` may still complete it), as with c10d's ``Work.wait(timeout)``;
-* ``is_completed()`` never blocks; it becomes True when the native handles are done (also when they failed), and
-  then runs the finishing steps;
-* ``is_success()`` is True only for a completed collective without error; ``exception()`` is that error or None;
-* ``get_future()`` completes with the outputs, or with the error (DDP comm hooks see the failure).
-
-On a timeout the group's flight recorder is dumped (:mod:`funcoll.flight_recorder`) and its last entries are
-quoted in the message.
+"""The Works every eager funcoll collective returns: :class:`FuncollWork` (the full path: native handles, then the
+algorithm's finishing steps) and :class:`NativeWork` (the fast path: one backend Work), over one base that keeps c10d's
+contract (docs/work.md) and names the collective in every error (:mod:`funcoll.entry.errors`): the op, the group, its
+ranks and the sequence number, the backend's own error as ``__cause__``; a timeout quotes the group's last entries of
+the flight recorder and dumps it.
 """
 
 from __future__ import annotations
@@ -129,16 +116,12 @@ class FuncollWork(_Work):
         """True once the collective has finished, successfully or not (never blocks)."""
         if self._done or self._exc is not None:
             return True
-        if not self._pending.native_done():
-            return False
-        if not self._lock.acquire(blocking=False):  # another thread is finishing it
+        if not self._pending.native_done() or not self._lock.acquire(blocking=False):  # running, or being finished
             return False
         try:
-            if not (self._done or self._exc is not None):
-                try:
-                    self.wait()  # the native handles are done: this only runs the finishing steps
-                except Exception:  # noqa: BLE001 - recorded in self._exc
-                    pass
+            self.wait()  # the native handles are done: this only runs the finishing steps
+        except Exception:  # noqa: BLE001 - recorded in self._exc
+            pass
         finally:
             self._lock.release()
         return True
@@ -156,34 +139,31 @@ class FuncollWork(_Work):
         """A future completed with the outputs once the collective and its finishing steps are done, or with the
         collective's error; never blocks where the transport is asynchronous (DDP comm hooks chain on it)."""
         with self._lock:
-            if self._fut is not None:
-                return self._fut
-            out: torch.futures.Future = torch.futures.Future()
-            if self._done or self._exc is not None:
+            if self._fut is None:
+                out: torch.futures.Future = torch.futures.Future()
                 if self._exc is not None:
                     out.set_exception(self._exc)
-                else:
+                elif self._done:
                     out.set_result(self._result)
+                else:
+                    backend_fut = self._pending.future()
+                    backend_fut.add_done_callback(lambda f: self._settle(f, out))
+                    track_callbacks(backend_fut)
                 self._fut = out
-                return out
-            result = self._result
+            return self._fut
 
-            def finish(f):  # on the backend's thread; the error keeps its type (a raise in then() would not)
-                try:
-                    f.value()  # re-raises the backend's error
-                except Exception as e:  # noqa: BLE001
-                    out.set_exception(self._failure(e))
-                    return
-                self._done = True
-                if self._call is not None:
-                    self._call.completed()
-                out.set_result(result)
-
-            backend_fut = self._pending.future()
-            backend_fut.add_done_callback(finish)
-            track_callbacks(backend_fut)
-            self._fut = out
-            return out
+    def _settle(self, f: torch.futures.Future, out: torch.futures.Future) -> None:
+        """Completes ``out`` as the backend's future ``f`` has (on the backend's thread; the error keeps its type: a
+        raise in then() would not)."""
+        try:
+            f.value()  # re-raises the backend's error
+        except Exception as e:  # noqa: BLE001
+            out.set_exception(self._failure(e))
+            return
+        self._done = True
+        if self._call is not None:
+            self._call.completed()
+        out.set_result(self._result)
 
 
 class NativeWork(_Work, BackendWait):

@@ -278,7 +278,8 @@ class P2P(NamedTuple):
 
 
 class Handle:
-    """What a primitive returns: something to wait on."""
+    """What a primitive returns: something to wait on. A backend's Work returned as one also serves ``get_future()``
+    (a c10d transport wraps one without a future of its own: :func:`funcoll.transport.c10d.waited`)."""
 
     def wait(self, timeout=None) -> None:  # pragma: no cover - interface
         """Blocks until done; ``timeout`` (a timedelta), when given, bounds the wait."""
@@ -344,7 +345,7 @@ class Transport:
 
     device_type: str = "cpu"
     # the group this transport serves, as its log lines and profiler events name it: set by the funcoll group that
-    # made it (and again when that group is named later); a transport lent by another backend's group has none
+    # made it (and again when that group is named later), or by the registry for one lent by another backend's group
     group_name: str = ""
     global_ranks: Tuple[int, ...] = ()
 

@@ -37,9 +37,7 @@ def _options(cls, **fields):
 # Works the backend leaves short of c10d's contract
 # ---------------------------------------------------------------------------------------------------
 # gloo's send/recv and reduce_scatter Works have no future ("Work::getFuture not implemented") and say
-# is_completed() == False until someone calls wait() (reduce_scatter's, even after it). funcoll supplies both
-# (BackendWait): a background thread waits on such a Work and completes a future (the Work's result, or its error)
-# and a flag.
+# is_completed() == False until someone calls wait() (reduce_scatter's, even after it). BackendWait supplies both.
 #
 # The threads are concurrent.futures' (a new one when none is idle: a job may block for long), NOT daemons, on
 # purpose: a daemon thread blocked in a C++ wait with the GIL released, whose wait returns while the interpreter
@@ -96,16 +94,13 @@ _WAIT_LOCK = threading.Lock()  # BackendWait's short critical sections (who wait
 
 
 class BackendWait(C.Work):
-    """A backend Work (``_h``) with c10d's whole contract. Exactly one thread ever waits on the backend's Work (gloo's
-    send/recv Works must not be waited on twice at once): the caller of ``wait()``, directly, when nobody else does;
-    anyone else waits for that wait to return. A Work without a future and without a completion flag of its own gets a
-    background waiter (:func:`in_background`) at the first ``get_future()``, or at the first ``is_completed()`` poll
-    that finds it still running; a Work that is only waited on pays no thread. ``wait(timeout)`` past its timeout
-    leaves it pending; if a future or another thread waits for it, a background waiter takes the wait over.
-
-    What it raises and returns are the hooks ``_failure``, ``_wait_timeout``, ``_completed``, ``_value`` and
-    ``_watch``: here as c10d's Works (the backend's error, "Operation timed out!"); funcoll.entry.work.NativeWork's name
-    the collective. Subclasses set ``_h`` (no ``__init__`` here)."""
+    """A backend Work (``_h``, set by the subclass) with what c10d's contract needs of it: ``wait([timeout])``,
+    ``is_completed()`` without a wait, ``get_future()``, ``result()``, ``_source_rank()``. Exactly one thread waits on
+    the backend's Work (gloo's send/recv Works must not be waited on twice at once): the caller of ``wait()``, when
+    nobody else does; anyone else waits for that wait. A Work without a future and without a completion flag of its
+    own gets a background waiter (:func:`in_background`) only at the first ``get_future()``, at the first
+    ``is_completed()`` poll that finds it running, or when a ``wait(timeout)`` runs out while others wait for it. The
+    hooks raise and return as c10d's Works do; funcoll.entry.work.NativeWork's name the collective."""
 
     _h: C.Work
     _done = False
@@ -118,8 +113,7 @@ class BackendWait(C.Work):
     _quiet = False  # the backend's Work writes the outputs in wait(): a caller's thread waits with autograd off
 
     # -- the hooks --------------------------------------------------------------------------------------
-    def _failure(self, e: BaseException) -> BaseException:
-        """Records ``e`` as the permanent failure; returns the error to raise."""
+    def _failure(self, e: BaseException) -> BaseException:  # records the permanent failure; the error to raise
         if self._exc is None:
             self._exc = e
         return self._exc
@@ -127,15 +121,14 @@ class BackendWait(C.Work):
     def _wait_timeout(self, e: BaseException, limit: timedelta) -> BaseException:
         return RuntimeError("Operation timed out!")  # what c10d's Work.wait(timeout) raises
 
-    def _completed(self) -> None:
-        """The backend's Work has completed without error."""
+    def _completed(self) -> None:  # the backend's Work has completed without error
+        pass
 
-    def _value(self):
-        """What ``result()`` and the future hand over once the Work has completed."""
+    def _value(self):  # what result() and the future hand over
         return self._h.result()
 
-    def _watch(self, fut: torch.futures.Future) -> None:
-        """The backend Work's own future is handed out (``get_future()``)."""
+    def _watch(self, fut: torch.futures.Future) -> None:  # the backend Work's own future is handed out
+        pass
 
     # -- who waits on the backend's Work ----------------------------------------------------------------
     def _claim(self) -> Optional[bool]:
@@ -180,9 +173,10 @@ class BackendWait(C.Work):
         except RuntimeError:  # settled meanwhile by another thread: get_future() and the waiting thread both may
             pass
 
-    def _wait_backend(self) -> None:  # a background waiter's job (autograd is off on its thread)
+    def _wait_backend(self) -> None:
+        """Waits on the backend's Work (this thread has claimed it) and records the outcome."""
         try:
-            self._h.wait()
+            wait_quietly(self._h) if self._quiet else self._h.wait()
         except BaseException as e:  # noqa: BLE001 - recorded; wait(), exception() and the future report it
             self._finish(e)
             return
@@ -192,9 +186,6 @@ class BackendWait(C.Work):
         """A background waiter waits on the backend's Work, unless a thread does already."""
         if self._claim():
             in_background(self._wait_backend)
-
-    def _no_future(self) -> bool:
-        return self._nofut if self._nofut is not None else self._backend_future() is None
 
     def _backend_future(self) -> Optional[torch.futures.Future]:
         """The backend Work's own future; None where it has none (c10d's "not implemented": asked once)."""
@@ -261,23 +252,11 @@ class BackendWait(C.Work):
         bf = self._bfut  # gloo completes a Work's future just before the Work itself
         if self._h.is_completed() or (bf is not None and bf.done()):  # the data is in place: finish (a short wait)
             if self._claim():
-                try:
-                    wait_quietly(self._h) if self._quiet else self._h.wait()
-                except Exception as e:  # noqa: BLE001 - recorded in self._exc
-                    self._finish(e)
-                    return True
-                self._finish(None)
+                self._wait_backend()
             return self._done or self._exc is not None
-        if self._no_future():  # a Work that never says completed until waited on
+        if self._nofut or (self._nofut is None and self._backend_future() is None):  # never completed until waited on
             self._in_background()
         return False
-
-    def is_success(self) -> bool:
-        return self.is_completed() and self._exc is None
-
-    def exception(self) -> Optional[BaseException]:
-        self.is_completed()
-        return self._exc
 
     def get_future(self) -> torch.futures.Future:
         """The backend Work's own future where it has one, as a c10d Work's (no Python callback runs on the backend's
@@ -312,9 +291,6 @@ class BackendWait(C.Work):
         self.wait()
         return self._h._source_rank()
 
-    def source_rank(self) -> int:
-        return self._source_rank()
-
 
 class WaitedWork(BackendWait):
     """A backend Work without a future of its own (:func:`waited`), waited on by a background waiter from the moment
@@ -332,18 +308,14 @@ class WaitedWork(BackendWait):
         return self._res if self._res is not None else super()._value()
 
 
-def has_future(work) -> bool:
-    """Whether a backend Work serves ``get_future()`` (asking is harmless: the Work stays usable)."""
+def waited(work, result=None):
+    """``work`` itself when it serves ``get_future()`` (asking is harmless: the Work stays usable), else a
+    :class:`WaitedWork` of it."""
     try:
         work.get_future()
     except (RuntimeError, AttributeError):  # c10d's "not implemented", or a handle with no futures at all
-        return False
-    return True
-
-
-def waited(work, result=None):
-    """``work`` itself when it serves c10d's contract, else a :class:`WaitedWork` of it."""
-    return work if has_future(work) else WaitedWork(work, result)
+        return WaitedWork(work, result)
+    return work
 
 
 class C10dTransport(Transport):

@@ -19,8 +19,7 @@ from torch.distributed.distributed_c10d import _world  # c10d's group registry
 from funcoll.semantics.groups import lookup, resolve
 from funcoll.transport import Transport, c10d, gloo
 
-__all__ = ["GroupContext", "register_device", "device_types", "transport_for", "funcoll_factory", "c10d_leg",
-           "lent_group_name"]
+__all__ = ["GroupContext", "register_device", "device_types", "transport_for", "funcoll_factory", "c10d_leg"]
 
 
 @dataclass
@@ -117,6 +116,8 @@ def _transport_for(pg, device) -> Transport:
             tp = _c10d_cache.get(key)
             if tp is None:
                 tp = _c10d_cache[key] = factory(pg, device)
+                if not tp.group_name:  # lent to the kernels: named after the group that lent it
+                    tp.group_name = name
     return tp
 
 
@@ -137,11 +138,6 @@ def c10d_leg(pg, device_type: str, label: str, create: str, accepts: Callable[[A
         raise ValueError(f"funcoll: the {label} backend of group {pg.group_name!r} is {type(backend).__name__}; "
                          f"funcoll drives {drives}")
     return make(backend)
-
-
-def lent_group_name(tp: Transport) -> Optional[str]:
-    """The name of the group (made with another backend) that lent ``tp`` to the dispatch-key kernels, if any."""
-    return next((name for (name, _), cached in list(_c10d_cache.items()) if cached is tp), None)
 
 
 def forget(group_name: str) -> None:

@@ -265,6 +265,33 @@ def test_funcoll_log_is_silent_by_default(capfd):
         assert text not in stderr, stderr[-3000:]
 
 
+def lent_case(rank, n):
+    """A compiled all_reduce on a group made with gloo (a transport lent to funcoll's kernels), logged at DEBUG: the
+    log lines, and the group's name."""
+    import logging
+    import logging.handlers
+
+    import torch.distributed as dist
+
+    import funcoll
+
+    handler = logging.handlers.BufferingHandler(1000)
+    log = logging.getLogger("funcoll")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    group = dist.new_group(backend="gloo")
+    funcoll.install(["cpu"])
+    t = torch.ops._c10d_functional.all_reduce(torch.ones(3, dtype=torch.float64), "sum", group.group_name)
+    torch.ops._c10d_functional.wait_tensor(t)
+    funcoll.uninstall(["cpu"])
+    return [r.getMessage() for r in handler.buffer if r.getMessage().startswith("all_reduce(")], group.group_name
+
+
+def test_a_lent_transport_is_logged_under_the_name_of_the_group_that_lent_it():
+    for lines, name in run_world("tests.observability.test_observe:lent_case", 2, timeout=150):
+        assert lines == [f"all_reduce(sum, float64) on group {name} [gloo]: native"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # torch.distributed.record_comm (torch 2.15): the name reaches funcoll's ranges and flight recorder
 # ---------------------------------------------------------------------------------------------------
