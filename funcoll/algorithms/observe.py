@@ -20,17 +20,14 @@ import torch.autograd.profiler as _prof
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
 from funcoll.transport import PRIMITIVES
 
-__all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label"]
+__all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label", "comm_name"]
 
 LOG = logging.getLogger("funcoll")
 
 
 def _register_torch_log() -> None:
-    """Makes ``funcoll`` a torch log (``TORCH_LOGS="+funcoll"``, ``torch._logging.set_logs(modules=...)``).
-
-    torch parses ``TORCH_LOGS`` when torch is imported, before any other package can register a name; it accepts
-    ``funcoll`` there as the name of an importable module and registers it itself. Registering it here too makes
-    the name known to later ``set_logs``/``_init_logs`` calls when ``TORCH_LOGS`` did not mention it."""
+    """Makes ``funcoll`` a torch log (``TORCH_LOGS="+funcoll"``, ``torch._logging.set_logs(modules=...)``) also when
+    ``TORCH_LOGS``, parsed when torch is imported, did not name it (torch registers a name it gives there itself)."""
     try:
         from torch._logging import _internal as tl
 
@@ -43,9 +40,14 @@ def _register_torch_log() -> None:
 _register_torch_log()
 _RF = torch._C._profiler._RecordFunctionFast
 _lock = threading.Lock()
-# the name ``torch.distributed.record_comm(name)`` (torch >= 2.15) gives the collectives issued inside it: c10d's Work
-# base class titles their profiler ranges with it; funcoll's collective range takes it too (read only while profiling)
-_comm_name = getattr(getattr(torch._C, "_distributed_c10d", None), "_get_comm_profiling_name", None)
+# ``torch.distributed.record_comm(name)`` (torch >= 2.15) names the collectives issued inside it: c10d's Work base
+# class titles their profiler ranges with it; so do funcoll's collective range and its flight-recorder entries
+_get_comm_name = getattr(getattr(torch._C, "_distributed_c10d", None), "_get_comm_profiling_name", None)
+
+
+def comm_name() -> str:
+    """The ``torch.distributed.record_comm`` name in force on this thread ("" when none, or on torch < 2.15)."""
+    return _get_comm_name() if _get_comm_name is not None else ""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -155,7 +157,7 @@ class Scope(list):
         self._ranges: Optional[List] = None
         if _prof._is_profiler_enabled and args:
             desc, tensors, _ = _describe(op, fn, args, kwargs)
-            name = _comm_name() if _comm_name is not None else ""
+            name = comm_name()
             if name:  # dist.record_comm: the range is titled with the user's name, as c10d titles its Works
                 desc["collective"] = f"funcoll::{op}"
             rf = _RF(name or f"funcoll::{op}", tuple(tensors[:16]), desc)

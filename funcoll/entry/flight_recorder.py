@@ -21,24 +21,15 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from funcoll.algorithms.observe import comm_name
 from funcoll.entry.fingerprint import describe, row_of
 from funcoll.semantics import ranks_text
 from funcoll.semantics.groups import resolve
 
 __all__ = ["Call", "NativeEntry", "GroupTrace", "trace_of", "recent", "entries", "dump", "format", "buffer_size",
-           "torch_dump", "write_torch_dump", "register", "comm_name"]
+           "torch_dump", "write_torch_dump", "register"]
 
 ISSUED, COMPLETED, FAILED, INVALID = "issued", "completed", "failed", "invalid"
-
-# ``torch.distributed.record_comm(name)`` (torch >= 2.15) names the collectives issued inside it; every entry keeps
-# the name (``Call.name``, "" outside one), read from c10d where record_comm sets it (~40 ns a read).
-_get_comm_name = getattr(getattr(torch._C, "_distributed_c10d", None), "_get_comm_profiling_name", None)
-
-
-def comm_name() -> str:
-    """The ``torch.distributed.record_comm`` name in force on this thread ("" when none, or on torch < 2.15)."""
-    return _get_comm_name() if _get_comm_name is not None else ""
-
 
 def buffer_size() -> int:
     try:
@@ -71,7 +62,7 @@ class Call:
         self.error: Optional[str] = None
         self.thread = threading.current_thread().name
         self.timeout: Optional[float] = None  # the group's timeout when issued, in seconds
-        self.name = comm_name()  # the enclosing torch.distributed.record_comm's name, "" if none
+        self.name = comm_name()  # the enclosing torch.distributed.record_comm's name, "" if none (~40 ns a read)
 
     # -- state ----------------------------------------------------------------------------------------
     def completed(self) -> None:
@@ -120,9 +111,8 @@ class Call:
 
 
 class NativeEntry:
-    """The record of a collective the eager fast path issued as one native backend call: its sequence number, op,
-    method, fingerprint (its signature's), times (``t_done`` None while running) and thread id; ``fut``, the
-    backend's future handed to the caller (:meth:`GroupTrace.watch`). Read as a :class:`Call`."""
+    """The record of a collective the eager fast path issued as one native backend call (its fingerprint is its
+    signature's; ``fut``: the backend's future handed to the caller, :meth:`GroupTrace.watch`). Read as a Call."""
 
     __slots__ = ("seq", "op", "method", "fingerprint", "t_issued", "t_done", "thread", "p2p_seq", "fut", "name")
 
@@ -168,10 +158,8 @@ class GroupTrace:
         return self.keep(call)
 
     def native_record(self, op: str, method: str, fingerprint: dict, p2p: bool = False) -> "NativeEntry":
-        """A numbered, recorded entry for a collective the eager fast path issues as one native backend call (its
-        strategy "native", its fingerprint the one of its signature, computed once per signature): a
-        :class:`NativeEntry`, cheaper to make than a :class:`Call`; read as one (:meth:`entries`); :meth:`promote`
-        turns it into one in place (a failure). A point-to-point op (``p2p``) takes the next point-to-point number."""
+        """A numbered, recorded :class:`NativeEntry` for a call the eager fast path issues as one native backend call
+        (cheaper to make than a :class:`Call`, read as one; :meth:`promote` makes it one in place when it fails)."""
         if self._watched:
             self.discover()
         if p2p:
@@ -233,9 +221,8 @@ class GroupTrace:
         """The :class:`Call` of a record, put in its place in the buffer: its state is the Call's from now on."""
         call = self._call_of(rec)
         with self.lock:
-            # the fast path appends without the lock (a deque's append is atomic): a Python loop over the deque could
-            # see it change and raise, so the record is found in a copy (made in C, at once) and replaced only where
-            # it still is (an append to a full buffer shifts every index by one)
+            # the fast path appends without the lock: the record is found in a copy (made in C, at once) and replaced
+            # only where it still is (an append to a full buffer shifts every index by one)
             for _ in range(3):
                 i = next((i for i, c in enumerate(list(self.buffer)) if c is rec), None)
                 if i is None:  # no longer in the buffer
@@ -326,10 +313,9 @@ def dump(group=None, path: Optional[str] = None) -> dict:
 
 
 def dump_on_timeout(trace: GroupTrace) -> Optional[str]:
-    """On a timeout: every group's trace on this rank in torch's format to ``$TORCH_FR_DUMP_TEMP_FILE<rank>``
-    (:func:`write_torch_dump`) when that variable is set, and this group's trace as funcoll's JSON to
-    ``$FUNCOLL_TRACE_DIR/funcoll_trace_<group>_rank<r>_<pid>.json`` when that one is; returns the path written
-    (the JSON one when both are; None when neither is set). Never raises."""
+    """On a timeout: :func:`write_torch_dump`, and this group's trace as funcoll's JSON to
+    ``$FUNCOLL_TRACE_DIR/funcoll_trace_<group>_rank<r>_<pid>.json``; returns the path written (the JSON one when both
+    are; None when neither variable is set). Never raises."""
     torch_path = write_torch_dump()
     where = os.environ.get("FUNCOLL_TRACE_DIR", "").strip()
     if not where:
@@ -386,9 +372,10 @@ _SCALAR_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bf
 
 def _torch_entry(call: Call, pg_id: int, record_id: int, trace: GroupTrace) -> dict:
     fp = call.fingerprint or {}
-    ins, outs = row_of(call.op).sizes(fp)
+    row = row_of(call.op)
+    ins, outs = row.sizes(fp)
     dtypes = [_SCALAR_NAMES.get(d, d) for d, _ in fp.get("tensors") or [] if d]
-    p2p = call.op in ("send", "recv")
+    p2p = row.p2p
     name = _TORCH_OP.get(call.op, call.op)
     if p2p:
         peer = call.fingerprint.get("peer")

@@ -1,14 +1,12 @@
-"""The state of one funcoll group, built once in ``ProcessGroupFuncoll.__init__`` and passed explicitly: its flight
-recorder trace (and so its sequence numbers), the debug and guard switches, the size guard's backend and buffers,
-the NaN check, the timeout, and whether its store is local (a virtual world in one process).
+"""The state of one funcoll group, built once in ``ProcessGroupFuncoll.__init__`` and passed explicitly: its name,
+store and timeout, its flight recorder trace (and so its global ranks and sequence numbers), the switches, the size
+guard's backend and buffers.
 
 The switches are per group, read when the group is created (docs/conformance.md): the debug mode
-(:func:`funcoll.entry.checks.store_check`; ``FUNCOLL_DEBUG``, :func:`set_debug`) and the size guard
-(:func:`funcoll.entry.checks.size_guard`; ``FUNCOLL_GUARD``, ``funcoll.Options(guard=...)``, :func:`set_guard`): 1 on,
-0 off, unset on only under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``; the NaN check, ``TORCH_DIST_NAN_CHECK=1`` (torch's
-backend-agnostic check, which funcoll runs itself on every torch version). Every rank of a group must switch alike,
-between the same two collectives. Neither check runs on a group of one rank or on a local store (HashStore,
-FakeStore): there is nothing to compare. These functions are public as ``funcoll.debug``.
+(``FUNCOLL_DEBUG``, :func:`set_debug`) and the size guard (``FUNCOLL_GUARD``, ``funcoll.Options(guard=...)``,
+:func:`set_guard`); the NaN check, ``TORCH_DIST_NAN_CHECK=1`` (torch's backend-agnostic check, run by funcoll on every
+torch version). Neither check runs on a group of one rank or on a local store (HashStore, FakeStore): there is nothing
+to compare. These functions are public as ``funcoll.debug``.
 """
 
 from __future__ import annotations
@@ -60,8 +58,6 @@ def is_local_store(store) -> bool:
 
 
 class GroupState:
-    """Everything funcoll keeps per group beside its transports (see the module's docstring)."""
-
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str, global_ranks: Sequence[int],
                  guard: Optional[bool] = None):
         self.store = store

@@ -406,19 +406,19 @@ class ProcessGroupFuncoll(ProcessGroup):
     def set_timeout(self, timeout: timedelta) -> None:
         """``dist.set_timeout``: the timeout of every later collective of this group, on every transport."""
         self._state.set_timeout(timeout)
-        for tp in list(self._transports.values()):
-            backend = getattr(tp, "backend", None)
-            setter = getattr(backend, "_set_default_timeout", None)
-            if setter is not None:
-                setter(timeout)
+        self._on_backends("_set_default_timeout", timeout)
 
     _set_default_timeout = set_timeout
 
     def _add_ephemeral_timeout(self, timeout: timedelta) -> None:
+        self._on_backends("_add_ephemeral_timeout", timeout)
+
+    def _on_backends(self, method: str, *args) -> None:
+        """Calls ``method`` on the backend of every transport that has one with that method."""
         for tp in list(self._transports.values()):
-            adder = getattr(getattr(tp, "backend", None), "_add_ephemeral_timeout", None)
-            if adder is not None:
-                adder(timeout)
+            fn = getattr(getattr(tp, "backend", None), method, None)
+            if fn is not None:
+                fn(*args)
 
     def _start_coalescing(self, device=None) -> None:
         """c10d's coalescing manager with a device (``batch_isend_irecv``): the collectives issued until

@@ -334,7 +334,8 @@ def test_record_comm_names_funcolls_flight_recorder_entries():
 
 def test_flight_recorder_entries_have_an_empty_name_without_record_comm():
     """On every torch (2.9 has no record_comm): an entry's name is "" and the line carries none."""
-    from funcoll.entry.flight_recorder import Call, comm_name
+    from funcoll.algorithms.observe import comm_name
+    from funcoll.entry.flight_recorder import Call
 
     call = Call("g", (0, 1), 0, 2, "all_reduce", "allreduce", {"op": "all_reduce", "reduce_op": "sum"})
     assert comm_name() == "" and call.name == "" and call.as_dict()["name"] == ""
