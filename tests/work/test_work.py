@@ -160,6 +160,34 @@ def test_a_record_is_promoted_while_another_thread_records():
         other.join()
 
 
+def test_threads_recording_on_one_group_get_distinct_sequence_numbers():
+    """The fast path numbers its calls without a lock: two threads on one group never get the same number (a
+    thread switch between reading the counter and bumping it would hand one out twice), on either counter."""
+    import sys
+    import threading
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        trace = flight_recorder.GroupTrace("g", (0, 1), 0, 2, maxlen=1)
+        got: list = [[], [], []]
+
+        def record(k):
+            for _ in range(50_000):
+                rec = trace.native_record("send" if k == 2 else "all_reduce", "m", {}, p2p=k == 2)
+                got[k].append(rec.p2p_seq if k == 2 else rec.seq)
+
+        threads = [threading.Thread(target=record, args=(k,)) for k in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert sorted(got[0] + got[1]) == list(range(100_000)) and trace.seq == 100_000
+    assert got[2] == list(range(50_000)) and trace.p2p_seq == 50_000
+
+
 def test_wait_timeout_names_the_collective_and_leaves_it_pending(tmp_path, monkeypatch):
     monkeypatch.setenv("FUNCOLL_TRACE_DIR", str(tmp_path))
     work, h, call, steps = _work()
@@ -177,6 +205,45 @@ def test_wait_timeout_names_the_collective_and_leaves_it_pending(tmp_path, monke
     assert not work.is_completed() and work.exception() is None  # not a failure of the collective
     h.finish()
     assert work.wait() and steps == ["scaled"] and work.is_success()
+
+
+def test_a_second_waiter_sees_the_wait_that_ended_as_it_arrived(monkeypatch):
+    """Two threads wait on one fast-path Work: the first waits on the backend's Work, the second for that wait. When
+    the first wait ends while the second is arriving (it saw the Work running; its event does not exist yet), the
+    second returns True at once: it does not wait for an event nobody will set (past its timeout, or forever)."""
+    import threading
+    from types import SimpleNamespace
+
+    from funcoll.entry.work import NativeWork
+
+    trace = flight_recorder.GroupTrace("g", (0, 1), 0, 2, maxlen=8)
+    rec = trace.native_record("all_reduce", "allreduce", {"op": "all_reduce", "reduce_op": "sum",
+                                                          "tensors": [["float32", [4]]]})
+    entered, release = threading.Event(), threading.Event()
+
+    class Backend:  # a backend Work whose wait() returns once the test releases it
+        def wait(self, timeout=None):
+            entered.set()
+            assert release.wait(30)
+
+        def is_completed(self):
+            return release.is_set()
+
+    work = NativeWork(Backend(), rec, SimpleNamespace(trace=trace, timeout_s=5.0), quiet=False)
+    first = threading.Thread(target=work.wait)
+    first.start()
+    assert entered.wait(30)
+    real_event, me = threading.Event, threading.get_ident()
+
+    def event_made_as_the_first_wait_ends():  # the second waiter makes its event: the first wait ends meanwhile
+        if threading.get_ident() == me and not release.is_set():
+            release.set()
+            first.join(30)
+        return real_event()
+
+    monkeypatch.setattr(threading, "Event", event_made_as_the_first_wait_ends)
+    assert work.wait(timedelta(seconds=2)) and work.is_success()
+    assert not first.is_alive() and trace.entries()[0].state == "completed"
 
 
 def test_backend_timeout_is_a_timeout_error_with_the_group_timeout():
