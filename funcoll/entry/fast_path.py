@@ -101,6 +101,11 @@ def _dense_on(ts, like) -> bool:
     return all(_dense(t) and t.device == dev for t in ts)
 
 
+def _one(tensors):
+    """The one dense tensor of a plain class in the list ``tensors``, else None."""
+    return tensors[0] if type(tensors) is list and len(tensors) == 1 and _dense(tensors[0]) else None
+
+
 def _transport(pg, t):
     return pg._transports.get("cpu" if t.is_cpu else t.device.type)
 
@@ -162,10 +167,10 @@ def _alltoall_base(pg, st, row, args, kwargs):
 def _broadcast(pg, st, row, args, kwargs):
     if len(args) != 2 or type(args[1]) is not _C.BroadcastOptions or kwargs:
         return FULL
-    tensors, opts = args
-    if type(tensors) is not list or len(tensors) != 1 or not _dense(tensors[0]):
+    t, opts = _one(args[0]), args[1]
+    if t is None:
         return FULL
-    t, src, which = tensors[0], opts.rootRank, opts.rootTensor
+    src, which = opts.rootRank, opts.rootTensor
     key = ("broadcast", src, which, t.dtype, t.shape, t.get_device())
     return _take(pg, st, row, args, _transport(pg, t), key, algorithms.native_broadcast_call, t, src, which)
 
@@ -197,11 +202,8 @@ def _list_form(opts_type, plan, list_first: bool):
 def _p2p(pg, st, row, args, kwargs):
     if len(args) != 3 or kwargs:
         return FULL
-    tensors, peer, tag = args
-    if type(tensors) is not list or len(tensors) != 1 or type(peer) is not int or type(tag) is not int:
-        return FULL
-    t = tensors[0]
-    if not _dense(t):
+    t, peer, tag = _one(args[0]), args[1], args[2]
+    if t is None or type(peer) is not int or type(tag) is not int:
         return FULL
     key = (row.op, peer, tag, t.dtype, t.shape, t.get_device())
     return _take(pg, st, row, args, _transport(pg, t), key, algorithms.native_p2p_call, row.op, t, peer)
@@ -215,12 +217,10 @@ def _rooted(opts_type, one_first: bool):
     def fast(pg, st, row, args, kwargs):
         if len(args) != 3 or type(args[2]) is not opts_type or kwargs:
             return FULL
-        if type(args[0]) is not list or type(args[1]) is not list:
-            return FULL
         ones, roots = (args[0], args[1]) if one_first else (args[1], args[0])
-        if len(ones) != 1 or len(roots) > 1 or not _dense(ones[0]):
+        one, root, sig = _one(ones), args[2].rootRank, None
+        if one is None or type(roots) is not list or len(roots) > 1:
             return FULL
-        one, root, sig = ones[0], args[2].rootRank, None
         tp = _transport(pg, one)
         if roots:
             if tp is None or tp.rank != root or type(roots[0]) is not list or not _dense_on(roots[0], one):
