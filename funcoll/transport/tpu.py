@@ -19,6 +19,7 @@ nothing touches the ``tpu`` device until a transport is created for a ``tpu`` te
 from __future__ import annotations
 
 from dataclasses import replace
+from importlib import metadata
 from typing import Optional
 
 import torch
@@ -235,8 +236,6 @@ def conservative_profile(torch_tpu_version="0.2.0") -> Capabilities:
 def torch_tpu_version() -> Optional[str]:
     """The installed torch_tpu's version, read from its package metadata (never imported), or None."""
     try:
-        from importlib import metadata
-
         return metadata.version("torch-tpu")
     except Exception:
         return None
