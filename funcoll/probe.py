@@ -92,18 +92,15 @@ def requests(caps: Capabilities, size: int) -> List[Request]:
     return out + [Request(p, None, dt) for dt in dtypes for p in moves]
 
 
-def _uneven_splits(n: int, unit: int) -> List[List[int]]:
-    """in_splits[r][j]: what rank r sends to rank j (uneven, with zeros)."""
-    return [[unit * ((r + 2 * j) % 3) + (1 if j == r else 0) for j in range(n)] for r in range(n)]
-
-
 class _Case:
     """One request at one size on a group of ``n`` ranks."""
 
     def __init__(self, req: Request, n: int, k: int):
         self.req, self.n, self.k = req, n, k
         self.root = n - 1  # dst/src of rooted ops: not rank 0, to catch a root mix-up
-        self.splits = _uneven_splits(n, k) if req.primitive == "all_to_all uneven" else None
+        # all_to_all uneven: splits[r][j] is what rank r sends to rank j (uneven, with zeros)
+        self.splits = ([[k * ((r + 2 * j) % 3) + (1 if j == r else 0) for j in range(n)] for r in range(n)]
+                       if req.primitive == "all_to_all uneven" else None)
         self.numel = [sum(self.splits[r]) if self.splits else k if req.primitive in ("all_gather", "gather")
                       else n * k for r in range(n)]
 
@@ -207,11 +204,6 @@ def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, Lis
                   uneven_all_to_all=uneven, sources=sources,
                   name=caps.name if not demoted or caps.name.endswith("+probe") else caps.name + "+probe")
     return new, demoted, unfixable
-
-
-def _base_caps(tp) -> Capabilities:
-    # XLA's ``caps`` is a property over the table in ``_caps``: the probe replaces the table, not the property's view
-    return tp.__dict__["_caps"] if "_caps" in tp.__dict__ else tp.caps
 
 
 @dataclass
@@ -422,7 +414,8 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     device_type = str(device_type or getattr(tp, "device_type", "cpu"))
     group = str(group) if group is not None else group_label(tp)
     dev = torch.device(getattr(tp, "control_device", None) or "cpu")
-    caps = _base_caps(tp)
+    # XLA's ``caps`` is a property over the table in ``_caps``: the probe replaces the table, not the property's view
+    caps = tp.__dict__["_caps"] if "_caps" in tp.__dict__ else tp.caps
     n, rank = tp.size, tp.rank
     reqs = requests(tp.caps, n)
     # requests only an open report keeps off the native path (XCCL's AVG on scale-up): checked too, at more sizes

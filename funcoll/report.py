@@ -122,11 +122,9 @@ def transport_capabilities(name: str):
         return gloo.capabilities("gloo")
     if name == "xccl":
         return xpu.derive(XCCL_COLUMNS_TORCH, None, override="")
-    if name == "xccl-2022-scale-up":
-        return xpu.derive(XCCL_COLUMNS_TORCH, "2022.0", override="", topology="scale-up")
-    if name == "xccl-2022-probed":
+    if name in ("xccl-2022-scale-up", "xccl-2022-probed"):
         up = xpu.derive(XCCL_COLUMNS_TORCH, "2022.0", override="", topology="scale-up")
-        return up.unverified or up
+        return (up.unverified or up) if name == "xccl-2022-probed" else up
     if name == "xccl2":
         return xpu.derive(XCCL_COLUMNS_TORCH, None, override="", backend="xccl2")
     if name == "torchtpu":
