@@ -138,8 +138,8 @@ _NUMEL = 0x9E3779B97F4A7C15 | 1  # odd: multiplying by it is a bijection mod 2**
 
 
 # ---------------------------------------------------------------------------------------------------
-# the per-rank rules of each op that has per-rank fields: the check (every rank's fingerprint at hand: the message)
-# and the share (this rank's fingerprint alone: the size guard's sum)
+# each op's row: its per-rank rules where it has per-rank fields (the check, every rank's fingerprint at hand: the
+# message; the share, this rank's fingerprint alone: the size guard's sum) and the sizes torch's recorder lists
 # ---------------------------------------------------------------------------------------------------
 def _shapes_of(fp: dict) -> list:
     """The shapes of a fingerprint's tensors, where it names them."""
