@@ -144,13 +144,15 @@ class BackendWait(C.Work):
                 self._ev = threading.Event()
             return False
 
-    def _finish(self, e: Optional[BaseException]) -> None:
-        """The wait on the backend's Work returned (``e``: its error): records the outcome and wakes whoever waits."""
-        if e is None:
+    def _wait_backend(self) -> None:
+        """Waits on the backend's Work (this thread has claimed it), records the outcome and wakes whoever waits."""
+        try:
+            wait_quietly(self._h) if self._quiet else self._h.wait()
+        except BaseException as e:  # noqa: BLE001 - recorded; wait(), exception() and the future report it
+            self._failure(e)
+        else:
             self._done = True
             self._completed()
-        else:
-            self._failure(e)
         self._wake()
 
     def _wake(self) -> None:
@@ -162,25 +164,13 @@ class BackendWait(C.Work):
         if fut is None or fut.done():
             return
         try:
-            if self._exc is not None:
-                fut.set_exception(self._exc)
-                return
-            try:
-                value = self._value()
-            except Exception:  # noqa: BLE001 - a backend Work without result() (no outputs known): nothing to hand over
-                value = []
-            fut.set_result(value)
+            value = None if self._exc is not None else self._value()
+        except Exception:  # noqa: BLE001 - a backend Work without result() (no outputs known): nothing to hand over
+            value = []
+        try:
+            fut.set_exception(self._exc) if self._exc is not None else fut.set_result(value)
         except RuntimeError:  # settled meanwhile by another thread: get_future() and the waiting thread both may
             pass
-
-    def _wait_backend(self) -> None:
-        """Waits on the backend's Work (this thread has claimed it) and records the outcome."""
-        try:
-            wait_quietly(self._h) if self._quiet else self._h.wait()
-        except BaseException as e:  # noqa: BLE001 - recorded; wait(), exception() and the future report it
-            self._finish(e)
-            return
-        self._finish(None)
 
     def _in_background(self) -> None:
         """A background waiter waits on the backend's Work, unless a thread does already."""
@@ -228,8 +218,9 @@ class BackendWait(C.Work):
                     if hand_over:
                         in_background(self._wait_backend)
                     raise self._wait_timeout(e, limit) from e
-                self._finish(e)
-                raise self._failure(e) from e
+                err = self._failure(e)  # named after e (or e itself), its __cause__ kept
+                self._wake()
+                raise err
             self._done = True
             self._completed()
             if self._ev is not None or self._fut is not None:
@@ -319,11 +310,9 @@ def waited(work, result=None):
 
 
 class C10dTransport(Transport):
-    """Primitives of a c10d backend object (ProcessGroupGloo, ProcessGroupXCCL, ...).
-
-    ``premul_in_place`` (True on gloo, which has no PREMUL_SUM: only a profile lists it, the xccl profile on torch
-    2.12+): a PREMUL_SUM is done as ProcessGroupXCCL 2.12+ does it, ``t.mul_(factor)`` on the tensor handed (a
-    reduce_scatter's *input*), then SUM."""
+    """Primitives of a c10d backend object (ProcessGroupGloo, ProcessGroupXCCL, ProcessGroupTpu). ``premul_in_place``
+    (gloo, which has no PREMUL_SUM: only a profile lists it): a PREMUL_SUM is done as ProcessGroupXCCL 2.12+ does it
+    (:meth:`_premul`)."""
 
     def __init__(self, backend, caps: Capabilities, device_type: str = "cpu"):
         super().__init__(backend.rank(), backend.size(), caps)
@@ -338,7 +327,7 @@ class C10dTransport(Transport):
     def _premul(self, t: torch.Tensor, red: Reduction) -> Reduction:
         """The reduction to hand the backend for ``red`` on ``t``: PREMUL_SUM's factor as the backend needs it (a
         scalar tensor on ``t``'s device, in its dtype: XCCL multiplies ``t`` by it), or, with ``premul_in_place``,
-        ``t`` scaled in place and SUM."""
+        ``t`` scaled in place (a reduce_scatter's *input*) and SUM."""
         f = red.factor_like(t)
         assert f is not None  # semantics.parse_reduction refuses a PREMUL_SUM without one
         if self.premul_in_place:
@@ -352,9 +341,8 @@ class C10dTransport(Transport):
         return self.backend.allreduce([t], _options(C.AllreduceOptions, reduceOp=c10d_op(red)))
 
     def all_reduce_functional(self, t, red: Reduction):
-        """The compiled kernels' native all_reduce: only called with a request the planner found native
-        (``algorithms.native_all_reduce``), so the capability check is not repeated; the count and the backend's
-        options are made once per (op, dtype) (the options are read by the backend when called, never kept)."""
+        """The compiled kernels' native all_reduce: only called with a request the planner found native, so the
+        capability check is not repeated (the backend reads the options made once per (op, dtype), never keeps them)."""
         if type(self)._all_reduce is not C10dTransport._all_reduce or red.op is ReduceOp.PREMUL_SUM:
             return super().all_reduce_functional(t, red)  # a subclass's own primitive, or a factor per call
         tally, opts = self._all_reduce_form(red, t.dtype, lambda r: _options(C.AllreduceOptions, reduceOp=c10d_op(r)))
@@ -415,10 +403,12 @@ class C10dTransport(Transport):
     def _send(self, t, dst, tag):
         return waited(self.backend.send([t], dst, tag), [t])
 
+    def _recv(self, t, src, tag):
+        return waited(self.backend.recv([t], src, tag), [t])
+
     def _p2p_group(self, ops: Sequence[P2P]) -> list:
         """A backend that coalesces (ProcessGroupXCCL) gets the group between its ``_start_coalescing`` and
-        ``_end_coalescing`` (oneCCL's groupStart/groupEnd: one group, replayed in the order given); gloo, which has no
-        groups, each operation as it comes."""
+        ``_end_coalescing`` (one oneCCL group); gloo, which does not, each operation as it comes."""
         backend = self.backend
         if not getattr(backend, "supports_coalescing", False):
             return super()._p2p_group(ops)
@@ -430,9 +420,6 @@ class C10dTransport(Transport):
         finally:
             work = backend._end_coalescing(device)
         return [work] if work is not None else []
-
-    def _recv(self, t, src, tag):
-        return waited(self.backend.recv([t], src, tag), [t])
 
     def _barrier(self):
         return self.backend.barrier(C.BarrierOptions())
