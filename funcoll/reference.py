@@ -37,16 +37,12 @@ def valid_ops(dtype: torch.dtype) -> list:
 
 # -- inputs -----------------------------------------------------------------------------------------------
 def make(dtype: torch.dtype, shape, rank: int, salt, values: str = "random") -> torch.Tensor:
-    """Rank ``rank``'s input: the same tensor in every process for the same arguments.
-
-    ``values="random"``: floats N(0, 2²) (complex: N(0, 1) parts), integers over the dtype's whole range; 64-bit
-    integers are even on even ranks and odd on odd ones, with element 0 = 0 on even ranks and -1 (every bit set)
-    on odd ones (MAX over [0, -1] tells signed from unsigned; intel/torch-xpu-ops#3059).
-    ``values="small"``: integers 1..3 (products and averages over a few ranks stay exact and in range); floats
-    as "random".
-    ``values="grid"``: integer-valued floats in [-8, 8] (float8: [-16, 16]; complex: both parts): sums and
-    products over a few ranks are exact, an average rounds once; integers as "random".
-    """
+    """Rank ``rank``'s input, the same in every process for the same arguments. ``values``: "random" (floats N(0, 2²),
+    complex N(0, 1) parts; integers over the dtype's whole range, 64-bit ones even on even ranks and odd on odd ones,
+    element 0 = 0 or -1: MAX over [0, -1] tells signed from unsigned, intel/torch-xpu-ops#3059), "small" (integers
+    1..3: products and averages over a few ranks stay exact and in range; floats as "random") or "grid"
+    (integer-valued floats in [-8, 8], float8 [-16, 16], complex both parts: sums and products over a few ranks are
+    exact, an average rounds once; integers as "random")."""
     if values not in ("random", "small", "grid"):
         raise ValueError(f"values={values!r}: use random, small or grid")
     g = torch.Generator().manual_seed(zlib.crc32(f"{salt}/{rank}/{dtype}".encode()))

@@ -102,9 +102,8 @@ def _overload(target) -> Optional[torch._ops.OpOverload]:
 
 def _target_name(target) -> str:
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        s = str(target).replace("_c10d_functional_autograd.", "c10d_autograd.").replace(
-            "_c10d_functional.", "c10d.")
-        return s[:-len(".default")] if s.endswith(".default") else s
+        s = str(target).replace("_c10d_functional_autograd.", "c10d_autograd.").replace("_c10d_functional.", "c10d.")
+        return s.removesuffix(".default")
     if isinstance(target, str):
         return target
     module = getattr(target, "__module__", None) or ""
