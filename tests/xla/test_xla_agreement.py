@@ -2,19 +2,19 @@
 CPU replicas: funcoll.replicas runs each agreement's all_gather on the replicas (funcoll's all_gather over the
 agreement's group) and builds every rank's program with what its own all_gather returned.
 
-Runs in a subprocess (``python -m tests.xla.test_xla_agreement``: each rank of a virtual world is the default process
-group in turn), which prints JSON.
+Runs in a fresh interpreter (``agreement_run``: each rank of a virtual world is the default process group in
+turn).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 
 import pytest
 
-from tests.xla.replica_runs import run_modules
+from tests import fresh
+from tests.xla.replica_runs import XLA_CPU
 
 WORLD = 3
 
@@ -24,7 +24,7 @@ def splits(rank: int) -> tuple:
     return [rank + j + 1 for j in range(WORLD)], [j + rank + 1 for j in range(WORLD)]
 
 
-def main() -> int:
+def agreement_run() -> dict:
     import torch
     import torch.distributed as dist
 
@@ -58,9 +58,8 @@ def main() -> int:
     finally:
         replicas.execute, replicas._run_agreements = execute, run_agreements
     got = replicas.execute(programs)
-    print("JSON:" + json.dumps({"executed during capture": seen["executed"], "agreements": seen.get("agreements"),
-                                "all_to_all": [t.tolist() for t in got]}))
-    return 0
+    return {"executed during capture": seen["executed"], "agreements": seen.get("agreements"),
+            "all_to_all": [t.tolist() for t in got]}
 
 
 _cache: dict = {}
@@ -72,7 +71,7 @@ def results() -> dict:
         if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
             pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas; the xla "
                         "environment's xla-replicas extra)")
-        _cache.update(run_modules({0: ("tests.xla.test_xla_agreement",)})[0])
+        _cache.update(fresh.run("tests.xla.test_xla_agreement:agreement_run", env=XLA_CPU))
     return _cache
 
 
@@ -100,7 +99,3 @@ def test_the_uneven_all_to_all_built_on_that_answer_moves_every_row():
             start = sum(sends[:r])
             want += [1000 * q + k for k in range(start, start + sends[r])]
         assert got == want, r
-
-
-if __name__ == "__main__":
-    sys.exit(main())

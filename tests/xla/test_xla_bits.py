@@ -17,19 +17,18 @@ nothing and falls back to the CPU for nothing (no host sync: ``torch_xla.debug.m
 The inputs are uploaded as integers and read as floats on the device (an HLO ``bitcast-convert`` made here with
 torch_xla's ``xla_op_registry``), the results read back as integers the same way: torch_xla 2.9 reads a float16 tensor
 back to the host through float32, which canonicalises NaN payloads, so a float parameter would lose bits before any
-collective ran. The subprocess (``python -m tests.xla.test_xla_bits N``) prints every rank's results as JSON.
+collective ran. ``world_main(N)`` runs in a fresh interpreter (tests/fresh.py) and returns every rank's results.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
-import sys
 
 import pytest
 
-from tests.xla.replica_runs import mismatches, run_modules
+from tests import fresh
+from tests.xla.replica_runs import XLA_CPU, mismatches
 
 WORLDS = (2, 4, 8)
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "float8_e4m3fn": "f8e4m3fn",
@@ -40,7 +39,7 @@ SMALL_OF = {name: 256 if name.startswith("float8") else SMALL for name in KINDS}
 
 
 # ---------------------------------------------------------------------------------------------------
-# the subprocess: every rank's programs, executed on the replicas
+# the fresh interpreter: every rank's programs, executed on the replicas
 # ---------------------------------------------------------------------------------------------------
 _ops: dict = {}
 
@@ -265,7 +264,7 @@ def results() -> dict:
         pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
         if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
             pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas)")
-        _cache.update(run_modules({n: ("tests.xla.test_xla_bits", n) for n in WORLDS}))
+        _cache.update(fresh.run_all({n: ("tests.xla.test_xla_bits:world_main", n) for n in WORLDS}, env=XLA_CPU))
     return _cache
 
 
@@ -314,7 +313,3 @@ def test_building_the_moves_runs_nothing_on_the_host(n):
     for label in ("spmd", "mpmd"):
         for note in results()[n][label]["notes"]:
             assert note == {"fallbacks": [], "executions": 0, "aten counters": []}, (label, note)
-
-
-if __name__ == "__main__":
-    print("JSON:" + json.dumps(world_main(int(sys.argv[1]))))

@@ -9,19 +9,18 @@ quotient is truncated toward zero. funcoll sums integers in int64: int64 wraps e
 32-bit sum never overflows there, so funcoll's 32-bit result is the exact mean truncated toward zero (where NCCL's
 32-bit sum would wrap, funcoll promises more; the columns whose sum fits in 32 bits are the ones where both agree).
 
-The replicas run in a subprocess (``python -m tests.xla.test_xla_int_avg``: each rank of a virtual world is the
-default process group in turn), which prints every rank's results as JSON.
+The replicas run in a fresh interpreter (``replica_run``, tests/fresh.py: each rank of a virtual world is the
+default process group in turn), which returns every rank's results.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import sys
 
 import pytest
 
-from tests.xla.replica_runs import run_modules
+from tests import fresh
+from tests.xla.replica_runs import XLA_CPU
 
 # per dtype, rank r's values are ROWS[dtype][r % 3] (the same three rows in each block of 3)
 U32 = 2 ** 32
@@ -72,7 +71,7 @@ def mean(columns: list, dtype: str) -> list:
 
 
 # ---------------------------------------------------------------------------------------------------
-# the subprocess: every rank's program, executed on the replicas
+# the fresh interpreter: every rank's program, executed on the replicas
 # ---------------------------------------------------------------------------------------------------
 def _tensor(dtype: str, values: list):
     import torch
@@ -116,9 +115,8 @@ def _world(n: int) -> dict:
             for name in got[0]}
 
 
-def main() -> int:
-    print("JSON:" + json.dumps({str(n): _world(n) for n in (3, 6)}))
-    return 0
+def replica_run() -> dict:
+    return {str(n): _world(n) for n in (3, 6)}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -155,7 +153,7 @@ _cache: dict = {}
 
 def results() -> dict:
     if not _cache:
-        _cache.update(run_modules({0: ("tests.xla.test_xla_int_avg",)})[0])
+        _cache.update(fresh.run("tests.xla.test_xla_int_avg:replica_run", env=XLA_CPU))
     return _cache
 
 
@@ -172,7 +170,3 @@ def test_odd_divisor_integer_avg_executed_on_replicas(n):
         for r in range(n):
             # uint32 results come back as their unsigned values (moved through int64 on the CPU)
             assert got[name][r] == want[name][r], (name, r, got[name][r], want[name][r])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,25 +1,25 @@
 """funcoll's XLA lowering executed at world 2, 4 and 8 on the XLA CPU runtime (funcoll.replicas, jaxlib), every
 number checked against tests/reference.py (bit for bit for integers, bool and data movement).
 
-Each world runs in a subprocess (``python -m tests.xla.xla_replica_cases funcoll N``): every rank of a virtual world of
-N ranks builds its program, then the programs run on N CPU replicas. One module holds every case whose program is the
-same on every rank: all_reduce with every reduce op funcoll serves on XLA (AVG, PREMUL_SUM, bitwise via all_to_all
-+ local reduce + all_gather, bool xor as a count, int16 and unsigned) for every dtype at world 2 and seven at 4 and
-8, on 15 elements (divisible by no world size) and 8, all_gather_into_tensor, reduce_scatter_tensor, even
-all_to_all_single, broadcast, coalesced and in-place forms, a mesh's registered partitions and aligned
-``new_subgroups``, and (worlds 2 and 4) three steps of a compiled training step. A second program depends on the
-rank (uneven all_to_all_single padded to the agreed bound and to a static bound, ``reduce`` keeping its result on dst
-only, groups that only their members call, padded with singletons): each rank's own module runs in its own process.
-Then torch_xla's own kernels are run the same way, side by side.
+Each world runs in a fresh interpreter (``tests.xla.xla_replica_cases:funcoll_world``, run by tests/fresh.py): every
+rank of a virtual world of N ranks builds its program, then the programs run on N CPU replicas. One module holds every
+case whose program is the same on every rank: all_reduce with every reduce op funcoll serves on XLA (AVG, PREMUL_SUM,
+bitwise via all_to_all + local reduce + all_gather, bool xor as a count, int16 and unsigned) for every dtype at world
+2 and seven at 4 and 8, on 15 elements (divisible by no world size) and 8, all_gather_into_tensor,
+reduce_scatter_tensor, even all_to_all_single, broadcast, coalesced and in-place forms, a mesh's registered partitions
+and aligned ``new_subgroups``, and (worlds 2 and 4) three steps of a compiled training step. A second program depends
+on the rank (uneven all_to_all_single padded to the agreed bound and to a static bound, ``reduce`` keeping its result
+on dst only, groups that only their members call, padded with singletons): each rank's own module runs in its own
+process. Then torch_xla's own kernels are run the same way, side by side.
 """
 
 import importlib.util
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests import fresh
+from tests.xla.replica_runs import XLA_CPU
 
 pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
 if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
@@ -32,38 +32,22 @@ WORLDS = (2, 4, 8)
 _cache: dict = {}
 
 
-def _launch(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
-    env.pop("FUNCOLL_PROFILE", None)
-    return subprocess.Popen([sys.executable, "-m", "tests.xla.xla_replica_cases", *map(str, args)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def doc_example() -> str:
-    """The first Python block of docs/xla-replicas.md."""
+def doc_example() -> int:
+    """Runs the first Python block of docs/xla-replicas.md as a script (its asserts check every rank's average)."""
     page = open(os.path.join(ROOT, "docs", "xla-replicas.md")).read()
-    return page.split("```python\n", 1)[1].split("```", 1)[0]
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/xla-replicas.md", "exec"), {"__name__": "__main__"})
+    return 0
 
 
 def results() -> dict:
-    """Every subprocess's JSON, all started at once (one run for every test of this file)."""
+    """Every fresh interpreter's result, all started at once (one run for every test of this file)."""
     if not _cache:
-        procs = {f"world {n}": _launch("funcoll", n) for n in WORLDS}
-        procs["side by side"] = _launch("side_by_side", 4)
-        procs["unsupported"] = _launch("unsupported")
-        env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
-        procs["doc example"] = subprocess.Popen([sys.executable, "-c", doc_example() + "\nprint('JSON:0')"], cwd=ROOT,
-                                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            for key, p in procs.items():
-                stdout, stderr = p.communicate(timeout=900)
-                assert p.returncode == 0, f"xla_replica_cases {key} failed:\n{stderr[-4000:]}"
-                _cache[key] = json.loads(stdout.split("JSON:", 1)[1])
-        finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        cases = "tests.xla.xla_replica_cases:"
+        runs = {f"world {n}": (cases + "funcoll_world", n) for n in WORLDS}
+        runs.update({"side by side": (cases + "side_by_side", 4), "unsupported": (cases + "unsupported",),
+                     "doc example": ("tests.xla.test_xla_replicas:doc_example",)})
+        _cache.update(fresh.run_all(runs, env=XLA_CPU, timeout=900))
     return _cache
 
 
@@ -117,7 +101,7 @@ def test_an_instruction_the_cpu_runtime_cannot_run_is_named():
 
 
 def test_the_doc_example_runs():
-    # its asserts (every rank's average) ran in the subprocess
+    # its asserts (every rank's average) ran in the fresh interpreter
     assert results()["doc example"] == 0
 
 

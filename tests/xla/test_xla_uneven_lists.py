@@ -7,19 +7,18 @@ collective and cuts the padding off (or, where padding would more than double th
 all-reduce of the concatenation and keeps this rank's block), with no agreement and no host sync: building the calls
 executes nothing and falls back to the CPU for nothing (``torch_xla.debug.metrics``). Even sizes stay the even
 path. Each rank's output has its own size, so each rank's own module runs in a process of its own (the collectives
-match). The subprocess (``python -m tests.xla.test_xla_uneven_lists N``) prints every rank's results as JSON.
+match). ``world_main(N)`` runs in a fresh interpreter (tests/fresh.py) and returns every rank's results.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
-import sys
 
 import pytest
 
-from tests.xla.replica_runs import mismatches, run_modules
+from tests import fresh
+from tests.xla.replica_runs import XLA_CPU, mismatches
 
 WORLDS = (2, 4, 8)
 
@@ -121,7 +120,8 @@ def results() -> dict:
         pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
         if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
             pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas)")
-        _cache.update(run_modules({n: ("tests.xla.test_xla_uneven_lists", n) for n in WORLDS}))
+        runs = {n: ("tests.xla.test_xla_uneven_lists:world_main", n) for n in WORLDS}
+        _cache.update(fresh.run_all(runs, env=XLA_CPU))
     return _cache
 
 
@@ -152,7 +152,3 @@ def test_the_plan_reads_the_sizes_every_rank_sees_and_syncs_nothing(n):
     # the collectives: the same on every rank (each rank's module differs only in its own slice)
     collectives = results()[n]["collectives"]
     assert all(c == collectives[0] for c in collectives)
-
-
-if __name__ == "__main__":
-    print("JSON:" + json.dumps(world_main(int(sys.argv[1]))))

@@ -1,21 +1,17 @@
 """Programs of virtual XLA worlds executed on N replicas of the XLA CPU runtime (funcoll.replicas), checked against
-tests/reference.py. Run in a subprocess (each rank of a virtual world is the default process group in turn):
+tests/reference.py. Each runs in a fresh interpreter (tests/fresh.py: each rank of a virtual world is the default
+process group in turn):
 
-``python -m tests.xla.xla_replica_cases funcoll WORLD`` captures, as every rank of a world of WORLD ranks, two programs:
-one that every rank compiles identically (every op, reduce op and dtype, sub-groups, a compiled training step; run as
-one module on WORLD replicas) and one that depends on the rank (uneven all_to_all, lone groups only their members
-call; each rank's own module, one process per rank), executes both and prints JSON {"count", "failures", "same",
-"why"}.
-``python -m tests.xla.xla_replica_cases side_by_side WORLD`` runs a few calls through torch_xla's own kernels and
-through funcoll's, executed on the same inputs, and prints JSON
-{case: {"torch_xla": result, "funcoll": result, "want": ...}}.
-``python -m tests.xla.xla_replica_cases unsupported`` prints the error of a module the CPU runtime cannot compile.
+``funcoll_world(WORLD)`` captures, as every rank of a world of WORLD ranks, two programs: one that every rank compiles
+identically (every op, reduce op and dtype, sub-groups, a compiled training step; run as one module on WORLD
+replicas) and one that depends on the rank (uneven all_to_all, lone groups only their members call; each rank's own
+module, one process per rank), executes both and returns {"count", "failures", "same", "why"}.
+``side_by_side(WORLD)`` runs a few calls through torch_xla's own kernels and through funcoll's, executed on the same
+inputs, and returns {case: {"torch_xla": result, "funcoll": result, "want": ...}}.
+``unsupported()`` returns the errors of modules the runner refuses or the CPU runtime cannot compile.
 """
 
 from __future__ import annotations
-
-import json
-import sys
 
 import torch
 import torch.distributed as dist
@@ -516,21 +512,3 @@ def unsupported() -> dict:
     except ValueError as e:
         out["openxla"] = str(e)
     return out
-
-
-def main(argv):
-    mode = argv[0]
-    if mode == "funcoll":
-        res = funcoll_world(int(argv[1]))
-    elif mode == "side_by_side":
-        res = side_by_side(int(argv[1]))
-    elif mode == "unsupported":
-        res = unsupported()
-    else:
-        raise SystemExit(f"unknown mode {mode!r}")
-    print("JSON:" + json.dumps(res))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
