@@ -1,59 +1,30 @@
 """The HLO a multi-replica XLA job compiles, read from virtual funcoll worlds of 2, 4 and 8 ranks.
 
-The worlds are built one after the other in a subprocess (``python -m tests.xla.xla_cases funcoll 2:1 4:0 ...``:
-this process may have its own default process group) with a HashStore; the collectives are built lazily and their
-HLO read, never run (the CPU PJRT device has one replica). Snapshots are of rank 1; world 4 also runs as ranks
-0, 2 and 3 to show that every rank emits the same collectives. Regenerate a snapshot with
+The worlds are built one after the other in a fresh interpreter (``tests.xla.xla_cases:funcoll_worlds`` run by
+tests/fresh.py: this process may have its own default process group) with a HashStore; the collectives are built
+lazily and their HLO read, never run (the CPU PJRT device has one replica). Snapshots are of rank 1; world 4 also
+runs as ranks 0, 2 and 3 to show that every rank emits the same collectives. Regenerate a snapshot with
 ``EXPECTTEST_ACCEPT=1 ./dev test tests/xla/test_xla_hlo.py`` and review the diff.
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
 import expecttest  # noqa: E402
 
+from tests import fresh  # noqa: E402
+from tests.xla.replica_runs import XLA_CPU  # noqa: E402
+
 pytestmark = pytest.mark.xla
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNS = [(2, 1), (4, 0), (4, 1), (4, 2), (4, 3), (8, 1)]
 _cache: dict = {}
 
 
-def run_cases(*args, timeout=240) -> dict:
-    """Runs ``python -m tests.xla.xla_cases ARGS`` and returns its JSON."""
-    return _collect({args: _launch(*args)}, timeout)[args]
-
-
-def _launch(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT, PJRT_DEVICE="CPU")
-    env.pop("FUNCOLL_PROFILE", None)
-    return subprocess.Popen([sys.executable, "-m", "tests.xla.xla_cases", *map(str, args)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _collect(procs: dict, timeout) -> dict:
-    out = {}
-    try:
-        for key, p in procs.items():
-            stdout, stderr = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"xla_cases {key} failed:\n{stderr[-4000:]}"
-            out[key] = json.loads(stdout.split("JSON:", 1)[1])
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return out
-
-
 def world(size: int, rank: int = 1) -> dict:
-    """{case: HLO text} of rank ``rank`` of the virtual world of ``size`` (all built once, in one subprocess)."""
+    """{case: HLO text} of rank ``rank`` of the virtual world of ``size`` (all built once, in one fresh interpreter)."""
     if not _cache:
-        _cache.update(run_cases("funcoll", *(f"{w}:{r}" for w, r in RUNS), timeout=300))
+        _cache.update(fresh.run("tests.xla.xla_cases:funcoll_worlds", [f"{w}:{r}" for w, r in RUNS], env=XLA_CPU,
+                                timeout=300))
     return _cache[f"{size}:{rank}"]
 
 

@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
 import expecttest  # noqa: E402
 
-from tests.xla.test_xla_hlo import _collect, _launch  # noqa: E402
+from tests import fresh  # noqa: E402
+from tests.xla.replica_runs import XLA_CPU  # noqa: E402
 
 pytestmark = pytest.mark.xla
 _cache: dict = {}
@@ -20,8 +21,9 @@ _cache: dict = {}
 
 def results():
     if not _cache:
-        procs = {"functional": _launch("side_by_side", 4, 1), "eager": _launch("process_group_xla")}
-        _cache.update(_collect(procs, timeout=240))
+        runs = {"functional": ("tests.xla.xla_cases:side_by_side", 4, 1),
+                "eager": ("tests.xla.xla_cases:process_group_xla",)}
+        _cache.update(fresh.run_all(runs, env=XLA_CPU, timeout=240))
     return _cache
 
 

@@ -1,21 +1,17 @@
-"""Programs whose XLA HLO the tests snapshot, run in a subprocess (a process has one default process group).
+"""Programs whose XLA HLO the tests snapshot, each run in a fresh interpreter (tests/fresh.py: a process has one
+default process group).
 
-``python -m tests.xla.xla_cases funcoll WORLD:RANK...`` builds, one after the other, virtual funcoll worlds of WORLD
-ranks in this process (HashStore), runs every case as rank RANK and prints JSON
-{"WORLD:RANK": {case: normalised collective HLO}}.
-``python -m tests.xla.xla_cases side_by_side WORLD RANK`` runs the same few programs through torch_xla's own
-kernels, then through funcoll's (``funcoll.install(["xla"])``), then torch_xla's again (``funcoll.uninstall()``),
-and prints JSON {case: {"torch_xla": ..., "funcoll": ..., "after_uninstall": ...}}; a raised error is shown as
-``raises Type: message``.
-``python -m tests.xla.xla_cases process_group_xla`` runs, on a 1-replica world, torch_xla's ProcessGroupXla eager
-methods next to funcoll's and prints how many graph executions each call caused, and what raises.
+``funcoll_worlds(["WORLD:RANK", ...])`` builds, one after the other, virtual funcoll worlds of WORLD ranks in this
+process (HashStore), runs every case as rank RANK and returns {"WORLD:RANK": {case: normalised collective HLO}}.
+``side_by_side(WORLD, RANK)`` runs the same few programs through torch_xla's own kernels, then through funcoll's
+(``funcoll.install(["xla"])``), then torch_xla's again (``funcoll.uninstall()``), and returns {case: {"torch_xla":
+..., "funcoll": ..., "after_uninstall": ...}}; a raised error is shown as ``raises Type: message``.
+``process_group_xla()`` runs, on a 1-replica world, torch_xla's ProcessGroupXla eager methods next to funcoll's and
+returns how many graph executions each call caused, and what raises.
 Nothing here executes a collective of a virtual world: the HLO is read, never run.
 """
 
 from __future__ import annotations
-
-import json
-import sys
 
 import torch
 import torch.distributed as dist
@@ -23,6 +19,7 @@ import torch_xla  # noqa: F401
 
 import funcoll
 from funcoll import testing, xla
+from funcoll.replicas import _step_tensors  # what step closures keep alive, e.g. a send's collective-permute
 from funcoll.testing import xla_collectives
 
 R = dist.ReduceOp
@@ -51,17 +48,6 @@ def _first_line(e: BaseException) -> str:
     if len(line) > 200 and not line.startswith("funcoll"):  # the first sentence of another library's long message
         return line.split(". ")[0] + " ..."
     return line
-
-
-def _step_tensors():
-    """Takes the tensors that step closures keep alive until the next ``torch_xla.sync()`` (which would then
-    run them): a send's collective-permute lives there, in no result tensor of the sender."""
-    import torch_xla.core.xla_model as xm
-
-    devctx = xm._get_device_context()
-    closures = getattr(devctx, "step_closures", None) or []
-    devctx.step_closures = []
-    return [a for c in closures for a in (c.__defaults__ or ((),))[0] if isinstance(a, torch.Tensor)]
 
 
 def _hlo(fn, keep=None):
@@ -287,6 +273,7 @@ def side_by_side(world: int, rank: int) -> dict:
             funcoll.uninstall()
         for name, fn in programs.items():
             out[name][phase] = _hlo(fn, keep.get(name))
+    dist.destroy_process_group()
     return out
 
 
@@ -338,30 +325,10 @@ def process_group_xla() -> dict:
     for name, call in calls.items():
         out[name] = {"ProcessGroupXla": executions(lambda call=call: call(pg_xla)),
                      "funcoll": executions(lambda call=call: call(pg_funcoll))}
+    dist.destroy_process_group()
     return out
 
 
 def _bounded(fn):
     with xla.static_split_bound(4):
         return fn()
-
-
-def main(argv):
-    mode = argv[0]
-    if mode == "funcoll":
-        res = funcoll_worlds(argv[1:])
-        print("JSON:" + json.dumps(res))
-        return 0
-    elif mode == "side_by_side":
-        res = side_by_side(int(argv[1]), int(argv[2]))
-    elif mode == "process_group_xla":
-        res = process_group_xla()
-    else:
-        raise SystemExit(f"unknown mode {mode!r}")
-    print("JSON:" + json.dumps(res))
-    dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
