@@ -1,5 +1,5 @@
 # ruff: noqa: E501
-"""funcoll's ``tpu`` kernels next to TorchTPU itself: torch_tpu loaded in a subprocess of its own (it renames the
+"""funcoll's ``tpu`` kernels next to TorchTPU itself: torch_tpu loaded in a fresh interpreter (it renames the
 PrivateUse1 key process-wide, and a real ``tpu`` tensor aborts a process without a TPU), its device init run by hand,
 then (tests/torchtpu/torchtpu_cases.py ``torch_tpu_main``):
 
@@ -13,12 +13,10 @@ Needs torch_tpu (the ``latest`` environment); skipped elsewhere. No real ``tpu``
 """
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from tests import fresh
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch_tpu") is None,
                                 reason="torch_tpu is not installed in this environment (TorchTPU needs torch "
@@ -65,14 +63,9 @@ return [mul, getitem_2, getitem_3, wait_tensor_1, getitem_6, getitem_7, wait_ten
 
 @pytest.fixture(scope="module")
 def tpu():
-    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", TPU_SKIP_MDS_QUERY="1", FUNCOLL_PROFILE="torchtpu",
-               PYTHONWARNINGS="ignore")
-    p = subprocess.run([sys.executable, "-m", "tests.torchtpu.torchtpu_cases"], env=env, capture_output=True, text=True,
-                       timeout=240)
-    assert p.returncode == 0, (p.returncode, p.stderr[-3000:])
-    line = [x for x in p.stdout.splitlines() if x.startswith("FUNCOLL-RESULT ")]
-    assert line, p.stdout[-2000:]
-    return json.loads(line[-1][len("FUNCOLL-RESULT "):])
+    env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "TPU_SKIP_MDS_QUERY": "1", "FUNCOLL_PROFILE": "torchtpu",
+           "PYTHONWARNINGS": "ignore"}
+    return fresh.run("tests.torchtpu.torchtpu_cases:torch_tpu_main", env=env, timeout=240)
 
 
 def test_torch_tpu_owns_privateuse1_and_registers_its_backends(tpu):

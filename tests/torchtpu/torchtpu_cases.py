@@ -471,7 +471,7 @@ def standin_world(rank, n):
 
 
 # ------------------------------------------------------------------------------------------------------
-# with torch_tpu loaded (a subprocess of its own: TorchTPU renames PrivateUse1 process-wide, and a real tpu tensor
+# with torch_tpu loaded (a fresh interpreter: TorchTPU renames PrivateUse1 process-wide, and a real tpu tensor
 # aborts a process without a TPU). Only fake tpu tensors and CPU tensors are made here.
 # ------------------------------------------------------------------------------------------------------
 def torch_tpu_main() -> dict:
@@ -539,10 +539,3 @@ def torch_tpu_main() -> dict:
     out["after_uninstall_log"] = log2
     dist.destroy_process_group()
     return out
-
-
-if __name__ == "__main__":
-    import json
-    import sys
-
-    sys.stdout.write("FUNCOLL-RESULT " + json.dumps(torch_tpu_main()) + "\n")
