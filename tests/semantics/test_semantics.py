@@ -125,21 +125,22 @@ def test_install_cpu_and_uninstall_restore_the_dispatch_table():
         funcoll.install(["cuda"])
 
 
+def install_without_arguments() -> list:
+    """Run in a fresh interpreter: what ``funcoll.install()`` installs, and whether torch_xla is imported after it."""
+    import sys
+
+    return [funcoll.install(), "torch_xla" in sys.modules]
+
+
 def test_install_without_arguments_takes_xla_only_when_it_is_in_use():
     """torch_xla being installed is not enough: a CPU-only run (no PJRT_DEVICE, torch_xla not imported) installs
     nothing and never imports torch_xla; with PJRT_DEVICE set, XLA is installed."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("torch_xla")
-    code = "import sys, funcoll; print(funcoll.install(), 'torch_xla' in sys.modules)"
-    env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     import importlib.util
 
-    want = "['xla'] True" if importlib.util.find_spec("libtpu") else "[] False"  # a TPU host: in use
-    assert p.stdout.strip() == want, p.stdout + p.stderr[-2000:]
-    p = subprocess.run([sys.executable, "-c", code], env=dict(env, PJRT_DEVICE="CPU"), capture_output=True,
-                       text=True, timeout=120)
-    assert p.stdout.strip() == "['xla'] True", p.stdout + p.stderr[-2000:]
+    from tests import fresh
+
+    pytest.importorskip("torch_xla")
+    target = "tests.semantics.test_semantics:install_without_arguments"
+    want = [["xla"], True] if importlib.util.find_spec("libtpu") else [[], False]  # a TPU host: in use
+    assert fresh.run(target, env={"PJRT_DEVICE": None}, timeout=120) == want
+    assert fresh.run(target, env={"PJRT_DEVICE": "CPU"}, timeout=120) == [["xla"], True]

@@ -428,29 +428,23 @@ def kernel_ops_with_functionalize():
     return sorted(kernels.FUNCTIONALIZE)
 
 
-_COMPOSITE = r"""
-import torch, torch.distributed as dist, torch_xla, funcoll
-dist.init_process_group("cpu:funcoll,xla:funcoll", store=dist.HashStore(), rank=0, world_size=1)
-t = torch.tensor([1.0, -2.0])
-dist.all_reduce(t, op=dist.ReduceOp.AVG)
-x = torch.tensor([1.5, 3.0], device=torch_xla.device())
-with funcoll.record() as log:
-    dist.all_reduce(x, op=dist.ReduceOp.AVG)
-i = torch.tensor([5, 6], dtype=torch.int32, device=torch_xla.device())
-dist.all_reduce(i, op=dist.ReduceOp.BXOR)
-print(type(dist.group.WORLD).__name__, t.tolist(), x.cpu().tolist(), i.cpu().tolist(), log)
-"""
+def composite_run() -> list:
+    """Run in a fresh interpreter (its default group is the composite one)."""
+    dist.init_process_group("cpu:funcoll,xla:funcoll", store=dist.HashStore(), rank=0, world_size=1)
+    t = torch.tensor([1.0, -2.0])
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    x = torch.tensor([1.5, 3.0], device=torch_xla.device())
+    with funcoll.record() as log:
+        dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    i = torch.tensor([5, 6], dtype=torch.int32, device=torch_xla.device())
+    dist.all_reduce(i, op=dist.ReduceOp.BXOR)
+    return [type(dist.group.WORLD).__name__, t.tolist(), x.cpu().tolist(), i.cpu().tolist(), log]
 
 
 def test_composite_backend_string_routes_cpu_and_xla_through_funcoll():
     """``init_process_group("cpu:funcoll,xla:funcoll")``: one ProcessGroupFuncoll, CPU tensors over its gloo
     transport, XLA tensors over its XLA transport (AVG and BXOR filled; ProcessGroupXla would raise)."""
-    import os
-    import subprocess
-    import sys
+    from tests import fresh
 
-    p = subprocess.run([sys.executable, "-c", _COMPOSITE], capture_output=True, text=True, timeout=180,
-                       env=dict(os.environ, PJRT_DEVICE="CPU"))
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.strip().splitlines()[-1] == (
-        "ProcessGroupFuncoll [1.0, -2.0] [1.5, 3.0] [5, 6] [('all_reduce', ['avg=sum+scale'])]")
+    got = fresh.run("tests.xla.test_xla_exec:composite_run", env={"PJRT_DEVICE": "CPU"}, timeout=180)
+    assert got == ["ProcessGroupFuncoll", [1.0, -2.0], [1.5, 3.0], [5, 6], [["all_reduce", ["avg=sum+scale"]]]]

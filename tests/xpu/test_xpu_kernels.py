@@ -2,17 +2,13 @@
 after uninstall(), skipped by install() when torch.xpu.is_available() is false, and none of it (nor importing
 funcoll.transport.xpu, nor reading its capabilities) touches the XPU runtime."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import funcoll
 from funcoll.entry import kernels
+from tests import fresh
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPS = sorted(kernels.KERNELS)
 # wait_tensor keeps its upstream (composite) kernel: it waits on the Work funcoll's kernels register.
 NOT_ON_XPU = ["wait_tensor"]
@@ -82,25 +78,12 @@ def test_install_without_arguments_skips_xpu_when_no_xpu_is_available(clean, mon
 
 def test_nothing_touches_the_xpu_runtime():
     """In a fresh interpreter whose XPU runtime entry points all raise: import funcoll, load the XPU lowering,
-    register its kernels, read its capabilities."""
-    code = """
-import torch
-def boom(*a, **k):
-    raise AssertionError("XPU runtime touched")
-for name in ("_lazy_init", "init", "current_device", "device_count", "set_device", "synchronize", "get_device_name"):
-    setattr(torch.xpu, name, boom)
-import funcoll, funcoll.transport.xpu as x
-assert funcoll.install(["xpu"]) == ["xpu"]
-caps = funcoll.capabilities("xpu")
-funcoll.uninstall()
-print(caps.name, torch.xpu.is_initialized())
-"""
-    env = dict(os.environ, PYTHONPATH=ROOT, FUNCOLL_ONECCL_VERSION="2021.16.1")
-    env.pop("FUNCOLL_PROFILE", None)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    register its kernels, read its capabilities (tests/xpu/runtime_untouched.py)."""
+    env = {"FUNCOLL_ONECCL_VERSION": "2021.16.1", "FUNCOLL_PROFILE": None}
+    name, initialized = fresh.run("tests.xpu.runtime_untouched:main", env=env, timeout=120)
     v = ".".join(torch.__version__.split(".")[:2])
-    assert r.stdout.strip() == f"xccl[torch {v}, oneCCL 2021.16.1, scale-out] False"
+    assert name == f"xccl[torch {v}, oneCCL 2021.16.1, scale-out]"
+    assert initialized is False
 
 
 def test_a_group_without_an_xpu_backend_gets_a_clear_error():
