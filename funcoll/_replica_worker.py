@@ -21,10 +21,10 @@ import os
 import pickle
 import sys
 
+import numpy as np
+
 
 def _np_dtype(name: str):
-    import numpy as np
-
     if name == "bfloat16":
         import ml_dtypes
 
@@ -33,21 +33,16 @@ def _np_dtype(name: str):
 
 
 def _array(spec):
-    import numpy as np
-
     dtype, shape, data = spec
     return np.frombuffer(data, dtype=_np_dtype(dtype)).reshape(shape).copy()
 
 
 def _spec(a):
-    import numpy as np
-
     a = np.ascontiguousarray(np.asarray(a))
     return (str(a.dtype), tuple(a.shape), a.tobytes())
 
 
 def _compile(client, devices, proto: bytes, world: int):
-    import numpy as np
     from jax._src.lib import _jax
     from jax._src.lib import xla_client as xc
 
@@ -64,7 +59,6 @@ def _run(exe, devices, local, params_of_local):
     """Runs ``exe``: ``params_of_local[i]`` holds, for each device of ``local``, its value of parameter i. Returns,
     per local device, the list of its outputs."""
     import jax
-    import numpy as np
 
     mesh = jax.sharding.Mesh(np.array(devices), ("replica",))
     # one array per parameter holding one shard per replica; the replicas' values differ (each rank's own), which
@@ -84,6 +78,23 @@ def _run(exe, devices, local, params_of_local):
     return [by_device.get(d.id, []) for d in local]
 
 
+def _execute(job: dict, devices, local, ranks: list) -> dict:
+    """Compiles and runs each module of the job over ``devices``: this process's devices ``local`` are ranks
+    ``ranks``, and run those ranks' modules with their parameters."""
+    outputs = []
+    for i, module in enumerate(job["modules"]):
+        stage = "compile"
+        try:
+            exe = _compile(local[0].client, devices, module[ranks[0]][0], job["world"])
+            stage = "execute"
+            nparams = len(module[ranks[0]][1])
+            params = [[_array(module[r][1][p]) for r in ranks] for p in range(nparams)]
+            outputs.append(_run(exe, devices, local, params))
+        except Exception as e:  # noqa: BLE001 - reported to the caller with the module and the stage
+            return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": stage}
+    return {"outputs": outputs}
+
+
 def spmd(job: dict) -> dict:
     world = job["world"]
     import jax
@@ -93,20 +104,7 @@ def spmd(job: dict) -> dict:
     if len(devices) < world:
         return {"error": f"the XLA CPU runtime has {len(devices)} devices, {world} are needed", "module": None,
                 "stage": "setup"}
-    client = devices[0].client
-    outputs = []
-    for i, module in enumerate(job["modules"]):
-        try:
-            exe = _compile(client, devices, module[0][0], world)
-        except Exception as e:  # noqa: BLE001 - reported to the caller with the module
-            return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": "compile"}
-        try:
-            nparams = len(module[0][1])
-            params = [[_array(module[r][1][p]) for r in range(world)] for p in range(nparams)]
-            outputs.append(_run(exe, devices, devices, params))
-        except Exception as e:  # noqa: BLE001
-            return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": "execute"}
-    return {"outputs": outputs}
+    return _execute(job, devices, devices, list(range(world)))
 
 
 def mpmd(job: dict, rank: int, port: int) -> dict:
@@ -121,37 +119,21 @@ def mpmd(job: dict, rank: int, port: int) -> dict:
                                shutdown_timeout_seconds=20)
     try:
         devices = sorted(jax.devices(), key=lambda d: d.process_index)
-        local = jax.local_devices()
-        client = local[0].client
-        outputs = []
-        for i, module in enumerate(job["modules"]):
-            try:
-                exe = _compile(client, devices, module[rank][0], world)
-            except Exception as e:  # noqa: BLE001
-                return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": "compile"}
-            try:
-                params = [[_array(spec)] for spec in module[rank][1]]
-                outputs.append(_run(exe, devices, local, params))
-            except Exception as e:  # noqa: BLE001
-                return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": "execute"}
-        return {"outputs": outputs}
+        return _execute(job, devices, jax.local_devices(), [rank])
     finally:
         jax.distributed.shutdown()
 
 
 def main(argv) -> int:
     mode, job_path, out_path = argv[0], argv[1], argv[2]
-    # test programs are small and run once: LLVM's optimisations would cost more than they save
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-                               " --xla_llvm_disable_expensive_passes=true").strip()
     with open(job_path, "rb") as f:
         job = pickle.load(f)
+    # test programs are small and run once: LLVM's optimisations would cost more than they save
+    flags = " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     if mode == "spmd":
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={job['world']}").strip()
-        answer = spmd(job)
-    else:
-        answer = mpmd(job, int(argv[3]), int(argv[4]))
+        flags += f" --xla_force_host_platform_device_count={job['world']}"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + flags).strip()  # read when jax is imported
+    answer = spmd(job) if mode == "spmd" else mpmd(job, int(argv[3]), int(argv[4]))
     with open(out_path, "wb") as f:
         pickle.dump(answer, f)
     return 0
