@@ -1,26 +1,9 @@
 """Executes what the ranks of an N-rank XLA job compile, on N replicas of the XLA CPU runtime (a laptop is enough).
 
-The HLO of a multi-replica job can be read on one machine (a virtual funcoll world, :func:`funcoll.testing.
-xla_collectives`), and with jaxlib (``pip install funcoll[xla-replicas]``) it can also be *run*:
-
-* :func:`capture` builds, one after the other in this process, a virtual funcoll world of ``world_size`` ranks
-  for each rank (a ``HashStore``, ``funcoll.install(["xla"])``), calls ``fn()`` as that rank and keeps the HLO module
-  that computes the XLA tensors it returns (eager ``dist.*`` calls, ``_c10d_functional`` ops, compiled functions:
-  anything that builds lazy XLA tensors) and the values of the module's parameters (the rank's inputs). Nothing is
-  executed by torch_xla. It then checks that every rank compiled the same module;
-* :func:`execute` runs the ranks' modules on ``world_size`` CPU replicas in a jaxlib subprocess, replica r with rank r's
-  parameters, and returns each rank's outputs as CPU tensors in the structure ``fn`` returned.
-
-When every rank compiled the same module (funcoll's rule for XLA: rank-dependent values are parameters, never
-constants), it is compiled once with ``num_replicas=N`` and run in one process on N CPU devices, as one program on
-every replica. When the modules differ (an uneven ``all_to_all_single`` pads and slices by the rank's own split
-sizes, so the shapes around its one all-to-all differ), :attr:`World.why` names the first instruction that differs,
-and each rank's own module runs in a process of its own (N processes, one CPU device each, collectives between them
-over gloo on the loopback), as each host of a TPU slice runs the program it compiled; the collectives must still
-match across the ranks, or the run times out.
-
-An instruction the CPU runtime cannot compile or run (a TPU custom call, for one) fails with
-:class:`ReplicaRuntimeError` naming the instruction. :func:`run` is :func:`capture` then :func:`execute`.
+:func:`capture` builds every rank's program in this process (a virtual funcoll world per rank; torch_xla executes
+nothing), :func:`execute` runs the programs in jaxlib subprocesses (``_replica_worker.py``), and :func:`run` is both.
+docs/xla-replicas.md says how to use it, when one module runs on every replica and when each rank's runs in a process
+of its own, and what :class:`ReplicaRuntimeError` names.
 """
 
 from __future__ import annotations
@@ -28,7 +11,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
+
+from .launch import free_port
 
 __all__ = ["capture", "execute", "run", "World", "RankProgram", "ReplicaRuntimeError", "available"]
 
@@ -172,11 +156,8 @@ def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> Wor
     ``dist.get_rank()``, may create groups and meshes, and returns the XLA tensors to compute (a tensor, or lists,
     tuples or dicts of them). The module is the one torch_xla would compile for those tensors; nothing is executed.
     An uneven ``all_to_all_single`` without ``funcoll.xla.static_split_bound`` agrees on the largest split with an
-    all_gather and a host read, which a virtual world cannot run in the middle of a rank's program: a first pass
-    records the values each rank sends, the agreements' all_gathers are then run on the replicas (funcoll's
-    all_gather over each agreement's group, :func:`_run_agreements`), and every rank is captured again with what its
-    own all_gather returned as the answer. Needs torch_xla (PJRT_DEVICE=CPU), jaxlib when there is an agreement,
-    and no default process group in this process."""
+    all_gather and a host read: every rank is then captured twice (:class:`_Agreements`). Needs torch_xla
+    (PJRT_DEVICE=CPU), jaxlib when there is an agreement, and no default process group in this process."""
     import torch.distributed as dist
 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -184,12 +165,7 @@ def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> Wor
     if dist.is_initialized():
         raise RuntimeError("funcoll.replicas.capture builds a virtual world per rank as the default process group; "
                            "this process already has one: call it in a process without one (e.g. a subprocess)")
-    # The split-size agreement of an uneven all_to_all (without static_split_bound) gathers every rank's values with a
-    # collective and reads them on the host, which a virtual world cannot run in the middle of a rank's program: a
-    # first pass records each rank's values, the agreements' all_gathers run on the replicas, and a second pass
-    # builds the programs with what each rank's all_gather returned. Without an agreement the first pass is the only
-    # one.
-    told: dict = {}
+    told: dict = {}  # without a split-size agreement the first pass is the only one
     programs = _capture_pass(fn, world_size, install, _Agreements(told, None))
     if told:
         programs = _capture_pass(fn, world_size, install, _Agreements({}, _run_agreements(told, world_size)))
@@ -235,9 +211,10 @@ def _run_agreements(told: dict, world_size: int) -> dict:
 
 
 class _Agreements:
-    """Serves XlaTransport.agreed: records what each rank would send (``record``), answers from ``known`` (what each
-    rank's all_gather of the first pass's values returned on the replicas: :func:`_run_agreements`) or, in the first
-    pass, as if every member had this rank's values."""
+    """Serves XlaTransport.agreed, whose all_gather a virtual world cannot run in the middle of a rank's program:
+    records what each rank would send (``record``), answers from ``known`` (what each rank's all_gather of the first
+    pass's values returned on the replicas: :func:`_run_agreements`) or, in the first pass, as if every member had
+    this rank's values."""
 
     def __init__(self, record: dict, known: Optional[dict]):
         self.record, self.known = record, known
@@ -358,21 +335,6 @@ def _instruction_named(text: str, message: str) -> Optional[str]:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _python() -> str:
-    return sys.executable
-
-
-def _spawn(args: List[str], env: dict):
-    return subprocess.Popen([_python(), _WORKER, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-
-
 def execute(worlds, timeout: float = 300.0) -> list:
     """Runs the programs of a :class:`World` (or of each of a list of worlds of one size, all in one subprocess
     start) on ``size`` replicas of the XLA CPU runtime. Returns, per rank, its outputs as CPU tensors in the
@@ -400,14 +362,14 @@ def execute(worlds, timeout: float = 300.0) -> list:
         job_path = os.path.join(tmp, "job.pkl")
         with open(job_path, "wb") as f:
             pickle.dump(job, f)
-        if not mpmd:
-            outs = [os.path.join(tmp, "out.pkl")]
-            procs = [_spawn(["spmd", job_path, outs[0]], env)]
+        if mpmd:  # one process per rank
+            port = str(free_port())
+            runs = [["mpmd", job_path, os.path.join(tmp, f"out{r}.pkl"), str(r), port] for r in range(size)]
         else:
-            port = _free_port()
-            outs = [os.path.join(tmp, f"out{r}.pkl") for r in range(size)]
-            procs = [_spawn(["mpmd", job_path, outs[r], str(r), str(port)], env) for r in range(size)]
-        answers = _wait(procs, outs, timeout, mpmd)
+            runs = [["spmd", job_path, os.path.join(tmp, "out.pkl")]]
+        procs = [subprocess.Popen([sys.executable, _WORKER, *run], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for run in runs]
+        answers = _wait(procs, [run[2] for run in runs], timeout, mpmd)
     err = next((a for a in answers if "error" in a), None)
     if err is not None:
         raise _error(worlds, err, mpmd)
