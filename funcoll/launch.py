@@ -1,17 +1,13 @@
-"""Run a function on every rank of a small real world on this machine (separate processes, ``funcoll``
-backend over gloo). Used by the demo and the tests; handy for users' own multi-rank tests.
+"""Run a function on every rank of a small real world on this machine (separate processes, ``funcoll`` backend over
+gloo): the demo and the tests use it, and users' own multi-rank tests can. ``target`` is "module:function"
+(importable with the parent's sys.path), called as ``fn(rank, world_size, *args)`` after ``init_process_group``; its
+return value (picklable) comes back. Every rendezvous and collective has a timeout, and the parent kills a world that
+overruns, so a test never hangs.
 
-Every rendezvous and collective has a timeout, and the parent kills the world when it overruns, so a test
-never hangs. ``target`` is "module:function" (importable with the parent's sys.path); it is called as
-``fn(rank, world_size, *args)`` after ``init_process_group`` and its return value (picklable) comes back.
-
-Ranks start from a fork server that has imported torch once (multiprocessing's ``forkserver``): a world starts in
-a fraction of a second instead of each rank importing torch (seconds per rank). A rank is still a fresh process
-with the environment, ``sys.path``, working directory, stdout and stderr (on Linux) it would get when spawned. Where
-that cannot be guaranteed -- an environment variable other than funcoll's own (``FUNCOLL_*``), those read later
-(``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``PJRT_*``, ``XLA_*``, ``TPU_*``) and pytest's (``PYTEST_*``) differs from
-the environment torch was imported under (``TORCH_LOGS`` and ``TORCH_DISTRIBUTED_DEBUG`` are read at import) -- the
-ranks are spawned as before. ``FUNCOLL_LAUNCH=spawn`` always spawns.
+Ranks start from a fork server that has imported torch once (multiprocessing's ``forkserver``), each still a fresh
+process with the environment, ``sys.path``, working directory, stdout and stderr (on Linux) a spawned rank gets; when
+an environment variable torch reads at import differs (one not in ``_LATE_ENV``) they are spawned, as always with
+``FUNCOLL_LAUNCH=spawn`` (docs/testing-compiled.md, "Multi-rank tests").
 """
 
 from __future__ import annotations
@@ -34,9 +30,9 @@ def free_port() -> int:
 
 
 # what the fork server imports once (not funcoll: it reads FUNCOLL_* at import), and the environment variables a rank
-# may hold with a value other than the fork server's: importing torch does not read them (funcoll's, those of the
-# runtimes and of the parts of torch the server has not imported -- Dynamo, Inductor, torch_xla, libtpu --, pytest's
-# name of the running test)
+# may hold with a value other than the fork server's, as importing torch does not read them (``TORCH_LOGS`` and
+# ``TORCH_DISTRIBUTED_DEBUG`` it does): funcoll's, those of the runtimes and of the parts of torch the server has not
+# imported (Dynamo, Inductor, torch_xla, libtpu), pytest's name of the running test
 _PRELOAD = ["torch", "torch.distributed"]
 _LATE_ENV = ("FUNCOLL_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PJRT_", "XLA_", "TPU_", "PYTEST_")
 _server: dict = {}  # the fork server this process started: its pid and environment
