@@ -337,11 +337,8 @@ class Native:
 
 
 class Transport:
-    """The primitives of one backend for one group. Ranks are group-local.
-
-    Reducing primitives work in place (``all_reduce``) or into a given output; each receives only
-    requests its capabilities list, and a subclass implements the ``_`` methods.
-    """
+    """The primitives of one backend for one group (ranks are group-local): each is asked only for what its
+    capabilities list, a subclass implements its ``_`` method; reducing ones work in place or into a given output."""
 
     device_type: str = "cpu"
     # the group this transport serves, as its log lines and profiler events name it: set by the funcoll group that
@@ -373,10 +370,8 @@ class Transport:
         return self._tallies.get(key) or self._tallies.setdefault(key, Tally(key))
 
     def _all_reduce_form(self, red: Reduction, dtype: torch.dtype, form: Callable[[Reduction], object]) -> tuple:
-        """``(tally, form(red))`` for a native functional all_reduce of ``dtype`` with ``red``'s op, made once per
-        (op, dtype): its call counter and the backend's own form of the op (c10d options, XLA's op name). For
-        ``all_reduce_functional`` overrides, which are called only with requests the planner found native (no second
-        capability check)."""
+        """``(tally, form(red))``, made once per (op, dtype) for an ``all_reduce_functional`` override: the call counter
+        of a native functional all_reduce and the backend's own form of the op (c10d options, XLA's op name)."""
         key = (red.op, dtype)
         got = self._ar_forms.get(key)
         if got is None:
@@ -461,10 +456,8 @@ class Transport:
         return self._recv(t, src, tag)
 
     def p2p_group(self, ops: Sequence["P2P"]) -> list:
-        """One group of point-to-point operations, handed to the backend in the order given; the handles to wait on.
-        Each transport issues it as its backend does a group (XCCL: one oneCCL group; the CPU reference under the xccl
-        profile: as oneCCL runs one, :class:`funcoll.transport.gloo.StrictC10dTransport`); here, one operation after
-        the other."""
+        """One group of point-to-point operations, issued in the order given as the backend issues a group (here one
+        operation after the other; XCCL: one oneCCL group); the handles to wait on."""
         for op in ops:
             self._native("send_recv", op.tensor.dtype)
         return self._p2p_group(ops)
@@ -481,9 +474,7 @@ class Transport:
     # a view of a tensor as another dtype of the same width is free (False on XLA: torch_xla 2.9 runs view.dtype as a
     # CPU fallback with a sync); strategies that could work in such a view then convert instead
     dtype_views = True
-    # floating tensors are moved (all_gather, all_to_all) as the integers of their bits (XLA: its CPU compiler turns
-    # an all-gather into an all-reduce and bfloat16 data ops into float32 ones, which quiet signalling NaNs,
-    # canonicalise NaN payloads and flush subnormals; a bitcast-convert of the same width costs nothing)
+    # floating tensors are moved (all_gather, all_to_all) as the integers of their bits (XLA: XlaTransport says why)
     floats_as_integers = False
     # the largest widened temporary (bytes) a gap-filling strategy makes at once: a larger request is filled in pieces
     # of this size, each its own collectives (the same bytes in all), so its extra memory stays bounded. None: in one
@@ -523,9 +514,8 @@ class Transport:
         return None
 
     def retain(self, t: torch.Tensor) -> None:
-        """Keeps a result nobody reads (a non-root rank's share of reduce/gather) alive until the collective has
-        run. Eager transports run it anyway; a lazy one (XLA) must keep it, or this rank never runs the
-        collective its peers wait for."""
+        """Keeps a result nobody reads (a non-root rank's share of reduce/gather) alive until the collective has run: a
+        lazy transport (XLA) must, or this rank never runs the collective its peers wait for."""
 
     # the list forms of reduce_scatter and all_gather the backend has (c10d's ``reduce_scatter`` and ``allgather``
     # with tensor lists), by primitive; what ``reduce_scatter_list`` / ``all_gather_list`` may be asked for

@@ -1,31 +1,13 @@
-"""The XLA transport: funcoll's primitives as torch_xla lazy collectives with explicit replica groups.
+"""The XLA transport: funcoll's primitives as torch_xla lazy collectives (``torch_xla._XLAC``) with the replica
+groups of funcoll's group registry. Ranks and world size come from the process group, never from the runtime, so a
+world of any size can be built in one process to read the HLO its ranks would compile.
 
-Every primitive builds one lazy XLA collective (``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all``,
-``collective-permute``) through ``torch_xla._XLAC``, with the replica groups of funcoll's group registry
-(:func:`funcoll.groups.blocks_for`; docs/xla.md, "groups"). Ranks and world size come from the process group, never
-from the runtime, so a funcoll world of any size can be built in one process to read the HLO each of its ranks would
-compile (:func:`funcoll.testing.xla_collectives` prints its collectives readably).
-
-Rules every primitive follows (all found by experiment on torch_xla 2.9, see docs/xla.md):
-
-* results are computed with the *functional* ``_XLAC`` ops and written back with ``copy_``: the in-place
-  ``_XLAC`` ops set the IR of the tensor they get and bypass functionalization, so an in-place collective on a
-  view (``t[2:4]``, ``t.view(torch.uint8)``) silently leaves the base tensor unchanged;
-* no dtype views (``t.view(torch.int32)``): torch_xla 2.9 has no lowering for ``view.dtype`` and runs it as a
-  CPU fallback (``aten::view_copy.dtype``), i.e. a device-to-host copy that executes the pending graph; a
-  write through such a view reaches the base only at the next sync, so the HLO read before it misses it. A tensor's
-  bits read as another dtype (:meth:`XlaTransport.bits_as`) are an HLO ``bitcast-convert`` instead, built with
-  torch_xla's own ``xla_op_registry`` (a user computation called from the graph: lazy, no sync);
-* an operand that is the ``view_as_real`` of a complex tensor (c10d's ``all_reduce`` makes one of every complex
-  tensor) is reshaped there and back first: torch_xla 2.9 gives such a view the complex tensor's layout, one
-  dimension short, and every collective on it fails ("layout minor_to_major field contains 2 elements, but shape
-  has 3 dimensions");
-* nothing syncs the graph (no ``mark_step``, no ``.cpu()``), except the split-size agreement of an uneven
-  ``all_to_all`` in :mod:`funcoll.algorithms` (see :func:`static_split_bound` to avoid it);
-* the HLO is the same on every rank of the group: rank-dependent values (the broadcast mask) are device
-  data, i.e. parameters of the computation, never Python branches or constants, and never 0-dim tensors (torch_xla
-  makes 0-dim tensors of equal value one parameter, so the parameters would depend on the values).
-  :mod:`funcoll.replicas` checks it by comparing every rank's module.
+The rules every primitive follows (each found by a test on torch_xla 2.9; docs/xla.md has the facts behind them):
+results are computed with the functional ``_XLAC`` ops and written back with ``copy_`` (the in-place ones bypass
+functionalization: a collective on a view would leave its base unchanged); no dtype views (a CPU fallback that syncs:
+:meth:`XlaTransport.bits_as` is an HLO ``bitcast-convert``); the ``view_as_real`` of a complex tensor is reshaped
+first (:func:`_operand`); nothing syncs the graph; the HLO is the same on every rank (rank-dependent values are device
+data, never Python constants or 0-dim tensors), which :mod:`funcoll.replicas` checks.
 """
 
 from __future__ import annotations
@@ -63,28 +45,17 @@ R = ReduceOp
 _XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "min", R.MAX: "max"}
 
 
-# ---------------------------------------------------------------------------------------------------
-# capabilities
-# ---------------------------------------------------------------------------------------------------
 def capabilities(profile_name: Optional[str] = None) -> Capabilities:
-    """What the XLA transport does natively: the ``xla`` profile (torch_xla 2.9's lazy collectives).
-    ``profile_name`` (or ``FUNCOLL_PROFILE``) intersects it with another profile. A group whose replica groups have
-    mixed sizes (a lone sub-group padded with singletons) has no all_gather, reduce_scatter or all_to_all (XLA needs
-    one size); :attr:`XlaTransport.caps` says so per group, and the algorithms fill them."""
+    """The ``xla`` profile (torch_xla 2.9's lazy collectives), intersected with ``profile_name``'s (or
+    ``FUNCOLL_PROFILE``'s); :attr:`XlaTransport.caps` narrows it per group."""
     name = profile_name if profile_name is not None else active_profile_name()
     return profile("xla").restrict(profile(name)) if name and name != "xla" else profile("xla")
 
 
-# ---------------------------------------------------------------------------------------------------
-# devices (seed 004: never build xla:{LOCAL_RANK}; a process addresses only its own devices)
-# ---------------------------------------------------------------------------------------------------
 def device_index(device: Union[None, int, str, torch.device]) -> int:
-    """The index, among this process's addressable XLA devices, named by ``device``.
-
-    Accepts None (the process's default device), an int, a digit string (``"0"``, e.g. from an environment
-    variable), ``"xla"``, ``"xla:N"`` and ``torch.device``. LOCAL_RANK is *not* an XLA device index: under
-    PJRT each process addresses its own devices, usually only ``xla:0``.
-    """
+    """The index, among this process's addressable XLA devices, named by ``device``: None (the default device), an
+    int, a digit string, ``"xla"``, ``"xla:N"`` or a ``torch.device``. LOCAL_RANK is not one: under PJRT each process
+    addresses its own devices, usually only ``xla:0``."""
     if device is None:
         return torch_xla.device().index or 0
     if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
@@ -126,9 +97,6 @@ def normalize_device(device: Union[None, int, str, torch.device] = None) -> torc
 _agreements = threading.local()
 
 
-# ---------------------------------------------------------------------------------------------------
-# the transport
-# ---------------------------------------------------------------------------------------------------
 def _uniform(blocks: List[List[int]], size: int, world_size: int) -> Optional[List[List[int]]]:
     """Replica groups of one size (all-gather, reduce-scatter and all-to-all need it): the blocks when they
     are uniform, else the group's blocks plus the remaining ranks cut into blocks of ``size`` in order (ranks
@@ -200,10 +168,9 @@ class XlaTransport(Transport):
         return self._cache[1:]
 
     def replica_groups(self) -> List[List[int]]:
-        """The replica groups for a collective over this group, as every rank of the world emits them
-        (:func:`funcoll.groups.blocks_for`), this group's block in group-rank order; ``[]`` (HLO ``replica_groups={}``)
-        for the whole world in rank order, as torch_xla's kernels emit it (docs/xla.md, docs/performance.md: the same
-        graph, at the same cost at any world size)."""
+        """The replica groups of a collective over this group, as every rank of the world emits them
+        (:func:`funcoll.groups.blocks_for`), this group's block in group-rank order; ``[]`` (``replica_groups={}``)
+        for the whole world in rank order, as torch_xla's kernels emit it."""
         return self._by_partition()[0]
 
     def _uniform_groups(self) -> Optional[List[List[int]]]:
@@ -360,9 +327,6 @@ def _keep_until_step(t: torch.Tensor) -> None:
     xm.add_step_closure(lambda _t: None, args=(t,))
 
 
-# ---------------------------------------------------------------------------------------------------
-# factories
-# ---------------------------------------------------------------------------------------------------
 def _check_runtime(rank_global: int, world_size: int) -> None:
     """In a real job (the funcoll world has the runtime's size) funcoll's global rank must be the XLA replica
     id of this process, or the replica groups would name the wrong chips. A larger funcoll world in one
