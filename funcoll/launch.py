@@ -6,8 +6,8 @@ overruns, so a test never hangs.
 
 Ranks start from a fork server that has imported torch once (multiprocessing's ``forkserver``), each still a fresh
 process with the environment, ``sys.path``, working directory, stdout and stderr (on Linux) a spawned rank gets; when
-an environment variable torch reads at import differs (one not in ``_LATE_ENV``) they are spawned, as always with
-``FUNCOLL_LAUNCH=spawn`` (docs/testing-compiled.md, "Multi-rank tests").
+a variable outside ``_LATE_ENV`` differs from the fork server's (torch may have read it at import) they are spawned,
+as always with ``FUNCOLL_LAUNCH=spawn`` (docs/testing-compiled.md, "Multi-rank tests").
 """
 
 from __future__ import annotations
