@@ -41,8 +41,7 @@ class StrictC10dTransport(C10dTransport):
 
 
 def create(store, rank: int, size: int, timeout, profile_name: Optional[str] = None) -> C10dTransport:
-    """A gloo backend of its own for one funcoll group (collective: every rank of the group calls it); under the xccl
-    profile its point-to-point operations run as oneCCL runs them (:class:`StrictC10dTransport`)."""
+    """A gloo backend of its own for one funcoll group (collective: every rank of the group calls it)."""
     backend = dist.ProcessGroupGloo(store, rank, size, timeout)
     name = profile_name if profile_name is not None else active_profile_name()
     cls = StrictC10dTransport if name == "xccl" else C10dTransport

@@ -92,8 +92,7 @@ def normalize_device(device: Union[None, int, str, torch.device] = None) -> torc
 
 
 # funcoll.replicas sets ``serve(group's global ranks, this global rank, values) -> every member's values`` while it
-# builds a virtual world's programs: the split-size agreement of an uneven all_to_all then has the answer its
-# all_gather returned when funcoll.replicas ran it on the replicas, without a sync here (XlaTransport.agreed)
+# builds a virtual world's programs: XlaTransport.agreed then answers as the replicas' all_gather did, without a sync
 _agreements = threading.local()
 
 
@@ -140,9 +139,7 @@ class XlaTransport(Transport):
         # pin_layout=True, as torch_xla's own _c10d_functional kernels do (cross_replica_reduces.cpp): ranks
         # may compile slightly different programs around a collective, and a pinned layout keeps them agreeing.
         self.pin_layout = pin_layout
-        # A virtual world (more funcoll ranks than the XLA runtime has replicas, built in one process to read the
-        # HLO a larger job would compile) can build collectives but never run one.
-        self.virtual = self.world_size > xr.world_size()
+        self.virtual = self.world_size > xr.world_size()  # more funcoll ranks than the runtime has replicas
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
