@@ -15,6 +15,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch._C._distributed_c10d import Work
 
+from funcoll import algorithms
 from funcoll.entry import flight_recorder
 from funcoll.entry.errors import CollectiveError, CollectiveTimeoutError, backend_message, is_backend_timeout
 from funcoll.entry.flight_recorder import NativeEntry, recent
@@ -72,8 +73,8 @@ class FuncollWork(_Work):
     """A Work whose ``wait()`` waits on the transport's native handles, then runs the algorithm's finishing
     steps. Asynchronous where the transport is (gloo, XCCL); complete at once on XLA."""
 
-    def __init__(self, pending, result: Sequence[torch.Tensor] = (), call: Optional[flight_recorder.Call] = None,
-                 trace: Optional[flight_recorder.GroupTrace] = None):
+    def __init__(self, pending: algorithms.Pending, result: Sequence[torch.Tensor] = (),
+                 call: Optional[flight_recorder.Call] = None, trace: Optional[flight_recorder.GroupTrace] = None):
         super().__init__()
         self._pending = pending
         self._result = list(result)

@@ -220,7 +220,7 @@ class BackendWait(C.Work):
                     raise self._wait_timeout(e, limit) from e
                 err = self._failure(e)  # named after e (or e itself), its __cause__ kept
                 self._wake()
-                raise err
+                raise err from e
             self._done = True
             self._completed()
             if self._ev is not None or self._fut is not None:

@@ -39,7 +39,7 @@ ALLOWED = {
     "entry/flight_recorder": ("semantics", "algorithms", "entry/fingerprint"),
     "entry/group_state": ("entry/flight_recorder",),
     "entry/checks": ("transport", "entry/errors", "entry/flight_recorder", "entry/fingerprint", "entry/group_state"),
-    "entry/work": ("transport", "transport/c10d", "entry/errors", "entry/flight_recorder"),
+    "entry/work": ("transport", "transport/c10d", "algorithms", "entry/errors", "entry/flight_recorder"),
     "entry/fast_path": ("transport", "algorithms", "entry/errors", "entry/fingerprint", "entry/work"),
     "entry/pipeline": ("semantics", "transport", "algorithms", "entry/errors", "entry/flight_recorder",
                        "entry/fingerprint", "entry/checks", "entry/work", "entry/fast_path"),
