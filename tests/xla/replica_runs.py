@@ -3,8 +3,19 @@ and the per-rank comparison of its results with the reference."""
 
 from __future__ import annotations
 
+import pytest
+
+from funcoll.replicas import available
+
 # a fresh interpreter with torch_xla on the CPU device, under funcoll's default profile
 XLA_CPU = {"PJRT_DEVICE": "CPU", "FUNCOLL_PROFILE": None}
+
+
+def skip_without_replicas() -> None:
+    """Skips the calling test (or module) where funcoll.replicas cannot run: no torch_xla, or no jax and jaxlib."""
+    why = available()
+    if why:
+        pytest.skip(why, allow_module_level=True)
 
 
 def mismatches(n: int, got: list, expected, differ) -> list:

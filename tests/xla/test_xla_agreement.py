@@ -8,13 +8,12 @@ turn).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from tests import fresh
-from tests.xla.replica_runs import XLA_CPU
+from tests.xla.replica_runs import XLA_CPU, skip_without_replicas
 
 WORLD = 3
 
@@ -67,10 +66,7 @@ _cache: dict = {}
 
 def results() -> dict:
     if not _cache:
-        pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
-        if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
-            pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas; the xla "
-                        "environment's xla-replicas extra)")
+        skip_without_replicas()
         _cache.update(fresh.run("tests.xla.test_xla_agreement:agreement_run", env=XLA_CPU))
     return _cache
 

@@ -22,13 +22,12 @@ collective ran. ``world_main(N)`` runs in a fresh interpreter (tests/fresh.py) a
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
 
 from tests import fresh
-from tests.xla.replica_runs import XLA_CPU, mismatches
+from tests.xla.replica_runs import XLA_CPU, mismatches, skip_without_replicas
 
 WORLDS = (2, 4, 8)
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "float8_e4m3fn": "f8e4m3fn",
@@ -261,9 +260,7 @@ INTS = {"s16": "float16 bfloat16", "s32": "float32", "s64": "float64", "u8": "fl
 
 def results() -> dict:
     if not _cache:
-        pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
-        if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
-            pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas)")
+        skip_without_replicas()
         _cache.update(fresh.run_all({n: ("tests.xla.test_xla_bits:world_main", n) for n in WORLDS}, env=XLA_CPU))
     return _cache
 

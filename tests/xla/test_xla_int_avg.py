@@ -15,12 +15,10 @@ default process group in turn), which returns every rank's results.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from tests import fresh
-from tests.xla.replica_runs import XLA_CPU
+from tests.xla.replica_runs import XLA_CPU, skip_without_replicas
 
 # per dtype, rank r's values are ROWS[dtype][r % 3] (the same three rows in each block of 3)
 U32 = 2 ** 32
@@ -160,10 +158,7 @@ def results() -> dict:
 @pytest.mark.xla
 @pytest.mark.parametrize("n", (3, 6))
 def test_odd_divisor_integer_avg_executed_on_replicas(n):
-    pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
-    if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
-        pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas; the xla "
-                    "environment's xla-replicas extra)")
+    skip_without_replicas()
     got, want = results()[str(n)], expected(n)
     assert sorted(got) == sorted(want)
     for name in want:

@@ -13,18 +13,14 @@ on dst only, groups that only their members call, padded with singletons): each 
 process. Then torch_xla's own kernels are run the same way, side by side.
 """
 
-import importlib.util
 import os
 
 import pytest
 
 from tests import fresh
-from tests.xla.replica_runs import XLA_CPU
+from tests.xla.replica_runs import XLA_CPU, skip_without_replicas
 
-pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
-if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
-    pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas; the xla environment's "
-                "xla-replicas extra)", allow_module_level=True)
+skip_without_replicas()
 
 pytestmark = pytest.mark.xla
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -12,13 +12,12 @@ match). ``world_main(N)`` runs in a fresh interpreter (tests/fresh.py) and retur
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
 
 from tests import fresh
-from tests.xla.replica_runs import XLA_CPU, mismatches
+from tests.xla.replica_runs import XLA_CPU, mismatches, skip_without_replicas
 
 WORLDS = (2, 4, 8)
 
@@ -117,9 +116,7 @@ _cache: dict = {}
 
 def results() -> dict:
     if not _cache:
-        pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport); runs on PJRT_DEVICE=CPU")
-        if importlib.util.find_spec("jaxlib") is None or importlib.util.find_spec("jax") is None:
-            pytest.skip("needs jax and jaxlib (the XLA CPU runtime that executes HLO on N replicas)")
+        skip_without_replicas()
         runs = {n: ("tests.xla.test_xla_uneven_lists:world_main", n) for n in WORLDS}
         _cache.update(fresh.run_all(runs, env=XLA_CPU))
     return _cache
