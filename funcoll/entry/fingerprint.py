@@ -4,11 +4,8 @@ primitive's rules together): pure functions, tested without processes.
 A *fingerprint* describes one call as a dict of JSON values: op, reduce op, root, dtypes, shapes, split sizes or
 per-peer shapes. Most fields must be equal on every rank of the group; the *per-rank* fields of an op (all_to_all
 split sizes and per-peer shapes, a rooted gather/scatter's list) legitimately differ and are checked against each
-other instead. Per op, one row of :data:`RULES` says which fields its text shows (:func:`describe`), which are
-per-rank, how the cross-rank check reads them (:func:`compare`, the debug mode's and the size guard's mismatch
-message), this rank's share of the size guard's per-peer sum (:func:`digest`) and the sizes the flight recorder's
-torch-format dump lists; per c10d method, one row of :data:`METHODS` says which op it is, how its arguments become a
-fingerprint and which argument it sends (the NaN check). Adding an op means adding one row to each table.
+other instead. One row of :data:`RULES` per op (:class:`Rule`), one row of :data:`METHODS` per c10d method
+(:class:`Spec`): adding an op means adding one row to each table.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ import hashlib
 import inspect
 import json
 import math
+import operator
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -30,9 +28,7 @@ __all__ = ["Rule", "RULES", "row_of", "describe", "Spec", "METHODS", "PER_RANK",
            "digest", "agree", "check_nan", "flat", "SLOTS", "ALIASES", "DEBUG_CHECK"]
 
 
-# ---------------------------------------------------------------------------------------------------
-# reading a call's arguments (c10d passes them positionally, options last)
-# ---------------------------------------------------------------------------------------------------
+# -- reading a call's arguments (c10d passes them positionally, options last)
 def _at(args, i: int, default=None):
     return args[i] if len(args) > i else default
 
@@ -77,10 +73,7 @@ def _root(opts) -> int:
 
 
 def _device(ts) -> Optional[str]:
-    for t in ts:
-        if isinstance(t, torch.Tensor):
-            return t.device.type
-    return None
+    return next((t.device.type for t in ts if isinstance(t, torch.Tensor)), None)
 
 
 def flat(x) -> list:
@@ -106,10 +99,8 @@ def _numel(shape) -> int:
     return math.prod(int(d) for d in shape or [])
 
 
-# ---------------------------------------------------------------------------------------------------
-# the size guard's per-peer sum: + every edge a rank sends, - every edge it expects to receive; over the group the
-# shares add up to 0 (mod 2**64) exactly when every send meets an equal receive
-# ---------------------------------------------------------------------------------------------------
+# -- the size guard's per-peer sum: + every edge a rank sends, - every edge it expects to receive; over the group
+# the shares add up to 0 (mod 2**64) exactly when every send meets an equal receive
 _M = (1 << 64) - 1
 SLOTS = 3  # a digest: seq, hash of the common fields, sum of the per-peer hashes
 
@@ -137,18 +128,15 @@ _A2A, _A2A_LIST, _GATHER, _SCATTER, _AG_LIST, _RS_LIST = 1, 2, 3, 4, 5, 6
 _NUMEL = 0x9E3779B97F4A7C15 | 1  # odd: multiplying by it is a bijection mod 2**64
 
 
-# ---------------------------------------------------------------------------------------------------
-# each op's row: its per-rank rules where it has per-rank fields (the check, every rank's fingerprint at hand: the
-# message; the share, this rank's fingerprint alone: the size guard's sum) and the sizes torch's recorder lists
-# ---------------------------------------------------------------------------------------------------
+# -- each op's row: its per-rank rules where it has per-rank fields (the check, every rank's fingerprint at hand:
+# the message; the share, this rank's fingerprint alone: the size guard's sum) and the sizes torch's recorder lists
 def _shapes_of(fp: dict) -> list:
     """The shapes of a fingerprint's tensors, where it names them."""
     return [list(shape) for _, shape in fp.get("tensors") or [] if shape is not None]
 
 
 def _sizes(fp: dict) -> tuple:
-    """(input sizes, output sizes) as torch's flight recorder lists them: the tensors' shapes, and ``outputs`` (else
-    the same)."""
+    """(input, output) sizes as torch's flight recorder lists them: the tensors' shapes, ``outputs`` (else those)."""
     ins = _shapes_of(fp)
     return ins, ins if fp.get("outputs") is None else fp["outputs"]
 
@@ -156,8 +144,7 @@ def _sizes(fp: dict) -> tuple:
 def _pairwise(kind: int, ins_key: str, outs_key: str, check: Callable, shown: Tuple[str, ...],
               sizes: Optional[Callable] = None) -> "Rule":
     """all_to_all's rule: its per-peer fields ``ins_key`` (what this rank sends each peer: rows, or a shape) and
-    ``outs_key`` (what it expects from each), ``check``, and the share: + every send, - every receive. Its sizes are
-    those fields, unless ``sizes`` says otherwise."""
+    ``outs_key`` (what it expects from each); the share: + every send, - every receive; sizes: those, or ``sizes``."""
     def share(fp: dict, rank: int) -> int:
         ins, outs = fp.get(ins_key), fp.get(outs_key)
         if ins is None or outs is None:
@@ -266,6 +253,17 @@ def _gathered(fp: dict) -> tuple:
     return _shapes_of(fp), [shape for shapes in fp.get("outputs") or [] for shape in shapes]
 
 
+def _flattened(shapes: list) -> list:
+    """A list of tensors' sizes as NCCL's flight recorder lists them: equal shapes as the one ``[n, *shape]`` tensor
+    they are flattened into (``ProcessGroupNCCL::allgather``/``reduce_scatter`` in pytorch's
+    torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp: ``newLikeFlat``, then ``collective(input, outputFlattened)``),
+    else each tensor's shape (as c10d's FlightRecorderHook lists a caller's list; torch 2.15's
+    torch/distributed/flight_recorder/components/types.py, ``Op._gathered_numel_matches``, reads both)."""
+    if shapes and all(s == shapes[0] for s in shapes):
+        return [[len(shapes), *shapes[0]]]
+    return [list(s) for s in shapes]
+
+
 def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, str]) -> "Rule":
     """The list all_gather (``own_key`` "input_shape", this rank's input; ``list_key`` "output_shapes", what it
     expects from each rank) and the list reduce_scatter ("output_shape", "input_shapes": what it reduces into each
@@ -302,7 +300,12 @@ def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, s
         return (sum(_edge(kind, rank, q, v) for q, v in enumerate(each))
                 - sum(_edge(kind, q, rank, mine) for q in range(len(each))))
 
-    return Rule(shown, (own_key, list_key), check, share)
+    def sizes(fp: dict) -> tuple:
+        own = [fp[own_key]] if fp.get(own_key) is not None else []
+        listed = _flattened(fp.get(list_key) or [])
+        return (own, listed) if gathers else (listed, own)
+
+    return Rule(shown, (own_key, list_key), check, share, sizes)
 
 
 class Rule(NamedTuple):
@@ -363,24 +366,16 @@ def describe(fp: dict) -> str:
     return f"{fp.get('op', '?')}({', '.join(parts)})"
 
 
-# ---------------------------------------------------------------------------------------------------
-# per c10d method: its op, its fingerprint, what it sends, its Work's outputs
-# ---------------------------------------------------------------------------------------------------
-def _first_list(args):
-    return args[0]
-
-
-def _first_tensor(args):
-    return [args[0]]
+# -- per c10d method: its op, its fingerprint, what it sends, its Work's outputs
+_first_list = operator.itemgetter(0)  # the outputs of a call whose first argument is its list of outputs
 
 
 class Spec:
     """One c10d method's row: its op, ``fn(pg, args) -> fingerprint`` (args positional, options last), the index of
     the argument it sends (None: nothing of its own; the NaN check reads it), whether it is point-to-point, and for
-    the fast path's Work: ``outputs(args)``, the outputs its future completes with where the backend's Work has no
-    future and no result() (gloo's send, recv and reduce_scatter), and ``quiet``, its backend writes the outputs in
-    wait() on the waiting thread (gloo's reduce_scatter copies its slice then: waited on with autograd off). Whether
-    it has a fast path is :data:`funcoll.entry.fast_path.FAST`; ``method`` is its name in :data:`METHODS`."""
+    the fast path's Work: ``outputs(args)``, what its future completes with where the backend's Work has no future
+    and no result() (gloo's send, recv and reduce_scatter), and ``quiet``: its backend writes the outputs in wait()
+    (gloo's reduce_scatter copies its slice then: waited on with autograd off). ``method``: its name in METHODS."""
 
     __slots__ = ("op", "fn", "sends", "p2p", "outputs", "quiet", "method")
 
@@ -390,10 +385,10 @@ class Spec:
         self.outputs, self.quiet, self.method = outputs, quiet, ""
 
 
-def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, key: str = "outputs",
-           red: bool = False, root: bool = False, **work) -> Spec:
+def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, red: bool = False, root: bool = False,
+           **work) -> Spec:
     """A method ``(mine[, other], opts)`` whose fields every rank shares: the dtypes and shapes of its own tensors
-    (argument ``mine``, a tensor or a list), the shapes of the other side (argument ``other``, as ``key``), the
+    (argument ``mine``, a tensor or a list), the shapes of the other side (argument ``other``, as "outputs"), the
     reduce op (``red``) and the root (``root``) its options name."""
     def fn(pg, a):
         ts, opts = _listed(a[mine]), _at(a, 1 if other is None else 2)
@@ -404,7 +399,7 @@ def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, 
             fp["reduce_op"] = _reduce_op(opts, op)
         fp["tensors"] = _ts(ts)
         if other is not None:
-            fp[key] = _shapes(_listed(a[other]))
+            fp["outputs"] = _shapes(_listed(a[other]))
         fp["device"] = _device(ts)
         return fp
     return Spec(op, fn, sends, **work)
@@ -477,7 +472,7 @@ METHODS: Dict[str, Spec] = {
     "allgather": Spec("all_gather", _fp_sized_list("all_gather", "input_shape", "output_shapes", True)),
     "allgather_into_tensor_coalesced": _plain("all_gather_into_tensor_coalesced", mine=1, other=0),
     "allgather_coalesced": _plain("all_gather_coalesced", mine=1, other=0),
-    "_reduce_scatter_base": _plain("reduce_scatter_tensor", mine=1, other=0, red=True, outputs=_first_tensor,
+    "_reduce_scatter_base": _plain("reduce_scatter_tensor", mine=1, other=0, red=True, outputs=lambda a: [a[0]],
                                    quiet=True),
     "reduce_scatter": Spec("reduce_scatter", _fp_sized_list("reduce_scatter", "output_shape", "input_shapes", False),
                            outputs=_first_list, quiet=True),
@@ -530,15 +525,12 @@ def check_nan(method: str, args) -> bool:
                                  for t in flat(_at(args, i)))
 
 
-# ---------------------------------------------------------------------------------------------------
-# the cross-rank comparison: every rank's fingerprint at hand (the debug mode; the size guard's slow path)
-# ---------------------------------------------------------------------------------------------------
+# -- the cross-rank comparison: every rank's fingerprint at hand (the debug mode; the size guard's slow path)
 DEBUG_CHECK = "cross-rank check of FUNCOLL_DEBUG / TORCH_DISTRIBUTED_DEBUG=DETAIL"  # which check found a mismatch
 _FIELD_NAMES = {"op": "the collective", "reduce_op": "the reduce op", "root": "the root", "device": "the device",
-                "outputs": "the output shapes", "inputs": "the input shapes", "count": "the number of tensors",
-                "split_sizes": "whether split sizes are passed",
-                "malformed": "the arguments"}
-_ORDER = ["op", "reduce_op", "root", "tensors", "device", "outputs", "inputs", "count"]
+                "outputs": "the output shapes", "count": "the number of tensors",
+                "split_sizes": "whether split sizes are passed", "malformed": "the arguments"}
+_ORDER = ["op", "reduce_op", "root", "tensors", "device", "outputs", "count"]
 
 
 def _tensor_fields(fps: List[dict]) -> List[str]:
@@ -600,9 +592,7 @@ def mismatch(group: str, global_ranks, seq: int, why: str, lines: List[str], by:
             f"sizes. Nothing of this collective was sent ({by}).")
 
 
-# ---------------------------------------------------------------------------------------------------
-# the size guard's digest: this rank's fingerprint alone
-# ---------------------------------------------------------------------------------------------------
+# -- the size guard's digest: this rank's fingerprint alone
 def _signed(x: int) -> int:
     x &= _M
     return x - (1 << 64) if x >> 63 else x

@@ -332,6 +332,32 @@ def test_record_comm_names_funcolls_flight_recorder_entries():
         assert "FSDP::reduce (layer1)" in torch_fr and "funcoll:all_reduce" in torch_fr
 
 
+def list_sizes_case(rank, n):
+    """A list all_gather of equal sizes, one of sizes that differ per rank, a list reduce_scatter; returns their
+    entries of the torch-format dump: (name, input sizes, output sizes)."""
+    import torch.distributed as dist
+
+    import funcoll
+
+    outs = [torch.empty(2, 3) for _ in range(n)]
+    dist.all_gather(outs, torch.full((2, 3), float(rank)))
+    uneven = [torch.empty(q + 1) for q in range(n)]
+    dist.all_gather(uneven, torch.full((rank + 1,), float(rank)))
+    dist.reduce_scatter(torch.empty(3), [torch.ones(3) for _ in range(n)])
+    assert [t[0, 0].item() for t in outs] == [0.0, 1.0] and [t.tolist() for t in uneven] == [[0.0], [1.0, 1.0]]
+    entries = funcoll.flight_recorder.torch_dump()["entries"][-3:]
+    return [(e["profiling_name"], e["input_sizes"], e["output_sizes"]) for e in entries]
+
+
+def test_torch_format_lists_the_sizes_of_the_list_all_gather_and_reduce_scatter():
+    """As NCCL's flight recorder does: a list of equal tensors is the one [n, *shape] tensor it flattens them into;
+    a list of sizes that differ, each tensor's shape."""
+    for rank, got in enumerate(run_world("tests.observability.test_observe:list_sizes_case", 2, timeout=150)):
+        assert got == [("funcoll:all_gather", [[2, 3]], [[2, 2, 3]]),
+                       ("funcoll:all_gather", [[rank + 1]], [[1], [2]]),
+                       ("funcoll:reduce_scatter", [[2, 3]], [[3]])]
+
+
 def test_flight_recorder_entries_have_an_empty_name_without_record_comm():
     """On every torch (2.9 has no record_comm): an entry's name is "" and the line carries none."""
     from funcoll.algorithms.observe import comm_name
