@@ -1,13 +1,12 @@
 """The cross-rank checks of an eager collective, run right before its first byte is sent: the debug mode's
-:func:`store_check` (fingerprints through the group's c10d store, never through the backend that carries the data) and
-the size guard (:func:`size_guard`: one all_gather of every rank's digest on the group's gloo backend). Both compare by
-the rules of :mod:`funcoll.entry.fingerprint` and raise the same error on every rank; when each runs and what it costs:
+:func:`store_check` (through the group's c10d store, never through the backend that carries the data) and the size
+guard (:func:`size_guard`: one all_gather of every rank's digest on the group's gloo backend). Both compare by the
+rules of :mod:`funcoll.entry.fingerprint` and raise the same error on every rank; when each runs and what it costs:
 docs/conformance.md, "The size guard" and "Debug mode".
 """
 
 from __future__ import annotations
 
-import array
 import json
 import threading
 import time
@@ -23,7 +22,7 @@ from funcoll.entry.errors import (
     backend_message,
     is_backend_timeout,
 )
-from funcoll.entry.fingerprint import SLOTS, agree, compare, digest, mismatch, who
+from funcoll.entry.fingerprint import agree, compare, digest, mismatch, who
 from funcoll.entry.flight_recorder import Call, describe, recent
 from funcoll.entry.group_state import GroupState
 from funcoll.transport import Handle
@@ -73,15 +72,6 @@ def store_check(st: GroupState, call: Call) -> None:
         raise CollectiveMismatchError(msg)
 
 
-def _buffers(n: int) -> tuple:
-    """``(input, output)`` int64 tensors for the digest exchange, and Python arrays sharing their memory (cheaper to
-    fill and read than tensor ops)."""
-    inp_arr = array.array("q", bytes(8 * SLOTS))
-    out_arr = array.array("q", bytes(8 * n * SLOTS))
-    return (torch.frombuffer(inp_arr, dtype=torch.int64), torch.frombuffer(out_arr, dtype=torch.int64),
-            inp_arr, out_arr)
-
-
 def _exchange(backend, values: torch.Tensor, n: int) -> torch.Tensor:
     out = values.new_empty((n * values.numel(),))
     backend._allgather_base(out, values).wait()
@@ -100,21 +90,10 @@ def size_guard(st: GroupState, call: Call) -> None:
         return  # a barrier runs on the CPU transport whenever the group has one
     n = st.size
     mine = digest(fp, call.seq if call.seq is not None else -1, st.rank, n)
-    own = st.guard_lock.acquire(blocking=False)
     try:
-        bufs = st.guard_bufs if own and st.guard_bufs is not None else _buffers(n)
-        if own:
-            st.guard_bufs = bufs
-        inp, out, inp_arr, out_arr = bufs
-        inp_arr[:] = array.array("q", mine)
-        try:
-            backend._allgather_base(out, inp).wait()
-        except Exception as e:  # noqa: BLE001 - the digest exchange failed: a rank is missing or dead
-            raise _failure(st, call, e) from e
-        table = out_arr.tolist()
-    finally:
-        if own:
-            st.guard_lock.release()
+        table = _exchange(backend, torch.tensor(mine, dtype=torch.int64), n).tolist()
+    except Exception as e:  # noqa: BLE001 - the digest exchange failed: a rank is missing or dead
+        raise _failure(st, call, e) from e
     if not agree(table, n):
         _mismatch(st, call, backend, n)
 
@@ -159,10 +138,9 @@ def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
     raise CollectiveMismatchError(mismatch(group, ranks, min(seqs), why, lines, _GUARD))
 
 
-# The point-to-point check (debug mode): a send and its receive must move the same bytes (gloo aborts the receiving
-# process when a larger message arrives). The sender describes its k-th message to a peer in the store before sending;
-# the receiver compares before it posts the receive (on a waiter thread: an irecv may precede its send) and, on a
-# mismatch, writes a verdict that the sender's Work reads while it waits. A batch describes its sends first.
+# The point-to-point check (debug mode; docs/conformance.md, "Debug mode"): a send and its receive must move the same
+# bytes (gloo aborts the receiving process when a larger message arrives). On a mismatch the receiver writes a verdict
+# that the sender's Work reads while it waits.
 _P2P_KEY = "funcoll-p2p/{src}-{dst}/{k}"
 
 
@@ -175,8 +153,8 @@ def _p2p_text(d: dict) -> str:
 
 
 class P2PCheck:
-    """One group's debug-mode check of its point-to-point messages (above): per peer, the number of messages sent to it
-    and received from it, which pairs the k-th send of one rank with the k-th receive of its peer."""
+    """One group's point-to-point check (above): per peer, the number of messages sent to it and received from it,
+    which pairs the k-th send of one rank with the k-th receive of its peer."""
 
     def __init__(self, st: GroupState):
         self.st = st
@@ -236,16 +214,13 @@ class P2PCheck:
             if before is not None:
                 before.wait()
             try:
-                self.verify(src, t, key)
-                inner = post()
-            except BaseException as e:  # noqa: BLE001 - the receive's error, raised by its wait()
-                h.posted.set()
-                h.finish(e)
-                return
-            h.posted.set()
-            try:
+                try:
+                    self.verify(src, t, key)
+                    inner = post()
+                finally:
+                    h.posted.set()
                 inner.wait()
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - the receive's error, raised by its wait()
                 h.finish(e)
                 return
             h.finish(None)
@@ -318,9 +293,7 @@ class VerdictWatch(Handle):
         self.h.wait() if timeout is None else self.h.wait(timeout)
 
     def is_completed(self) -> bool:
-        if self.h.is_completed():
-            return True
-        return any(self.st.store.check([k]) for k in self.keys)
+        return self.h.is_completed() or any(self.st.store.check([k]) for k in self.keys)
 
     def get_future(self):
         return self.h.future() if hasattr(self.h, "future") else self.h.get_future()  # type: ignore[attr-defined]

@@ -1,7 +1,6 @@
-"""The errors an eager funcoll collective raises, and how a backend's own error message is read.
-
-Every one is a ``torch.distributed.DistBackendError`` (so a ``RuntimeError``) whose message names the op, the group,
-its ranks and the sequence number; ``__cause__`` is the backend's own error.
+"""The errors an eager funcoll collective raises, each a ``torch.distributed.DistBackendError`` (so a
+``RuntimeError``) whose message names the op, the group, its ranks and the sequence number (``__cause__``: the
+backend's own error), and how a backend's own error message is read.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ class CollectiveTimeoutError(CollectiveError):
 
 
 class CollectiveMismatchError(CollectiveError):
-    """Debug mode (``FUNCOLL_DEBUG=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``) or the size guard: the ranks of a group
-    issued different collectives at the same sequence number. Raised on every rank, with the same message, before
-    anything is sent."""
+    """The debug mode or the size guard: the ranks of a group issued different collectives at the same sequence
+    number. Raised on every rank, with the same message, before anything is sent."""
 
 
 _CALLBACK = "Got the following error when running the callback: "

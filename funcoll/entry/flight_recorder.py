@@ -1,9 +1,7 @@
 """The flight recorder: the last ``FUNCOLL_TRACE_BUFFER_SIZE`` (default 256; 0: off) collectives of every funcoll
-group on this rank, like NCCL's trace buffer: one :class:`Call` each (sequence number, op, fingerprint, strategies,
-state ``issued`` -> ``completed``, or ``failed`` / ``invalid``, times). Point-to-point ops get their own counter
-(``p2p_seq``): they involve two ranks, not the group, so they do not advance the group's sequence number. Read with
-:func:`entries`, :func:`dump`, :func:`format`; dumped on a timeout (``FUNCOLL_TRACE_DIR``; torch's format with
-``TORCH_FR_DUMP_TEMP_FILE``, :func:`torch_dump`). docs/conformance.md, "Flight recorder", shows the table.
+group on this rank, like NCCL's trace buffer, one :class:`Call` each. Point-to-point ops get their own counter
+(``p2p_seq``): they involve two ranks, not the group, so they do not advance the group's sequence number. What it
+shows, how to read it and when it is dumped (also in torch's format): docs/conformance.md, "Flight recorder".
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ __all__ = ["Call", "NativeEntry", "GroupTrace", "trace_of", "recent", "entries",
            "torch_dump", "write_torch_dump", "register"]
 
 ISSUED, COMPLETED, FAILED, INVALID = "issued", "completed", "failed", "invalid"
+
 
 def buffer_size() -> int:
     try:
@@ -64,7 +63,6 @@ class Call:
         self.timeout: Optional[float] = None  # the group's timeout when issued, in seconds
         self.name = comm_name()  # the enclosing torch.distributed.record_comm's name, "" if none (~40 ns a read)
 
-    # -- state ----------------------------------------------------------------------------------------
     def completed(self) -> None:
         if self.state == ISSUED:
             self.state = COMPLETED
@@ -76,7 +74,6 @@ class Call:
             self.t_done = time.time()
             self.error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
 
-    # -- text -----------------------------------------------------------------------------------------
     def number(self) -> str:
         if self.seq is not None:
             return f"#{self.seq}"
@@ -174,9 +171,8 @@ class GroupTrace:
 
     def watch(self, rec: "NativeEntry", fut) -> None:
         """``rec``'s collective ends when the backend future ``fut`` does, which nothing of funcoll's waits on (the
-        fast path handed it to the caller, as DDP's Reducer asks): its outcome is discovered, as c10d's watchdog
-        discovers a Work's, at the group's next call and whenever the recorder is read (``time_done`` is the time of
-        discovery). The future is held until then."""
+        fast path handed it to the caller, as DDP's Reducer asks): as c10d's watchdog does, its outcome is discovered
+        (``time_done``) at the group's next call and whenever the recorder is read; ``fut`` is held until then."""
         rec.fut = fut
         with self.lock:
             self._watched.append(rec)
@@ -212,9 +208,7 @@ class GroupTrace:
         call.t_issued = rec.t_issued
         if rec.t_done is not None:
             call.state, call.t_done = COMPLETED, rec.t_done
-        if names is None:
-            names = _thread_names()
-        call.thread = names.get(rec.thread, f"thread {rec.thread}")
+        call.thread = (names or _thread_names()).get(rec.thread, f"thread {rec.thread}")
         return call
 
     def promote(self, rec: "NativeEntry") -> Call:
@@ -271,8 +265,13 @@ _by_group: "weakref.WeakKeyDictionary[object, GroupTrace]" = weakref.WeakKeyDict
 
 
 def register(group, trace: GroupTrace) -> None:
+    """Records ``group``'s trace. With ``TORCH_FR_DUMP_TEMP_FILE`` set, the rank then also writes its dump when the
+    interpreter exits (and when a group is destroyed): a rank that never joined a collective its peers timed out in
+    leaves its dump too, which torch's analyser needs from every rank to name the missing one."""
     _by_group[group] = trace
-    _dump_at_exit()
+    if os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "").strip():
+        atexit.unregister(write_torch_dump)  # registered once
+        atexit.register(write_torch_dump)
 
 
 def trace_of(group) -> GroupTrace:
@@ -349,12 +348,9 @@ def recent(call: Optional[Call], trace: Optional[GroupTrace], dump: bool) -> str
     return text
 
 
-# ---------------------------------------------------------------------------------------------------
-# torch's format: what ``python -m torch.distributed.flight_recorder.fr_trace DIR`` reads
-# ---------------------------------------------------------------------------------------------------
-# torch's dump (the version its analyser reads): one pickled dict per rank with every group of the rank, in the
-# file ``$TORCH_FR_DUMP_TEMP_FILE<global rank>``. Sequence numbers are funcoll's own (the ones its errors name).
-TORCH_DUMP_VERSION = "2.10"
+# -- torch's format: what ``python -m torch.distributed.flight_recorder.fr_trace DIR`` reads (one pickled dict per
+# rank, every group of the rank); the sequence numbers are funcoll's own (the ones its errors name)
+TORCH_DUMP_VERSION = "2.10"  # the version torch's analyser reads
 
 # funcoll's op -> the collective's name in torch's recorder (c10d's names, which its analyser knows)
 _TORCH_OP = {"all_reduce_coalesced": "allreduce_coalesced", "all_gather_into_tensor": "_all_gather_base",
@@ -370,7 +366,7 @@ _SCALAR_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bf
                  "float8_e4m3fnuz": "Float8_e4m3fnuz", "float8_e5m2fnuz": "Float8_e5m2fnuz"}
 
 
-def _torch_entry(call: Call, pg_id: int, record_id: int, trace: GroupTrace) -> dict:
+def _torch_entry(call: Call, pg_id: int, trace: GroupTrace) -> dict:
     fp = call.fingerprint or {}
     row = row_of(call.op)
     ins, outs = row.sizes(fp)
@@ -378,14 +374,14 @@ def _torch_entry(call: Call, pg_id: int, record_id: int, trace: GroupTrace) -> d
     p2p = row.p2p
     name = _TORCH_OP.get(call.op, call.op)
     if p2p:
-        peer = call.fingerprint.get("peer")
+        peer = fp.get("peer")
         peer = "?" if peer in (None, "any") else peer
         name = f"send {call.rank}->{peer}" if call.op == "send" else f"recv {call.rank}<-{peer}"
     done = call.state in (COMPLETED, FAILED, INVALID)
-    return {"frames": [], "record_id": record_id, "pg_id": pg_id, "process_group": (trace.group, trace.desc),
+    return {"frames": [], "record_id": None, "pg_id": pg_id, "process_group": (trace.group, trace.desc),
             "thread_name": call.thread, "thread_id": call.thread,
             "collective_seq_id": trace.seq if p2p else call.seq,
-            "p2p_seq_id": call.p2p_seq if p2p else 0, "op_id": record_id,
+            "p2p_seq_id": call.p2p_seq if p2p else 0, "op_id": None,
             "profiling_name": call.name or f"funcoll:{name}", "time_created_ns": int(call.t_issued * 1e9),
             "input_sizes": ins, "input_dtypes": dtypes, "output_sizes": outs, "output_dtypes": dtypes,
             "state": "completed" if call.state == COMPLETED else "scheduled",
@@ -397,10 +393,9 @@ def _torch_entry(call: Call, pg_id: int, record_id: int, trace: GroupTrace) -> d
 
 def torch_dump() -> dict:
     """Every funcoll group of this process, in the format of torch's flight recorder (the dict torch pickles into
-    ``$TORCH_FR_DUMP_TEMP_FILE<rank>``), so ``python -m torch.distributed.flight_recorder.fr_trace DIR`` analyses
-    a funcoll job as it does an NCCL one: the group table names every group, and each entry its collective, group and
-    sequence number. Only numbered entries are listed: a request rejected before anything was sent, or a
-    monitored_barrier, has no sequence number to match across ranks."""
+    ``$TORCH_FR_DUMP_TEMP_FILE<rank>``), so torch's analyser reads a funcoll job as it reads an NCCL one. Only numbered
+    entries are listed: a request rejected before anything was sent, or a monitored_barrier, has no sequence number
+    to match across ranks."""
     pg_config: dict = {}
     pg_status: dict = {}
     entries: list = []
@@ -410,23 +405,12 @@ def torch_dump() -> dict:
         done = [c.seq for c in calls if c.seq is not None and c.state == COMPLETED]
         pg_status[str(pg_id)] = {"last_enqueued_collective": trace.seq - 1, "last_started_collective": -1,
                                  "last_completed_collective": max(done) if done else -1}
-        entries += [_torch_entry(c, pg_id, len(entries) + i, trace) for i, c in enumerate(calls)]
+        entries += [_torch_entry(c, pg_id, trace) for c in calls]
     entries.sort(key=lambda e: e["time_created_ns"])
     for i, e in enumerate(entries):
         e["record_id"] = e["op_id"] = i
     return {"version": TORCH_DUMP_VERSION, "pg_config": pg_config, "pg_status": pg_status, "comm_lib_version": "",
             "entries": entries}
-
-
-_at_exit: list = []
-
-
-def _dump_at_exit() -> None:
-    """With ``TORCH_FR_DUMP_TEMP_FILE`` set, a rank also writes its dump when the interpreter exits (and when a
-    group is destroyed): a rank that never joined a collective its peers timed out in leaves its dump too, which
-    torch's analyser needs from every rank to name the missing one."""
-    if not _at_exit and os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "").strip():
-        _at_exit.append(atexit.register(write_torch_dump))
 
 
 def write_torch_dump(path: Optional[str] = None) -> Optional[str]:

@@ -1,18 +1,12 @@
 """The state of one funcoll group, built once in ``ProcessGroupFuncoll.__init__`` and passed explicitly: its name,
 store and timeout, its flight recorder trace (and so its global ranks and sequence numbers), the switches, the size
-guard's backend and buffers.
-
-The switches are per group, read when the group is created (docs/conformance.md): the debug mode
-(``FUNCOLL_DEBUG``, :func:`set_debug`) and the size guard (``FUNCOLL_GUARD``, ``funcoll.Options(guard=...)``,
-:func:`set_guard`); the NaN check, ``TORCH_DIST_NAN_CHECK=1`` (torch's backend-agnostic check, run by funcoll on every
-torch version). Neither check runs on a group of one rank or on a local store (HashStore, FakeStore): there is nothing
-to compare. These functions are public as ``funcoll.debug``.
+guard's backend. The switches (the debug mode, the size guard, the NaN check) are per group, read when
+the group is created (docs/conformance.md); the functions below are public as ``funcoll.debug``.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from datetime import timedelta
 from typing import Optional, Sequence
 
@@ -72,11 +66,7 @@ class GroupState:
         self.guard = self._checkable and (guard_from_env() if guard is None else bool(guard))
         self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
         self.native: dict = {}  # the eager fast path's answer per request signature (funcoll.entry.fast_path)
-        # the size guard's: the CPU transport's gloo backend (set when the group makes its CPU transport) and its
-        # reused digest buffers (another thread on the same group allocates its own)
-        self.guard_backend = None
-        self.guard_lock = threading.Lock()
-        self.guard_bufs: Optional[tuple] = None
+        self.guard_backend = None  # the size guard's: the CPU transport's gloo backend, once the group makes it
 
     def set_timeout(self, timeout: timedelta) -> None:
         self.timeout, self.timeout_s = timeout, timeout.total_seconds()

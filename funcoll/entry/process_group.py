@@ -463,7 +463,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         """Drops the transports and calls ``how`` ("shutdown" or "abort") on each one's own backend."""
         with self._lock:
             transports, self._transports = dict(self._transports), {}
-        self._state.guard_backend = self._state.guard_bufs = None  # the size guard's CPU backend and its buffers
+        self._state.guard_backend = None  # the size guard's CPU backend
         for tp in transports.values():
             stop = getattr(getattr(tp, "backend", None), how, None)
             if stop is not None:
