@@ -1,7 +1,5 @@
-"""The machinery of the fact tables that say, per library version, what a backend does natively (XCCL:
-:mod:`funcoll.transport.xpu`, TorchTPU: :mod:`funcoll.transport.tpu`): one :class:`Fact` per row, the text in force on
-a version row, the label each fact gets in derived capabilities' ``sources``, and the version parser. Each device file
-holds only its rows, with their upstream sources, and its own gate (what makes a fact native on its stack)."""
+"""The fact-table machinery shared by XCCL (:mod:`funcoll.transport.xpu`) and TorchTPU (:mod:`funcoll.transport.tpu`),
+whose files hold only their rows (with upstream sources) and their own gate."""
 
 from __future__ import annotations
 
@@ -38,30 +36,23 @@ def version_text(v: Optional[Version]) -> str:
 
 @dataclass(frozen=True)
 class Fact:
-    """One fact about a backend, with its upstream source. ``what``: the request; ``strategy``: what funcoll does where
-    the fact is not native; ``by_version``: what the backend does, as ``(first row, text)`` pairs (a row without an
-    entry has the previous entry's text); ``unknown``: what no source says, and the safe choice funcoll makes; ``info``:
-    a rule funcoll respects or reports on every version (it switches no plan). ``native_since``: the version from which
-    funcoll hands the request to the backend by default (None: never): torch_tpu's row for TorchTPU; for XCCL, the
-    oneCCL found at run time on the scale-up path.
-
-    XCCL's own gate: ``scale_out_since`` (the same on the scale-out path: oneCCL's two paths have different reduce ops),
-    ``overridable`` (the topologies on which ``FUNCOLL_XPU_OVERRIDE`` may flip it; none where the library raises),
-    ``build`` (what depends on the oneCCL torch was built against), ``always`` (native on every stack of its backend:
-    done inside the backend, not by oneCCL)."""
+    """One fact about a backend, with its upstream source."""
 
     key: str
-    what: str
-    strategy: str
+    what: str  # the request
+    strategy: str  # what funcoll does where the fact is not native
     source: str
-    by_version: Tuple[Tuple[str, str], ...] = ()
-    unknown: str = ""
-    info: bool = False
+    by_version: Tuple[Tuple[str, str], ...] = ()  # (first row, what the backend does), each in force until the next
+    unknown: str = ""  # what no source says, and the safe choice funcoll makes
+    info: bool = False  # a rule funcoll respects or reports on every version (it switches no plan)
+    # from which version funcoll hands the request to the backend by default (None: never): torch_tpu's row for
+    # TorchTPU; for XCCL, the oneCCL found at run time on the scale-up path
     native_since: Optional[Version] = None
-    scale_out_since: Optional[Version] = None
-    overridable: Tuple[str, ...] = ()
-    build: str = ""
-    always: bool = False
+    # XCCL's own gate (oneCCL's scale-up and scale-out paths have different reduce ops):
+    scale_out_since: Optional[Version] = None  # native_since on the scale-out path
+    overridable: Tuple[str, ...] = ()  # the topologies where FUNCOLL_XPU_OVERRIDE may flip it (none where it raises)
+    build: str = ""  # what depends on the oneCCL torch was built against
+    always: bool = False  # native on every stack of its backend (done inside the backend, not by oneCCL)
     if_unknown: str = field(default="", compare=False)  # what at(None) says; set by table()
 
     def at(self, row: Optional[str]) -> str:

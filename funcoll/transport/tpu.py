@@ -1,16 +1,6 @@
 """The TorchTPU transport: funcoll's algorithms over TorchTPU's ``ProcessGroupTpu`` (backend ``tpu_dist``) for tensors
-on its ``tpu`` device (the PrivateUse1 key renamed by ``torch_tpu``), on current torch (TorchTPU 0.2 needs torch
-2.11-2.15; torch_xla stops at torch 2.9).
-
-* Primitives: :class:`TpuTransport` is :class:`~funcoll.transport.c10d.C10dTransport` driving a ProcessGroupTpu;
-  tensors stay on the device. A call ProcessGroupTpu answers without a Work (it returns one only for asynchronous
-  calls) is complete.
-* Capabilities: :func:`derive`, a pure function of the torch_tpu version over :data:`TORCHTPU_FACTS` (the only place
-  TorchTPU facts live, each with its evidence). ``FUNCOLL_PROFILE=torchtpu`` imposes the newest row on the CPU
-  transport (:func:`conservative_profile`), so every path funcoll fills for TorchTPU runs over gloo on any machine.
-* Groups: a group TorchTPU made (``init_process_group("tpu")``, ``"cpu:gloo,tpu:tpu_dist"``,
-  ``"cpu:funcoll,tpu:tpu_dist"``) lends funcoll its tpu backend: the preferred route. A funcoll group (``"funcoll"``)
-  builds a ProcessGroupTpu of its own with TorchTPU's creator.
+on its ``tpu`` device, on current torch (TorchTPU 0.2 needs torch 2.11-2.15; torch_xla stops at torch 2.9).
+:func:`derive` reads :data:`TORCHTPU_FACTS` only; docs/torchtpu.md says how groups, profiles and tests use them.
 
 Importing this module imports neither torch_tpu nor a TPU runtime: the version is read from the package metadata, and
 nothing touches the ``tpu`` device until a transport is created for a ``tpu`` tensor.
@@ -23,6 +13,7 @@ from importlib import metadata
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from torch._C import _distributed_c10d as C
 
 from funcoll.semantics import FLOAT8, ReduceOp
@@ -38,8 +29,7 @@ __all__ = ["TORCHTPU_FACTS", "Fact", "TpuTransport", "derive", "capabilities", "
 R = ReduceOp
 BACKEND_NAME = "tpu_dist"  # ProcessGroupTpu::getBackendName()
 
-# The torch_tpu versions the table has a row for; any other version (older, newer, or not found) is "unknown": every
-# fact that switches a plan takes funcoll's strategy there (the safe choice), the baseline primitives stay native.
+# The torch_tpu versions the table has a row for; any other version (older, newer, or not found) is "unknown" (derive)
 VERSION_ROWS = ("0.2",)
 KNOWN_UNTIL = "torch_tpu 0.2.0 wheel, torch-2.15 glue (read 2026-11)"
 
@@ -51,16 +41,11 @@ KNOWN_UNTIL = "torch_tpu 0.2.0 wheel, torch-2.15 glue (read 2026-11)"
 _INTS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
                    torch.uint64})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-_LOW = frozenset({torch.float16, torch.bfloat16})
-# internal::ToElementType (dtype.cc:214, jump table decoded): every dtype funcoll knows, float8 included
-_TPU_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8
 _TPU_REDUCE_DTYPES = _INTS | _FLOATS | {torch.bool}
 _V02 = (0, 2)  # native_since: the torch_tpu row from which funcoll hands the request to ProcessGroupTpu
 
-# ======================================================================================================
-# THE TORCHTPU FACT TABLE. Every ProcessGroupTpu capability funcoll relies on is here, with its evidence; derive()
-# reads nothing else. docs/torchtpu.md renders the same table.
-# ======================================================================================================
+# THE TORCHTPU FACT TABLE: every ProcessGroupTpu capability funcoll relies on, with its evidence (derive() reads
+# nothing else; docs/torchtpu.md renders it).
 TORCHTPU_FACTS = table(
     "torch_tpu", lambda fact: "not known" if fact.info else "not known; funcoll's strategy",
     Fact("avg_float", "ReduceOp.AVG on float32/float64 (all_reduce, reduce_scatter)", native_since=_V02,
@@ -189,9 +174,8 @@ def version_row(torch_tpu_version) -> Optional[str]:
 
 
 def derive(torch_tpu_version) -> VersionedCapabilities:
-    """The capabilities of ProcessGroupTpu in one torch_tpu version: a pure function of it. An unknown version (None,
-    or one the table has no row for) hands TorchTPU only the baseline primitives; every switchable fact takes funcoll's
-    strategy."""
+    """ProcessGroupTpu's capabilities in one torch_tpu version. An unknown version (None, or one without a row) hands
+    TorchTPU only the baseline primitives; every switchable fact takes funcoll's strategy."""
     row = version_row(torch_tpu_version)
 
     def native(key: str) -> bool:
@@ -206,25 +190,19 @@ def derive(torch_tpu_version) -> VersionedCapabilities:
     refused = set()
     if native("avg_float"):
         reduce_ops.add(R.AVG)
-        refused |= {(R.AVG, d) for d in _INTS | {torch.bool}}  # avg_int: never native
-        refused |= {(R.AVG, d) for d in _LOW}  # avg_low_precision: never native
+        # avg_int and avg_low_precision: never native
+        refused |= {(R.AVG, d) for d in _TPU_REDUCE_DTYPES - {torch.float32, torch.float64}}
     if native("bitwise"):
         reduce_ops |= {R.BAND, R.BOR, R.BXOR}
         refused |= {(op, d) for op in (R.BAND, R.BOR, R.BXOR) for d in _FLOATS}
     vstr = version_text(_version(torch_tpu_version))
     return VersionedCapabilities(
-        name=f"torchtpu[{vstr}]",
-        primitives=frozenset(primitives),
-        reduce_ops=frozenset(reduce_ops),
-        dtypes=_TPU_DTYPES,
-        reduce_dtypes=_TPU_REDUCE_DTYPES,
-        refused_pairs=frozenset(refused),
-        uneven_all_to_all=native("uneven_all_to_all"),
-        is_async=True,
-        p2p_any_shape=False,  # same_ops_every_rank: no per-pair message sizes
+        name=f"torchtpu[{vstr}]", versions={"torch_tpu": vstr, "row": row or "unknown"},
         sources={f"torchtpu.{k}": label(f, native(k)) for k, f in TORCHTPU_FACTS.items()},
-        versions={"torch_tpu": vstr, "row": row or "unknown"},
-    )
+        primitives=frozenset(primitives), reduce_ops=frozenset(reduce_ops), refused_pairs=frozenset(refused),
+        dtypes=_TPU_REDUCE_DTYPES | FLOAT8,  # every dtype funcoll knows (internal::ToElementType, dtype.cc:214)
+        reduce_dtypes=_TPU_REDUCE_DTYPES, uneven_all_to_all=native("uneven_all_to_all"), is_async=True,
+        p2p_any_shape=False)  # same_ops_every_rank: no per-pair message sizes
 
 
 def conservative_profile(torch_tpu_version="0.2.0") -> Capabilities:
@@ -244,11 +222,8 @@ def torch_tpu_version() -> Optional[str]:
 def capabilities(profile: Optional[str] = None, *, version=None) -> VersionedCapabilities:
     """What funcoll's ``tpu`` transport does natively with the installed torch_tpu (or torch_tpu ``version``); the rest
     funcoll fills. ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with."""
-    src = "given"
-    v = version
-    if v is None:
-        v = torch_tpu_version()
-        src = "package metadata of torch-tpu" if v else "not installed: unknown version"
+    v = torch_tpu_version() if version is None else version
+    src = "given" if version is not None else "package metadata of torch-tpu" if v else "not installed: unknown version"
     caps = derive(v)
     name = profile if profile is not None else active_profile_name()
     if name and name != "torchtpu":
@@ -258,9 +233,8 @@ def capabilities(profile: Optional[str] = None, *, version=None) -> VersionedCap
 
 
 class TpuTransport(C10dTransport):
-    """The primitives of a ProcessGroupTpu for ``tpu`` tensors. Everything is reused from ``C10dTransport``; this class
-    says where small control tensors live (the group's ``tpu`` device), completes a call ProcessGroupTpu answered
-    without a Work, hands the barrier no option ProcessGroupTpu refuses, and names the split bound."""
+    """``C10dTransport`` over a ProcessGroupTpu, with control tensors on the group's ``tpu`` device, a call answered
+    without a Work complete, and a barrier with no option (ProcessGroupTpu refuses any)."""
 
     dtype_views = False  # a view as another dtype is not verified under TorchTPU's deferred eager mode: convert
     # bits_as (the masked sum of broadcast and scatter) stays a view: TorchTPU 0.2.0 has no PrivateUse1 kernel for
@@ -272,17 +246,10 @@ class TpuTransport(C10dTransport):
 
     def __init__(self, backend, caps: Capabilities, device=None, device_type: str = "tpu"):
         super().__init__(backend, caps, device_type)
-        self._device = torch.device(device) if device is not None else None
+        # one TPU device per process (ProcessGroupTpu)
+        self.control_device = torch.device(device) if device is not None else torch.device(device_type, 0)
         self.premul_in_place = False  # PREMUL_SUM never reaches ProcessGroupTpu (the table has none)
 
-    @property
-    def control_device(self) -> torch.device:
-        d = self._device
-        if d is None:
-            d = self._device = torch.device(self.device_type, 0)  # one TPU device per process (ProcessGroupTpu)
-        return d
-
-    # the other primitives are C10dTransport's, each completed when ProcessGroupTpu answers without a Work (see below)
     def _reduce_scatter(self, out, inp, red):
         o = C.ReduceScatterOptions()
         o.reduceOp = c10d_op(red)
@@ -297,10 +264,6 @@ class TpuTransport(C10dTransport):
         w = self.backend.recv([t], src, tag)
         return DONE if w is None else waited(w, [t])
 
-    def _barrier(self):
-        w = self.backend.barrier(C.BarrierOptions())  # default options: ProcessGroupTpu refuses any
-        return DONE if w is None else w
-
     def split_bound(self) -> Optional[int]:
         return promised_split_bound()
 
@@ -313,7 +276,8 @@ def _completed(primitive):
     return run
 
 
-for _name in ("_all_reduce", "_all_gather", "_all_to_all", "_broadcast", "_reduce", "_gather", "_scatter"):
+# (C10dTransport's barrier hands default options: ProcessGroupTpu refuses any)
+for _name in ("_all_reduce", "_all_gather", "_all_to_all", "_broadcast", "_reduce", "_gather", "_scatter", "_barrier"):
     setattr(TpuTransport, _name, _completed(getattr(C10dTransport, _name)))
 
 
@@ -326,8 +290,7 @@ def _is_tpu_backend(backend) -> bool:
 
 def check_group_size(name: str, size: int, world_size: int) -> None:
     """ProcessGroupTpu's rule that funcoll cannot fill (the replica groups are ProcessGroupTpu's): a group's size
-    divides the TPU slice size, the world of a job with one TPU per process. Refused on the calling rank when the
-    group's tpu transport is made, before anything is sent."""
+    divides the TPU slice size (the world: one TPU per process). Refused on the calling rank before anything is sent."""
     if size < 1 or world_size % size:
         raise ValueError(f"funcoll: group {name!r} has {size} ranks, which does not divide the TPU slice size "
                          f"({world_size}, one TPU per process); TorchTPU's ProcessGroupTpu requires 'TPU slice size "
@@ -336,11 +299,8 @@ def check_group_size(name: str, size: int, world_size: int) -> None:
 
 
 def _funcoll_tpu(ctx: GroupContext) -> TpuTransport:
-    """A ProcessGroupTpu of its own for one funcoll group, made with TorchTPU's creator (every rank calls it). The
-    preferred route is a group TorchTPU made ("cpu:funcoll,tpu:tpu_dist"): ProcessGroupTpu gathers sub-groups through
-    the root store's keys, shared with the groups TorchTPU makes itself."""
-    from torch.distributed import PrefixStore
-
+    """A ProcessGroupTpu of its own for one funcoll group, made with TorchTPU's creator (every rank calls it); a group
+    TorchTPU made is preferred (docs/torchtpu.md: sub-groups go through the root store's keys)."""
     check_group_size(ctx.name, ctx.size, ctx.world_size)
     try:
         from torch_tpu._internal.distributed import tpu_distributed  # type: ignore[import-not-found]
@@ -348,7 +308,7 @@ def _funcoll_tpu(ctx: GroupContext) -> TpuTransport:
         raise RuntimeError(f"funcoll: tpu tensors need TorchTPU's ProcessGroupTpu (torch_tpu "
                            f"{torch_tpu_version() or 'is not installed'}); pip install torch-tpu, or create the "
                            f"group with 'cpu:funcoll,tpu:tpu_dist'") from None
-    backend = tpu_distributed.create_process_group(PrefixStore("funcoll-tpu/", ctx.store), ctx.rank, ctx.size,
+    backend = tpu_distributed.create_process_group(dist.PrefixStore("funcoll-tpu/", ctx.store), ctx.rank, ctx.size,
                                                    ctx.timeout)
     return TpuTransport(backend, capabilities())
 

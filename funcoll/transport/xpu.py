@@ -1,14 +1,7 @@
-"""The XPU transport: funcoll's algorithms over the group's XCCL (oneCCL) c10d backend.
-
-* Primitives: :class:`XcclTransport` is :class:`~funcoll.transport.c10d.C10dTransport` driving a ``ProcessGroupXCCL``;
-  tensors stay on the device.
-* Capabilities: :func:`derive`, a pure function of the stack over the fact tables :data:`XCCL_FACTS`
-  (ProcessGroupXCCL, per torch version) and :data:`XCCL2_FACTS` (xccl2), each fact with its source, and the open
-  upstream reports :data:`OPEN_REPORTS` (docs/xpu.md explains each input). ``FUNCOLL_XPU_OVERRIDE="avg=strategy,..."``
-  flips single facts for a stack known to be broken (or good).
-* Groups: a funcoll group gets a ``ProcessGroupXCCL`` of its own, built from the group's store; a group made with
-  another backend (``"xccl"``, ``"xccl2"``, ``"cpu:gloo,xpu:xccl"``) lends funcoll its XPU backend, whose class picks
-  the table.
+"""The XPU transport: funcoll's algorithms over the group's XCCL (oneCCL) c10d backend (:class:`XcclTransport`), and
+its capabilities: :func:`derive`, a pure function of the stack over the fact tables :data:`XCCL_FACTS`
+(ProcessGroupXCCL, per torch version) and :data:`XCCL2_FACTS` (xccl2) and the open upstream reports
+:data:`OPEN_REPORTS`; docs/xpu.md explains each input, ``FUNCOLL_XPU_OVERRIDE`` and the groups funcoll drives.
 
 Importing this module never imports or initialises the XPU runtime: nothing here touches ``torch.xpu`` until a
 transport is created for an XPU tensor.
@@ -19,12 +12,14 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import socket
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 import torch._C._distributed_c10d as C
+import torch.distributed as dist
 
 from funcoll.semantics import FLOAT8, ReduceOp
 from funcoll.transport import PRIMITIVES, Capabilities, active_profile_name
@@ -55,21 +50,18 @@ ENV_ONECCL_BUILD_VERSION = "FUNCOLL_ONECCL_BUILD_VERSION"
 ENV_TOPOLOGY = "FUNCOLL_XPU_TOPOLOGY"
 
 # dtypes ProcessGroupXCCL moves and reduces: the ``xcclDatatypes`` map (intel/torch-xpu-ops src/xccl/xccl.h:96-111
-# at ab84f925; ProcessGroupXCCL.cpp before). bool is carried as ccl uint8. float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz are
-# carried as ccl uint8 for non-reducing ops only; funcoll moves every float8 dtype as a uint8 view itself (the same
-# bytes on the wire, and it also covers float8_e8m0fnu, which is not in the map), so no float8 dtype is listed here.
+# at ab84f925; ProcessGroupXCCL.cpp before), bool carried as ccl uint8. No float8: funcoll moves every float8 dtype
+# as a uint8 view itself (the float8 fact).
 _XCCL_DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.float32,
                           torch.float64, torch.bfloat16, torch.bool})
-_XCCL_INTS = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 SCALE_UP, SCALE_OUT = "scale-up", "scale-out"
 TOPOLOGIES = (SCALE_UP, SCALE_OUT)
 
-# The torch versions the table has a row for. A row is what ProcessGroupXCCL does in that release, read from
-# intel/torch-xpu-ops release/2.x branch tips (assumed to be what torch 2.x pins); "2.15" is torch-xpu-ops main as of
-# 2026-08-22 (no release/2.15 branch was readable: what 2.15 pins later is unknown). torch 2.8 takes the 2.9 row (the
-# same PREMUL_SUM refusal); a torch newer than 2.15 takes the 2.15 row.
+# The torch versions the table has a row for: what ProcessGroupXCCL does in that release, read from intel/torch-xpu-ops
+# release/2.x branch tips (assumed to be what torch 2.x pins); "2.15" is torch-xpu-ops main as of 2026-08-22 (no
+# release/2.15 branch was readable: what 2.15 pins later is unknown).
 TORCH_ROWS = ("2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15")
 KNOWN_UNTIL = "intel/torch-xpu-ops main at ab84f925 (2026-08-22)"
 
@@ -83,29 +75,20 @@ def torch_row(torch_version) -> Optional[str]:
     tv = _version(torch_version)
     if tv is None or len(tv) < 2:
         return None
-    v = min(max(tv[:2], (2, 9)), (2, 15))  # torch 2.8 takes the 2.9 row, a torch newer than 2.15 the 2.15 row
+    v = min(max(tv[:2], (2, 9)), (2, 15))  # 2.8: the 2.9 row (the same PREMUL_SUM refusal); after 2.15: the 2.15 row
     return f"{v[0]}.{v[1]}"
 
 
 _BOTH = TOPOLOGIES
 _NEVER: Tuple[str, ...] = ()
-_PREMUL_NATIVE_AR = "2.12"  # from this row, ProcessGroupXCCL scales and sums PREMUL_SUM itself (all_reduce: native)
-_PREMUL_ONECCL_ROW = "2.11"  # the only row in which oneCCL's own PreMulSum is used for all_reduce / reduce_scatter
 _PREMUL_BUILD_2_11 = (2021, 17)  # ENABLE_XCCL_PREMUL_SUM_SUPPORT in torch 2.11 (release/2.11 xccl.h:29-33)
-_GRAPH_CAPTURE_ROW, _GRAPH_CAPTURE_ONECCL = "2.13", (2022, 0)
 
 
-def _strategy_used(fact: Fact) -> str:
-    return "the strategy is used"
-
-
-# ======================================================================================================
-# THE XCCL FACT TABLE. Every XCCL capability funcoll relies on is here, with its source; derive() reads
-# nothing else. docs/xpu.md renders the same table. Paths are intel/torch-xpu-ops src/xccl/... at main ab84f925
-# (2026-08-22) unless a release branch is named; PGX = ProcessGroupXCCL.cpp; dates are merge dates.
-# ======================================================================================================
+# THE XCCL FACT TABLE: every XCCL capability funcoll relies on, with its source (derive() reads nothing else;
+# docs/xpu.md renders it). Paths are intel/torch-xpu-ops src/xccl/... at main ab84f925 (2026-08-22) unless a release
+# branch is named; PGX = ProcessGroupXCCL.cpp; dates are merge dates.
 XCCL_FACTS = table(
-    "torch", _strategy_used,
+    "torch", lambda fact: "the strategy is used",
     Fact("avg", "ReduceOp.AVG on floating dtypes (all_reduce)",
          native_since=(2022, 0), scale_out_since=(2022, 0), overridable=_BOTH,
          strategy="SUM, then divide on the device (fp16/bf16: float32 reduce_scatter, divide, all_gather)",
@@ -264,17 +247,13 @@ XCCL_FACTS = table(
                      ("2.12", "each wrapped in a group call"))),
 )
 
-# ======================================================================================================
 # OPEN REPORTS: a native request seen going wrong upstream, with no fixed oneCCL named by a maintainer. While one
-# covers the stack (fact, topology, oneCCL found at run time, GPU family when the device name is known), derive()
-# takes the strategy for that fact, even where its version gate passes; the live group's probe (FUNCOLL_PROBE=1,
-# funcoll.probe.run) may verify the request and make it native for that group, and FUNCOLL_XPU_OVERRIDE may say native.
-# ======================================================================================================
+# covers the stack, derive() takes the strategy for that fact even where its gate passes, unless the live group's
+# probe (funcoll.probe.run) verified the request or FUNCOLL_XPU_OVERRIDE says native.
 @dataclass(frozen=True)
 class Report:
-    """One open upstream report. ``gpus``: a regular expression over the device name (``torch.xpu.get_device_name``),
-    None when the report is not tied to a GPU; an unknown device name is covered. ``fixed_in``: the first oneCCL with
-    the fix, once a maintainer names one (None: every version)."""
+    """One open upstream report. ``gpus``: a regular expression over the device name (None: any GPU; an unknown name
+    is covered); ``fixed_in``: the first oneCCL with the fix, once a maintainer names one (None: every version)."""
 
     ref: str
     facts: Tuple[str, ...]
@@ -308,13 +287,10 @@ def open_reports(fact: str, topology: str, oneccl: Optional[Version], gpu: Optio
     return tuple(r for r in OPEN_REPORTS if r.covers(fact, topology, oneccl, gpu))
 
 
-# ======================================================================================================
-# THE BACKEND CLASS. The facts above are ProcessGroupXCCL's (torch-xpu-ops). ``xccl2`` (pytorch/pytorch#194761, open
-# RFC, 2026-08-25: torchcomms' XCCL backend ported into c10d on oneCCL's v2 C API, the sibling of ``nccl2``, whose
-# class torch 2.15 names ProcessGroupNCCL2; funcoll expects ProcessGroupXCCL2) has the facts of XCCL2_FACTS, read from
-# meta-pytorch/torchcomms comms/torchcomms/xccl/ at 59426ba4 (2026-08-21): TCX = TorchCommXCCL.cpp, TCXU =
-# TorchCommXCCLUtils.cpp. Any other class takes the conservative row.
-# ======================================================================================================
+# THE BACKEND CLASS. The facts above are ProcessGroupXCCL's (torch-xpu-ops); ``xccl2`` (pytorch/pytorch#194761, open
+# RFC, 2026-08-25: torchcomms' XCCL backend in c10d on oneCCL's v2 C API; funcoll expects class ProcessGroupXCCL2; see
+# docs/xpu.md) has XCCL2_FACTS, read from XCCL2_SOURCE: TCX = TorchCommXCCL.cpp, TCXU = TorchCommXCCLUtils.cpp. Any
+# other class takes the conservative row.
 XCCL_CLASS, XCCL2_CLASS = "ProcessGroupXCCL", "ProcessGroupXCCL2"
 BACKEND_LABELS = {XCCL_CLASS: "xccl", XCCL2_CLASS: "xccl2"}
 XCCL2_SOURCE = "meta-pytorch/torchcomms comms/torchcomms/xccl at 59426ba4 (2026-08-21)"
@@ -330,7 +306,7 @@ def _xccl2(key: str, does: str, overridable: Tuple[str, ...] = _NEVER, *, source
 
 
 XCCL2_FACTS = table(
-    "torch", _strategy_used,
+    "torch", lambda fact: "the strategy is used",
     _xccl2("avg", "SUM, then tensor.div_(group size)", _BOTH, always=True,
            source="all_reduce turns AVG into SUM and divides the result in place by the group size (TCX:860-907, "
                   "'AVG issue: uxlfoundation/oneCCL#195'): onecclAvg is never called, so the open AVG reports "
@@ -372,11 +348,6 @@ XCCL2_FACTS = table(
          by_version=(("2.9", "sends first within a group"),)),
 )
 
-# stock torch wheels ship ProcessGroupXCCL from 2.8 (docs/design.md section 1); source builds with USE_XCCL=1 from 2.7
-# (huggingface/accelerate#3401)
-XCCL_BACKEND_SINCE = (2, 8)
-
-
 def backend_class(backend=None) -> str:
     """The class name of the XPU backend that will run the calls: ``backend`` may be None (ProcessGroupXCCL: what a
     funcoll group creates), a label (``"xccl"``, ``"xccl2"``), a class name, a class or a backend object."""
@@ -389,8 +360,7 @@ def backend_class(backend=None) -> str:
 
 
 def fact_table(backend=None) -> Dict[str, Fact]:
-    """The facts of ``backend`` (see :func:`backend_class`): XCCL_FACTS for ProcessGroupXCCL, XCCL2_FACTS for xccl2,
-    and for any other class XCCL_FACTS read as nothing native (the conservative row)."""
+    """XCCL2_FACTS for xccl2, else XCCL_FACTS (any class but ProcessGroupXCCL reads them as the conservative row)."""
     return XCCL2_FACTS if backend_class(backend) == XCCL2_CLASS else XCCL_FACTS
 
 
@@ -407,9 +377,9 @@ def _override_rule(key: str, row: Optional[str], build: Optional[Version], topol
         return _NEVER, f"cannot be overridden on {cls} (an XPU backend funcoll has no facts for: the conservative row)"
     fact = fact_table(cls)[key]
     if cls == XCCL_CLASS and key in ("premul_sum", "premul_sum_reduce_scatter") and row is not None:
-        if row_key(row) < row_key(_PREMUL_ONECCL_ROW):
+        if row_key(row) < (2, 11):
             return _NEVER, f"cannot be overridden on torch {row} (ProcessGroupXCCL raises on PREMUL_SUM)"
-        if row == _PREMUL_ONECCL_ROW:
+        if row == "2.11":  # the only row in which oneCCL's own PreMulSum is used for all_reduce / reduce_scatter
             if build is None or build < _PREMUL_BUILD_2_11:
                 b = ".".join(map(str, build)) if build else "an unknown oneCCL"
                 return _NEVER, (f"cannot be overridden on torch 2.11 built against {b} (PreMulSum needs oneCCL >= "
@@ -429,9 +399,8 @@ def _override_rule(key: str, row: Optional[str], build: Optional[Version], topol
 # -- capabilities ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class XcclCapabilities(VersionedCapabilities):
-    """The capabilities :func:`derive` gives, plus ``unverified``: the same table with the facts that only an open
-    report keeps off the native path made native (None when there are none). :func:`funcoll.probe.run` checks that
-    table's extra requests on the live group and keeps, for that group, those that were right on every rank."""
+    """:func:`derive`'s capabilities, plus ``unverified``: the same with the facts only an open report keeps off the
+    native path made native (None when there are none), whose extra requests :func:`funcoll.probe.run` verifies."""
 
     unverified: Optional[Capabilities] = field(default=None, compare=False)
 
@@ -454,9 +423,8 @@ _OVERRIDE_WORDS = {**dict.fromkeys(("native", "on", "1", "true"), True),
 
 def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
                    oneccl_build=None, backend=None) -> Dict[str, bool]:
-    """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}. Unknown facts, and facts that
-    cannot be flipped on ``topology`` for this torch version, build oneCCL and backend class, are a ValueError naming
-    the valid ones."""
+    """``"avg=strategy, int_minmax=native"`` -> {"avg": False, "int_minmax": True}; a fact that is unknown or cannot
+    be flipped on ``topology`` (for this torch, build oneCCL and backend) is a ValueError naming the valid ones."""
     if not override:
         return {}
     if isinstance(override, Mapping):
@@ -486,13 +454,12 @@ def parse_override(override, topology: str = SCALE_OUT, torch_version=None,
 def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], versions: Dict[str, str],
            premul_on_reduce: bool = False, unverified: Optional[Capabilities] = None,
            lists: bool = False) -> XcclCapabilities:
-    """The capabilities whose facts ``native(key)`` says are native. ``premul_on_reduce``: PREMUL_SUM on reduce follows
-    ``premul_sum_reduce_scatter`` (xccl2), else it is never native (ProcessGroupXCCL: oneCCL's Reduce has no
-    PreMulSum). ``lists``: the list all_gather and reduce_scatter serve a size per rank (ProcessGroupXCCL::allgather:
-    one _broadcast_oop per rank, ::reduce_scatter: one _reduce_oop per destination, when the sizes differ;
-    intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14 and main ab84f925)."""
+    """The capabilities whose facts ``native(key)`` says are native. ``premul_on_reduce`` (xccl2): PREMUL_SUM on reduce
+    follows ``premul_sum_reduce_scatter``, else never (oneCCL's Reduce has no PreMulSum). ``lists``: the list forms
+    serve a size per rank (ProcessGroupXCCL::allgather / ::reduce_scatter: one _broadcast_oop / _reduce_oop per rank
+    when the sizes differ; intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14 and main ab84f925)."""
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
-    refused = {(op, d) for op in (R.AVG,) for d in _XCCL_INTS | {torch.bool}}  # avg_int
+    refused = {(R.AVG, d) for d in _XCCL_DTYPES - _FLOATS}  # avg_int (integers and bool)
     refused_on = set()
     # AVG and PREMUL_SUM: native per primitive, each by its own facts
     for op, on_ar, on_rs, on_reduce in (
@@ -508,35 +475,20 @@ def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], ve
         elif op is R.AVG:
             refused_on.add(("reduce", R.AVG))
     if not native("int_minmax"):
-        refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_INTS | {torch.bool}}
+        refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_DTYPES - _FLOATS}
     return XcclCapabilities(
-        name=name,
-        primitives=frozenset(set(PRIMITIVES) - {"all_reduce_coalesced"}),
-        reduce_ops=frozenset(reduce_ops),
-        dtypes=_XCCL_DTYPES,
-        reduce_dtypes=_XCCL_DTYPES,
-        refused_pairs=frozenset(refused),
-        uneven_all_to_all=native("uneven_all_to_all"),
-        uneven_all_gather=lists,
-        uneven_reduce_scatter=lists,
-        refused_on=frozenset(refused_on),
-        sources=sources,
-        versions=versions,
-        unverified=unverified,
-    )
+        name=name, sources=sources, versions=versions, unverified=unverified,
+        primitives=frozenset(set(PRIMITIVES) - {"all_reduce_coalesced"}), reduce_ops=frozenset(reduce_ops),
+        dtypes=_XCCL_DTYPES, reduce_dtypes=_XCCL_DTYPES,
+        refused_pairs=frozenset(refused), refused_on=frozenset(refused_on),
+        uneven_all_to_all=native("uneven_all_to_all"), uneven_all_gather=lists, uneven_reduce_scatter=lists)
 
 
 def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_build=None, backend=None,
            gpu: Optional[str] = None) -> XcclCapabilities:
-    """The XCCL capabilities of a stack: a pure function of (torch version, oneCCL found at run time, override,
-    topology, oneCCL torch was built against, the backend class that runs the calls, the GPU's name).
-
-    None means unknown, and takes the safe side: an unknown oneCCL or torch makes no fact gated on it native; an
-    unknown topology is scale-out (what every path has); an unknown build oneCCL allows no override that needs it; an
-    unknown GPU is covered by every GPU-specific open report. ``backend`` (see :func:`backend_class`) None means
-    ProcessGroupXCCL; xccl2 has its own facts; any other class gets the conservative row (nothing but
-    SUM/PRODUCT/MIN/MAX of floats and SUM/PRODUCT of integers native, no override).
-    """
+    """The XCCL capabilities of a stack, a pure function of its inputs (docs/xpu.md, "Capability table"). None means
+    unknown and takes the safe side: no fact gated on it native, scale-out, no override that needs the build oneCCL,
+    every GPU-specific open report; a backend class (:func:`backend_class`) with no facts gets the conservative row."""
     row, ov, build = torch_row(torch_version), _version(oneccl_version), _version(oneccl_build)
     topo, cls = parse_topology(topology), backend_class(backend)
     flips = parse_override(override, topo, torch_version, oneccl_build, cls)
@@ -545,13 +497,13 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
 
     def gate(key: str) -> bool:
         """The fact's own rule (torch row, oneCCL version, topology), before reports and overrides."""
-        fact = facts.get(key)
-        if fact is None or fact.info or cls not in BACKEND_LABELS:
+        fact = facts[key]
+        if fact.info or cls not in BACKEND_LABELS:
             return False
         if fact.always:
             return True
-        if cls == XCCL_CLASS and key == "premul_sum":  # the torch row decides: own scale + SUM from 2.12
-            return row is not None and row_key(row) >= row_key(_PREMUL_NATIVE_AR)
+        if cls == XCCL_CLASS and key == "premul_sum":  # the torch row decides: ProcessGroupXCCL's own scale + SUM
+            return row is not None and row_key(row) >= (2, 12)
         since = fact.native_since if topo == SCALE_UP else fact.scale_out_since
         return since is not None and ov is not None and ov >= since
 
@@ -572,13 +524,11 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
                 f"cover{'' if many else 's'} this stack ({topo}, oneCCL {version_text(ov)}, GPU {gpu or 'unknown'}): "
                 f"native once funcoll.probe verifies it on the live group, or with {ENV_OVERRIDE}={key}=native")
 
-    if row is not None and row_key(row) >= row_key(_GRAPH_CAPTURE_ROW):
-        capture = ("unknown (oneCCL unknown at run time)" if ov is None else
-                   "allowed" if ov >= _GRAPH_CAPTURE_ONECCL else "refused (NotImplementedError): oneCCL < 2022.0")
-    else:
-        capture = "not supported before torch 2.13" if row is not None else "unknown (torch version unknown)"
-    if cls != XCCL_CLASS:
-        capture = "unknown (not read for this backend)"
+    capture = ("unknown (not read for this backend)" if cls != XCCL_CLASS else
+               "unknown (torch version unknown)" if row is None else
+               "not supported before torch 2.13" if row_key(row) < (2, 13) else
+               "unknown (oneCCL unknown at run time)" if ov is None else
+               "allowed" if ov >= (2022, 0) else "refused (NotImplementedError): oneCCL < 2022.0")
     tstr = row or "?"
     name = f"{BACKEND_LABELS.get(cls, f'xpu:{cls}')}[torch {tstr}, oneCCL {version_text(ov)}, {topo}]"
     sources = {f"xccl.{k}": label(f, native(k), why(k)) for k, f in facts.items()}
@@ -591,10 +541,8 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
 
 
 def conservative_profile(torch_version=None) -> Capabilities:
-    """``PROFILES["xccl"]`` (what ``FUNCOLL_PROFILE=xccl`` imposes on another transport): the row :func:`derive` gives
-    for the running torch (or ``torch_version``) with an unknown oneCCL on the scale-out path, as plain
-    :class:`Capabilities`, plus float8 moved as bytes. On torch 2.12+ that row has PREMUL_SUM native on all_reduce
-    (ProcessGroupXCCL scales the tensor handed to it in place, then sums), which the CPU transport reproduces."""
+    """``PROFILES["xccl"]`` (what ``FUNCOLL_PROFILE=xccl`` imposes on another transport): :func:`derive`'s row for the
+    running torch (or ``torch_version``) with an unknown oneCCL on the scale-out path, plus float8 moved as bytes."""
     d = derive(torch.__version__ if torch_version is None else torch_version, None, "", None)
     return d.plain(name="xccl", dtypes=d.dtypes | FLOAT8,
                    sources={**d.sources,
@@ -634,10 +582,8 @@ def _oneccl_pinned_by_torch() -> Optional[str]:
 
 def stack_versions(backend_created: bool = False) -> Tuple[str, Optional[str], str]:
     """(torch version, oneCCL version found at run time or None, where it came from)."""
-    env = os.environ.get(ENV_ONECCL_VERSION, "").strip()
-    if env:
-        return torch.__version__, env, ENV_ONECCL_VERSION
-    sources = [(_oneccl_from_torch, "torch._C._distributed_c10d.get_xccl_version()"),
+    sources = [(lambda: os.environ.get(ENV_ONECCL_VERSION, "").strip(), ENV_ONECCL_VERSION),
+               (_oneccl_from_torch, "torch._C._distributed_c10d.get_xccl_version()"),
                (_oneccl_from_metadata, "pip metadata of package 'oneccl'")]
     if backend_created:
         sources.append((_oneccl_from_flight_recorder, "ProcessGroupXCCL flight recorder"))
@@ -663,15 +609,10 @@ def build_version() -> Tuple[Optional[str], str]:
 def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_version=None, override=None,
                  topology=None, oneccl_build=None, backend=None, gpu: Optional[str] = None,
                  _backend_created: bool = False) -> XcclCapabilities:
-    """What funcoll's XPU transport does natively on this stack (the rest funcoll fills): :func:`derive` of the
-    running stack, each input unless given read as docs/xpu.md says (``FUNCOLL_XPU_OVERRIDE``, ``FUNCOLL_XPU_TOPOLOGY``,
-    the oneCCL found); ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with."""
-    src = "given"
-    if torch_version is None or oneccl_version is None:
-        tv, ov, found = stack_versions(_backend_created)
-        torch_version = tv if torch_version is None else torch_version
-        if oneccl_version is None:
-            oneccl_version, src = ov, found
+    """:func:`derive` of the running stack, each input unless given read as docs/xpu.md says ("Reading the stack");
+    ``profile`` (default ``FUNCOLL_PROFILE``) names a capability profile to intersect with."""
+    torch_version = torch.__version__ if torch_version is None else torch_version
+    oneccl_version, src = stack_versions(_backend_created)[1:] if oneccl_version is None else (oneccl_version, "given")
     oneccl_build, build_src = build_version() if oneccl_build is None else (oneccl_build, "given")
     override = os.environ.get(ENV_OVERRIDE, "") if override is None else override
     topo_src = "given"
@@ -697,8 +638,6 @@ def capabilities(profile: Optional[str] = None, *, torch_version=None, oneccl_ve
 def measure_topology(store, rank: int, size: int, timeout=None) -> str:
     """scale-up when every rank of the group runs on this host, else scale-out: each rank publishes its host name in
     the group's store and reads the others' (a collective over the store, bounded by the store's timeout)."""
-    import socket
-
     host = socket.gethostname()
     store.set(f"funcoll-topology/{rank}", host)
     keys = [f"funcoll-topology/{r}" for r in range(size)]
@@ -732,26 +671,24 @@ class XcclTransport(C10dTransport):
 
 
 def _xccl_class():
-    import torch.distributed as dist
-
+    # stock torch wheels ship ProcessGroupXCCL from 2.8 (docs/design.md section 1); source builds with USE_XCCL=1 from
+    # 2.7 (huggingface/accelerate#3401)
     cls = getattr(dist, "ProcessGroupXCCL", None)
     available = getattr(dist, "is_xccl_available", lambda: False)
     if cls is None or not available():
         raise RuntimeError(
             f"funcoll: XPU tensors need torch's XCCL backend (torch.distributed.is_xccl_available() is False "
             f"in torch {torch.__version__}); use an XPU build of torch >= "
-            f"{'.'.join(map(str, XCCL_BACKEND_SINCE))} (pip install torch --index-url "
+            f"2.8 (pip install torch --index-url "
             f"https://download.pytorch.org/whl/xpu)")
     return cls
 
 
 def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
     """A ProcessGroupXCCL of its own for one funcoll group (every rank of the group creates it)."""
-    from torch.distributed import PrefixStore
-
     topology = os.environ.get(ENV_TOPOLOGY, "").strip() or measure_topology(
-        PrefixStore("funcoll-xccl-topology/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
-    cls, store = _xccl_class(), PrefixStore("funcoll-xccl/", ctx.store)
+        dist.PrefixStore("funcoll-xccl-topology/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
+    cls, store = _xccl_class(), dist.PrefixStore("funcoll-xccl/", ctx.store)
     try:
         opts = cls.Options()
     except Exception:  # very old bindings: no Options
@@ -769,8 +706,7 @@ def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
 
 
 def _gpu_name(device) -> Optional[str]:
-    """The XPU's name (``torch.xpu.get_device_name``, e.g. 'Intel(R) Arc(TM) Pro B60 Graphics'), None when it cannot be
-    read; called only when a transport is created for an XPU tensor."""
+    """The XPU's name (``torch.xpu.get_device_name``), None when it cannot be read."""
     try:
         name = torch.xpu.get_device_name(device)
     except Exception:
@@ -787,9 +723,8 @@ def _wrapped(backend):
 
 
 def _c10d_xpu(pg, device):
-    """The XPU backend of a group made with another backend ("xccl", "xccl2", "cpu:gloo,xpu:xccl"): its class picks
-    the fact row (ProcessGroupXCCL, xccl2's ProcessGroupXCCL2, or the conservative row for any other c10d backend;
-    a debug-mode wrapper's is the wrapped backend's). funcoll drives the group's backend as it is."""
+    """The XPU backend of a group made with another backend ("xccl", "xccl2", "cpu:gloo,xpu:xccl"), driven as it is;
+    its class (a debug-mode wrapper's wrapped one) picks the fact table."""
     return c10d_leg(pg, "xpu", "XPU", "init_process_group('xccl') or 'cpu:gloo,xpu:xccl' (or backend 'funcoll')",
                     lambda b: isinstance(b, C.Backend), "a c10d Backend on XPU",
                     lambda b: XcclTransport(b, capabilities(backend=_wrapped(b), gpu=_gpu_name(device),
