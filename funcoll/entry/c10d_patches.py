@@ -1,6 +1,5 @@
-"""What funcoll changes in torch.distributed, in one place (each function below says what and on which torch): the
-backend ``"funcoll"``, its flight-recorder declaration, Dynamo's ``dist.broadcast`` rewrite, ``batch_isend_irecv``
-(compiled and eager) and ``monitored_barrier``, for funcoll groups only: every other group keeps torch's behaviour.
+"""What funcoll changes in torch.distributed, in one place (each function says what and on which torch), for funcoll
+groups only: every other group keeps torch's behaviour.
 """
 
 from __future__ import annotations
@@ -26,13 +25,12 @@ def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
     world = dist.get_world_size() if dist.is_initialized() else o.group_size
     opts = backend_options if isinstance(backend_options, Options) else None
     return ProcessGroupFuncoll(o.store, o.group_rank, o.group_size, o.timeout, group_name=o.group_id,
-                               global_ranks=tuple(o.global_ranks_in_group), world_size=world,
-                               options=opts)
+                               global_ranks=tuple(o.global_ranks_in_group), world_size=world, options=opts)
 
 
 def _funcoll_traceable_broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
-    """What torch.compile traces for ``dist.broadcast``: on a funcoll group, the functional broadcast (group-local
-    source) copied into ``tensor``; on any other group, upstream's own ``dist.broadcast``, traced as before."""
+    """What torch.compile traces for ``dist.broadcast``: on a funcoll group, the functional broadcast copied into
+    ``tensor``; on any other group, upstream's own."""
     group = group or dist.group.WORLD
     if not isinstance(group, ProcessGroupFuncoll):
         return _eager_broadcast(tensor, src, group, async_op, group_src)
@@ -56,20 +54,10 @@ def _register_traceable_broadcast() -> None:
     remaps[dist.broadcast] = _funcoll_traceable_broadcast
 
 
-def _declare_self_recording() -> None:
-    """torch >= 2.15 attaches its C++ flight-recorder hook to every new group whose backend does not record itself,
-    and the hook cannot read a Python group's name (group creation failed with "ProcessGroup name not set"). funcoll
-    records every collective itself (:mod:`funcoll.entry.flight_recorder`): it is self-recording, as gloo and xccl."""
-    self_recording = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
-    if self_recording is not None:
-        self_recording.add(BACKEND_NAME)
-
-
 def _batch_p2p_ops(op_list, peer_list, tag_list, tensors, group_name):
     """torch >= 2.15 compiles ``dist.batch_isend_irecv`` into ``_c10d_functional.batch_p2p_ops``, whose kernel needs
     the group's C++ backend ("No backend type associated with device type cpu" on a Python group). On a funcoll group
-    the batch is the group's own send/recv between _start_coalescing and _end_coalescing, as eager
-    batch_isend_irecv sends them, each Work registered for ``wait_tensor``; on any other group torch's kernel runs."""
+    the batch is the group's own coalesced send/recv, each Work registered for ``wait_tensor``."""
     group = groups.resolve(group_name)
     if not isinstance(group, ProcessGroupFuncoll):
         assert _BATCH_P2P is not None  # registered only where the op exists
@@ -127,8 +115,7 @@ def _patch_batch_isend_irecv() -> None:
 
 
 def _register_compiled_batch_p2p() -> None:
-    """Serves ``_c10d_functional.batch_p2p_ops`` on funcoll groups (CPU and XPU tensors); a torch without the op
-    (before 2.15) compiles no batch of point-to-point calls."""
+    """Serves ``_c10d_functional.batch_p2p_ops`` (torch >= 2.15) on funcoll groups (CPU and XPU tensors)."""
     if _BATCH_P2P is None or _LIBS:
         return
     lib = torch.library.Library("_c10d_functional", "IMPL")
@@ -141,7 +128,10 @@ def register_backend() -> None:
     if "FUNCOLL" in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])
-    _declare_self_recording()
+    # torch >= 2.15 attaches its C++ flight-recorder hook to every new group whose backend does not record itself, and
+    # the hook cannot read a Python group's name (group creation failed with "ProcessGroup name not set"): funcoll
+    # records every collective itself (entry/flight_recorder), as gloo and xccl do
+    getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", set[str]()).add(BACKEND_NAME)
     _register_traceable_broadcast()
     _patch_batch_isend_irecv()
     _register_compiled_batch_p2p()
@@ -149,8 +139,8 @@ def register_backend() -> None:
 
 def patch_monitored_barrier() -> bool:
     """torch 2.9's ``dist.monitored_barrier`` refuses every group whose backend is not named "gloo" before reaching
-    it. Where it does, this wraps it: funcoll groups get the same argument handling and then the group's own
-    monitored barrier; every other group calls the original function. Returns whether it patched. Idempotent."""
+    it. Where it does, funcoll groups get the same argument handling and then their own monitored barrier. Returns
+    whether it patched."""
     orig = c10d.monitored_barrier
     if getattr(orig, "__funcoll_patch__", False):
         return True

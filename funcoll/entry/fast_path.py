@@ -1,10 +1,7 @@
-"""The eager fast path: a collective nobody observes whose request is one native call of the transport's backend is
-issued as that call, with the caller's arguments. One function per c10d method (:data:`FAST`) reads the request as
-c10d passes it (positional arguments, options last; one dense tensor of a plain class per argument) and builds its
-signature key; :func:`_take` asks ``funcoll.algorithms.native_*_call`` about a new key once per group, and issues the
-call: counted, numbered and recorded (a :class:`~funcoll.entry.flight_recorder.NativeEntry`). A blocking call is waited
-on here and returns None, as a backend that has synchronized does (c10d's blocking functions wait only on a Work they
-get); an async one gets a :class:`~funcoll.entry.work.NativeWork`. :data:`FULL`: the full path serves the request.
+"""The eager fast path (docs/design.md, "The eager pipeline"; its Works: docs/work.md): one function per c10d method
+(:data:`FAST`) reads the request as c10d passes it (positional arguments, options last; one dense tensor of a plain
+class per argument) and builds its signature key; :func:`_take` asks ``funcoll.algorithms.native_*_call`` about a new
+key once per group and issues the native call, or answers :data:`FULL`: the full path serves the request.
 """
 
 from __future__ import annotations
@@ -36,18 +33,18 @@ def issuing_error(call, e: Exception) -> CollectiveError:
 
 
 def _plan(pg, st, row, args, tp, key: tuple, plan, request: tuple):
-    """A new signature (or one answered under other capabilities or another transport class, as funcoll.probe's
-    demotion makes): ``(Native or None, its fingerprint)``, cached; None for a request that is invalid or cannot be
-    read (not cached: the full path raises its error)."""
+    """A new signature (or one answered under other capabilities or transport class: funcoll.probe's demotion):
+    ``(Native or None, its fingerprint)``, cached; ``(None, None)`` uncached for an invalid request (the full path
+    raises its error)."""
     cache = st.native
     if key in cache or len(cache) >= _CACHE_MAX:
         cache.clear()  # every answer made under the old capabilities goes
     try:
         call = plan(tp, *request)
     except Exception:  # noqa: BLE001 - an invalid request: the full path names the problem
-        return None
+        return None, None
     nat = tp.native_method(*call) if call is not None else None
-    got = cache[key] = (nat, fingerprint(pg, row.method, args, {}) if nat is not None else None)
+    cache[key] = got = (nat, fingerprint(pg, row.method, args, {}) if nat is not None else None)
     return got
 
 
@@ -59,8 +56,6 @@ def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request):
     got = st.native.get(key)
     if got is None or (got[0] is not None and (got[0].caps is not tp.caps or got[0].cls is not type(tp))):
         got = _plan(pg, st, row, args, tp, key, plan, request)
-        if got is None:
-            return FULL
     nat, description = got
     if nat is None:
         return FULL
@@ -84,9 +79,7 @@ def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request):
         call.timeout = st.timeout_s
         raise failure(call, st.trace, e) from e
     rec.t_done = _now()
-    # finished here: c10d's blocking dist.* functions take None as "the backend has synced" (no second wait, no Work
-    # to build; a wait on gloo's reduce_scatter Work would copy its slice again)
-    return None
+    return None  # c10d's blocking dist.* functions take None as "the backend has synced" (docs/work.md)
 
 
 def _dense(t) -> bool:
@@ -211,8 +204,7 @@ def _p2p(pg, st, row, args, kwargs):
 
 def _rooted(opts_type, one_first: bool):
     """gather (``([outs] on the root, else [], [inp], GatherOptions)``; ``one_first`` False) or scatter
-    (``([out], [inps] on the root, else [], ScatterOptions)``): this rank's one tensor, and the root's list, which
-    another rank may pass too (the full path, which ignores it)."""
+    (``([out], [inps] on the root, else [], ScatterOptions)``); a list passed on another rank goes to the full path."""
 
     def fast(pg, st, row, args, kwargs):
         if len(args) != 3 or type(args[2]) is not opts_type or kwargs:

@@ -65,8 +65,7 @@ def _filled_all_reduce(input, reduce_op, tp):
 
 
 def _all_reduce(filled):
-    """The all_reduce kernel: the transport and native-ness looked up once; native, one backend call; else
-    ``filled(input, reduce_op, tp)`` (on XLA, functionalized: see below)."""
+    """The all_reduce kernel: native, one backend call; else ``filled(input, reduce_op, tp)``."""
     def all_reduce(input, reduce_op, group_name):
         tp = transport_for(group_name, input.device)
         red = algorithms.native_all_reduce(tp, reduce_op, input.dtype) if input.numel() else None
@@ -166,7 +165,6 @@ KERNELS = {fn.__name__: fn for fn in (  # op -> kernel, one flat table (the same
     all_reduce, all_reduce_, all_reduce_coalesced, all_reduce_coalesced_, all_gather_into_tensor,
     all_gather_into_tensor_out, all_gather_into_tensor_coalesced, reduce_scatter_tensor,
     reduce_scatter_tensor_coalesced, all_to_all_single, broadcast, broadcast_)}
-_EXTRA: Dict[str, Dict[tuple, object]] = {}  # device type -> {(op, dispatch key): kernel} only it needs (XLA: below)
 
 
 # c10d gives the in-place/out variants (alias annotations) no Functionalize kernel: on functional tensors (torch_xla
@@ -243,24 +241,22 @@ def _functionalized(name: str, fn):
 
 
 def _wait_tensor(tensor):
-    """``_c10d_functional.wait_tensor`` on XLA: funcoll's XLA collectives are lazy ops, complete once built,
-    and never register a Work; waiting is the identity (the graph runs at the next sync)."""
+    """``wait_tensor`` on XLA: funcoll's XLA collectives are lazy ops that register no Work; waiting is the identity."""
     return tensor
 
 
-_EXTRA["xla"] = {
+_EXTRA: Dict[str, Dict[tuple, object]] = {"xla": {  # device type -> {(op, dispatch key): kernel} only it needs
     **{(name, "XLA"): _functionalized(name, fn) for name, fn in KERNELS.items()},
     # native: below functionalization, as torch_xla's own kernel; functionalized for everything funcoll fills
     ("all_reduce", "XLA"): _all_reduce(_functionalized("all_reduce", _filled_all_reduce)),
     ("wait_tensor", "XLA"): _wait_tensor,
     **{(name, "Functionalize"): fn for name, fn in FUNCTIONALIZE.items()},
-}
+}}
 
 
 def _present(device_type: str) -> bool:
     if device_type == "xla":
-        # in use: torch_xla imported, a PJRT device chosen, or a TPU runtime installed. torch_xla merely being
-        # installed (e.g. the CUDA/CPU wheels here) is not a reason to import it on a CPU-only run.
+        # torch_xla merely installed (e.g. its CUDA/CPU wheels) is no reason to import it on a CPU-only run
         if "torch_xla" in sys.modules:
             return True
         if importlib.util.find_spec("torch_xla") is None:
@@ -279,11 +275,9 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
     is set or libtpu is installed; XPU when ``torch.xpu.is_available()``. Idempotent. Returns the types installed."""
     if device_types is None:
         device_types = [d for d in ("xla", "xpu", "tpu") if _present(d)]
-    elif isinstance(device_types, str):
-        device_types = [device_types]
-    done = []
+    wanted = [device_types] if isinstance(device_types, str) else list(device_types)
     with _lock:
-        for dt in device_types:
+        for dt in wanted:
             if dt not in DISPATCH_KEYS:
                 raise ValueError(f"funcoll.install: unknown device type {dt!r}; use one of "
                                  f"{', '.join(DISPATCH_KEYS)}")
@@ -312,8 +306,7 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
                     raise
                 _libs[dt] = lib
                 on_install(dt, key, len(kernels))  # TORCH_LOGS=funcoll
-            done.append(dt)
-    return done
+    return wanted
 
 
 def uninstall(device_types: Optional[Iterable[str]] = None) -> None:

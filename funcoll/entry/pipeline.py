@@ -1,8 +1,6 @@
-"""Every eager collective's pipeline, in order: the decorator :func:`collective` wraps each collective method of
-:class:`~funcoll.entry.process_group.ProcessGroupFuncoll` in the class body, as c10d wraps its own collectives in its
-logger decorators. Per call: the native fast path when nobody observes (:mod:`funcoll.entry.fast_path`), else the full
-path's steps, numbered in :func:`collective`'s body as docs/design.md ("The eager pipeline") lists them. An error the
-backend raises while issuing is re-raised naming the collective; funcoll's own validation errors pass unchanged.
+"""Every eager collective's pipeline, as a decorator (:func:`collective`) on each collective method of
+:class:`~funcoll.entry.process_group.ProcessGroupFuncoll`: its steps are numbered as docs/design.md ("The eager
+pipeline") lists them.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ _tls = _Depth()
 
 
 def collective(method: str) -> Callable:
-    """Decorates the ProcessGroupFuncoll method ``method`` (a row of :data:`funcoll.entry.fingerprint.METHODS`) with
-    the pipeline; ``FAST[method]``, where there is one, is its fast path."""
+    """The pipeline of the method ``method`` (a row of :data:`funcoll.entry.fingerprint.METHODS`)."""
     row = METHODS[method]
     fast = FAST.get(method)
     p2p = row.p2p
@@ -89,8 +86,7 @@ def collective(method: str) -> Callable:
 
 
 def _recorded(pg, st, row, args, kwargs):
-    """Steps 2 and 3: the call's fingerprint and flight-recorder Call, kept unnumbered and raised when its layout or
-    (``TORCH_DIST_NAN_CHECK=1``) a NaN refuses it before anything is sent."""
+    """Steps 2 and 3: the call's flight-recorder Call, kept unnumbered when its layout or a NaN refuses it."""
     call = st.trace.call(row.op, row.method, fingerprint(pg, row.method, args, kwargs))
     try:
         check_layout(row.op, flat(list(args) + list(kwargs.values())))
@@ -108,8 +104,8 @@ def _recorded(pg, st, row, args, kwargs):
 
 
 def _failed(st, call, e: Exception, numbered: bool) -> Exception:
-    """The error to raise for the body's ``e``, recorded in ``call``: funcoll's own refusal and a CollectiveError pass
-    unchanged (a refusal before any send kept unnumbered, as invalid); a backend's error while issuing is named."""
+    """The error to raise for the body's ``e``: funcoll's own refusal and a CollectiveError pass unchanged; a backend's
+    error while issuing is named."""
     if isinstance(e, _VALIDATION) and not numbered:  # nothing was sent, no sequence number was used
         call.failed(e, INVALID)
         st.trace.keep(call)
@@ -124,7 +120,7 @@ def _failed(st, call, e: Exception, numbered: bool) -> Exception:
 
 
 def _handed(st, call, work, log):
-    """Step 6: the Call, with the strategies its body noted, handed to the method's Work (or completed)."""
+    """Step 6: the Call, with its body's strategies, handed to the method's Work (or completed)."""
     if log:
         call.strategies = list(dict.fromkeys([s for _, notes in log for s in notes]))
     if isinstance(work, FuncollWork):

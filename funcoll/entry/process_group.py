@@ -1,16 +1,12 @@
-"""The eager entry point: ``ProcessGroupFuncoll``, the torch.distributed backend ``"funcoll"``.
-
-A thin adapter: each c10d method unpacks its options, finds the transport for the tensors' device and calls
-one function of :mod:`funcoll.algorithms`; the decorator :func:`~funcoll.entry.pipeline.collective` runs each call's
-pipeline around it (fast path, flight recorder, checks, Work). No collective logic lives here. The group's state
-(:class:`~funcoll.entry.group_state.GroupState`) is made here, once, and passed to whatever needs it.
-
-Group creation and transport choice go to the funcoll log (``TORCH_LOGS="+funcoll"``); :data:`TRANSPORT_HOOKS` are
-called with every transport a group makes (:mod:`funcoll.probe` verifies it there with ``FUNCOLL_PROBE=1``).
+"""The eager entry point: ``ProcessGroupFuncoll``, the torch.distributed backend ``"funcoll"``. Each c10d method
+unpacks its options, finds the transport for the tensors' device and calls one function of :mod:`funcoll.algorithms`;
+:func:`~funcoll.entry.pipeline.collective` runs each call's pipeline around it. Group creation and transport choice go
+to the funcoll log (``TORCH_LOGS="+funcoll"``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -31,9 +27,7 @@ from funcoll.entry.errors import CollectiveError
 from funcoll.entry.fingerprint import ALIASES
 from funcoll.entry.group_state import GroupState, unwrap_store
 from funcoll.entry.pipeline import collective
-from funcoll.entry.work import (
-    FuncollWork,  # the Work of every collective (exception(), futures, timeouts: funcoll.entry.work)
-)
+from funcoll.entry.work import FuncollWork
 from funcoll.semantics import groups
 from funcoll.transport import Transport
 from funcoll.transport.c10d import in_background
@@ -71,8 +65,8 @@ TRANSPORT_HOOKS: List[Callable] = []
 
 
 class ProcessGroupFuncoll(ProcessGroup):
-    """torch.distributed backend ``"funcoll"``: every eager collective runs funcoll's algorithms over the
-    transport of the tensors' device (gloo on CPU; XLA and XPU transports register themselves)."""
+    """torch.distributed backend ``"funcoll"``: every eager collective runs funcoll's algorithms over the transport of
+    the tensors' device."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = "",
                  global_ranks: Sequence[int] = (), world_size: Optional[int] = None,
@@ -86,14 +80,12 @@ class ProcessGroupFuncoll(ProcessGroup):
         self._coalesced: Optional[list] = None  # the Works issued since _start_coalescing
         self._batch: Optional[algorithms.Batch] = None  # the point-to-point operations held since _start_coalescing
         self._held: list = []  # their Works
-        self._p2p_check: Optional[P2PCheck] = None  # debug mode: the sizes of point-to-point messages (entry/checks)
         self._state = GroupState(store, rank, size, timeout, group_name, ranks, self._options.guard)
+        self._p2p_check = P2PCheck(self._state)  # debug mode: the sizes of point-to-point messages (entry/checks)
         flight_recorder.register(self, self._state.trace)
         if group_name:
             groups.register(group_name, ranks, self._world_size)
-        lazy = self._options.lazy_cpu
-        if lazy is None:
-            lazy = self._state.local_store
+        lazy = self._state.local_store if self._options.lazy_cpu is None else self._options.lazy_cpu
         if LOG.isEnabledFor(logging.INFO):
             LOG.info("group %s created: rank %d of %d, global ranks %s, world size %d, store %s, CPU transport %s",
                      group_name or "(unnamed)", rank, size, flight_recorder.ranks_text(ranks), self._world_size,
@@ -153,9 +145,8 @@ class ProcessGroupFuncoll(ProcessGroup):
         return tp
 
     def _made(self, device_type: str, tp: Transport) -> None:
-        """A transport was made for one device type: the size guard learns the CPU one's backend, the log says
-        which, and the hooks run (FUNCOLL_PROBE=1 verifies it)."""
-        # the funcoll log and profiler events name the group a transport serves
+        """A transport was made: it learns the group's name (for the log and profiler events), the size guard the CPU
+        one's backend; the log says which, and the hooks run."""
         tp.group_name, tp.global_ranks = self._state.name, self._state.trace.global_ranks
         backend = getattr(tp, "backend", None)
         if device_type == "cpu" and hasattr(backend, "_allgather_base"):
@@ -282,9 +273,9 @@ class ProcessGroupFuncoll(ProcessGroup):
         if self._state.debug:  # described for its receiver first; fails with the receiver's verdict on a mismatch
             tp = self._tp(t)
             algorithms.p2p_op(tp, True, t, dstRank, tag)  # funcoll's own validation first: nothing described then
-            key = self._checker().announce(dstRank, t)
+            key = self._p2p_check.announce(dstRank, t)
             sent = algorithms.send(tp, t, dstRank, tag)
-            return self._work(algorithms.Pending([self._checker().watched([key], sent)]), tensors)
+            return self._work(algorithms.Pending([self._p2p_check.watched([key], sent)]), tensors)
         return self._work(algorithms.send(self._tp(t), t, dstRank, tag), tensors)
 
     @collective("recv")
@@ -295,20 +286,14 @@ class ProcessGroupFuncoll(ProcessGroup):
         if self._state.debug:  # checked against its send's description, then posted, on a waiter thread
             tp = self._tp(t)
             algorithms.p2p_op(tp, False, t, srcRank, tag)  # funcoll's own validation, on the calling thread
-            h = self._checker().checked_recv(srcRank, t, lambda: algorithms.recv(tp, t, srcRank, tag), in_background)
+            h = self._p2p_check.checked_recv(srcRank, t, lambda: algorithms.recv(tp, t, srcRank, tag), in_background)
             p = algorithms.Pending([h])
             p._source = srcRank
             return self._work(p, tensors)
         return self._work(algorithms.recv(self._tp(t), t, srcRank, tag), tensors)
 
-    def _checker(self) -> P2PCheck:
-        if self._p2p_check is None:
-            self._p2p_check = P2PCheck(self._state)
-        return self._p2p_check
-
     def _hold(self, send: bool, t, peer: int, tag: int, tensors) -> FuncollWork:
-        """A send or receive between _start_coalescing and _end_coalescing (``batch_isend_irecv``): checked now, held,
-        and issued with the others of its batch as one group when the batch ends (:mod:`funcoll.algorithms.p2p`)."""
+        """A send or receive between _start_coalescing and _end_coalescing: checked now, held, issued with its batch."""
         tp = self._tp(t)
         assert self._batch is not None
         work = FuncollWork(self._batch.hold(tp, algorithms.p2p_op(tp, send, t, peer, tag)), tensors)
@@ -344,9 +329,8 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(algorithms.barrier(self.transport(device)))
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False) -> None:
-        """gloo's monitored barrier on the group's CPU transport: rank 0 waits up to ``timeout`` for every other rank
-        and raises naming the first rank that did not arrive (all of them with ``wait_all_ranks``); the other ranks
-        raise when rank 0 fails. Recorded in the flight recorder without a sequence number."""
+        """gloo's monitored barrier on the group's CPU transport (rank 0 names the ranks that did not arrive), recorded
+        in the flight recorder without a sequence number."""
         if timeout is None:
             timeout = self._state.timeout
         elif not isinstance(timeout, timedelta):
@@ -356,7 +340,7 @@ class ProcessGroupFuncoll(ProcessGroup):
                                      {"op": "monitored_barrier", "timeout_s": timeout.total_seconds(),
                                       "wait_all_ranks": bool(wait_all_ranks)}))
         backend = getattr(self.transport("cpu"), "backend", None)
-        if backend is None or not hasattr(backend, "monitored_barrier"):
+        if not hasattr(backend, "monitored_barrier"):
             e = NotImplementedError(f"funcoll: monitored_barrier needs a gloo CPU transport on group "
                                     f"{self.group_name!r}")
             call.failed(e)
@@ -370,15 +354,11 @@ class ProcessGroupFuncoll(ProcessGroup):
         call.completed()
 
     # -- lifecycle and the rest of c10d's ProcessGroup surface (torch 2.9 to the newest) -----------------------
-    # A Python process group has no per-device backends registered in C++; where c10d asks for one
-    # (``_get_backend``/``get_backend``: batch_isend_irecv, init_process_group(device_id=...), split_group), the
+    # A Python process group has no per-device backend registered in C++: where c10d asks for one (get_backend), the
     # group answers for itself.
-    # c10d's batch_isend_irecv hands a batch to a group that coalesces as one (its coalescing manager around the
-    # group's send/recv); funcoll issues it as one group of the transport, in an order that cannot deadlock on XCCL
-    supports_coalescing = True
+    supports_coalescing = True  # c10d's batch_isend_irecv hands the batch to _start_coalescing/_end_coalescing
     supports_splitting = True  # split_group() below; c10d asks the backend of the accelerator (torch >= 2.10)
-    # torch >= 2.15 asks before registering abort or completion hooks (the C++ answer looks for a registered backend
-    # and raises for a Python group): funcoll runs neither kind of hook
+    # torch >= 2.15 asks before registering abort or completion hooks (the C++ answer raises for a Python group)
     supports_abort_hooks = False
     supports_completion_hooks = False
 
@@ -421,10 +401,8 @@ class ProcessGroupFuncoll(ProcessGroup):
                 fn(*args)
 
     def _start_coalescing(self, device=None) -> None:
-        """c10d's coalescing manager with a device (``batch_isend_irecv``): the collectives issued until
-        :meth:`_end_coalescing` run as they come (every rank issues them in the same order); the sends and receives
-        are held and issued at the end as one group (:func:`funcoll.algorithms.batch_isend_irecv`: sends first, as
-        XCCL needs). The Work of ``_end_coalescing`` waits for all of them."""
+        """c10d's coalescing manager: the collectives until :meth:`_end_coalescing` run as they come; the sends and
+        receives are held and issued at the end as one group (:mod:`funcoll.algorithms.p2p`)."""
         if self._coalesced is not None:
             raise RuntimeError(f"funcoll: group {self._state.name!r} is already coalescing; end it first")
         self._coalesced, self._batch, self._held = [], algorithms.Batch(), []
@@ -438,7 +416,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         if batch.ops:
             try:  # a backend that runs the group as it is issued (oneCCL's groupEnd) fails here
                 if self._state.debug:  # sizes: the sends described first, then the receives checked, then issued
-                    check = self._checker()
+                    check = self._p2p_check
                     keys = [check.announce(op.peer, op.tensor) for op in batch.ops if op.send]
                     for op in batch.ops:
                         if not op.send:
@@ -456,8 +434,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         return FuncollWork(done, [t for w in works + held for t in w._result])
 
     def _wait_for_pending_works(self) -> None:
-        """Nothing to do: funcoll keeps no Work of its own alive after it is handed to the caller (the backends'
-        own Works are waited on by the callers' ``wait()``)."""
+        """Nothing to do: funcoll keeps no Work alive after handing it to the caller."""
 
     def _stop_transports(self, how: str) -> None:
         """Drops the transports and calls ``how`` ("shutdown" or "abort") on each one's own backend."""
@@ -467,10 +444,8 @@ class ProcessGroupFuncoll(ProcessGroup):
         for tp in transports.values():
             stop = getattr(getattr(tp, "backend", None), how, None)
             if stop is not None:
-                try:
+                with contextlib.suppress(RuntimeError):  # already shut down or aborted
                     stop()
-                except RuntimeError:  # already shut down or aborted
-                    pass
 
     def shutdown(self) -> None:
         """``destroy_process_group``: the transports' own backends are shut down and dropped. With
@@ -501,9 +476,8 @@ class ProcessGroupFuncoll(ProcessGroup):
         return child
 
 
-# the names newer c10d calls (torch >= 2.10: distributed_c10d calls these instead of the old ones): each runs its older
-# twin's body under its own name (fingerprint.ALIASES); the C++ defaults would look for a per-device backend, which a
-# Python process group does not have ("No backend type associated with device type cpu")
+# the names torch >= 2.10 calls (fingerprint.ALIASES) run their older twin's body under their own name; the C++ defaults
+# would look for a per-device backend ("No backend type associated with device type cpu")
 for _new, _old in ALIASES.items():
     setattr(ProcessGroupFuncoll, _new, collective(_new)(inspect.unwrap(getattr(ProcessGroupFuncoll, _old))))
 del _new, _old

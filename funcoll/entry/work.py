@@ -1,8 +1,5 @@
-"""The Works every eager funcoll collective returns: :class:`FuncollWork` (the full path: native handles, then the
-algorithm's finishing steps) and :class:`NativeWork` (the fast path: one backend Work), over one base that keeps c10d's
-contract (docs/work.md) and names the collective in every error (:mod:`funcoll.entry.errors`): the op, the group, its
-ranks and the sequence number, the backend's own error as ``__cause__``; a timeout quotes the group's last entries of
-the flight recorder and dumps it.
+"""The Works every eager funcoll collective returns: :class:`FuncollWork` (the full path) and :class:`NativeWork` (the
+fast path), over one base that keeps c10d's contract (docs/work.md) and names the collective in every error.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ __all__ = ["FuncollWork", "NativeWork", "failure"]
 
 
 class _Work(Work):
-    """What both of funcoll's Works share: c10d's contract read from ``_exc`` (the collective's error, once it failed)
-    and ``is_completed()``, and the errors that name the collective (:meth:`_where` it is recorded)."""
+    """c10d's contract, read from ``_exc`` (the collective's error) and ``is_completed()``."""
 
     _done = False
     _exc: Optional[BaseException] = None
@@ -54,11 +50,9 @@ class _Work(Work):
         return err
 
     def is_success(self) -> bool:
-        """True when the collective has completed without error (False while it is still running)."""
         return self.is_completed() and self._exc is None
 
     def exception(self) -> Optional[BaseException]:
-        """The error the collective failed with (None while running or after success)."""
         self.is_completed()
         return self._exc
 
@@ -70,33 +64,27 @@ class _Work(Work):
 
 
 class FuncollWork(_Work):
-    """A Work whose ``wait()`` waits on the transport's native handles, then runs the algorithm's finishing
-    steps. Asynchronous where the transport is (gloo, XCCL); complete at once on XLA."""
+    """Waits on the transport's native handles, then runs the algorithm's finishing steps (complete at once on XLA)."""
 
-    def __init__(self, pending: algorithms.Pending, result: Sequence[torch.Tensor] = (),
-                 call: Optional[flight_recorder.Call] = None, trace: Optional[flight_recorder.GroupTrace] = None):
+    def __init__(self, pending: algorithms.Pending, result: Sequence[torch.Tensor] = ()):
         super().__init__()
         self._pending = pending
         self._result = list(result)
-        self._call = call
-        self._trace = trace
+        self._call: Optional[flight_recorder.Call] = None  # set by the pipeline (_attach)
+        self._trace: Optional[flight_recorder.GroupTrace] = None
         self._fut: Optional[torch.futures.Future] = None
         self._lock = threading.RLock()
 
-    def _attach(self, call: flight_recorder.Call, trace: flight_recorder.GroupTrace) -> "FuncollWork":
-        """Called by the pipeline (:mod:`funcoll.entry.pipeline`) with the call's flight-recorder entry."""
+    def _attach(self, call: flight_recorder.Call, trace: flight_recorder.GroupTrace) -> None:
         self._call, self._trace = call, trace
         if self._done:
             call.completed()
-        return self
 
     def _where(self):
         return self._call, self._trace
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        """Waits for the collective and its finishing steps. A non-zero ``timeout`` bounds the wait
-        (:class:`CollectiveTimeoutError` past it, the collective stays pending); zero means the group's timeout,
-        past which the backend fails the collective (:class:`CollectiveError`)."""
+        """A non-zero ``timeout`` bounds the wait (past it: CollectiveTimeoutError, still pending); 0: the group's."""
         limit = timeout if timeout and timeout > timedelta(0) else None
         with self._lock:
             if self._exc is not None:
@@ -114,7 +102,6 @@ class FuncollWork(_Work):
         return True
 
     def is_completed(self) -> bool:
-        """True once the collective has finished, successfully or not (never blocks)."""
         if self._done or self._exc is not None:
             return True
         if not self._pending.native_done() or not self._lock.acquire(blocking=False):  # running, or being finished
@@ -132,13 +119,11 @@ class FuncollWork(_Work):
         return self._result
 
     def _source_rank(self) -> int:
-        """The group rank a receive from any source (``dist.recv`` without ``src``) got its data from."""
         self.wait()
         return self._pending.source_rank()
 
     def get_future(self) -> torch.futures.Future:
-        """A future completed with the outputs once the collective and its finishing steps are done, or with the
-        collective's error; never blocks where the transport is asynchronous (DDP comm hooks chain on it)."""
+        """Completed with the outputs after the finishing steps, or with the error; never blocks (DDP hooks)."""
         with self._lock:
             if self._fut is None:
                 out: torch.futures.Future = torch.futures.Future()
@@ -154,8 +139,7 @@ class FuncollWork(_Work):
             return self._fut
 
     def _settle(self, f: torch.futures.Future, out: torch.futures.Future) -> None:
-        """Completes ``out`` as the backend's future ``f`` has (on the backend's thread; the error keeps its type: a
-        raise in then() would not)."""
+        """Completes ``out`` as the backend's future ``f`` has (a raise in then() would not keep the error's type)."""
         try:
             f.value()  # re-raises the backend's error
         except Exception as e:  # noqa: BLE001
@@ -168,12 +152,8 @@ class FuncollWork(_Work):
 
 
 class NativeWork(_Work, BackendWait):
-    """The Work of a collective the eager fast path issued as one native call of the transport's backend: the
-    backend's own Work, waited on as :class:`funcoll.transport.c10d.BackendWait` describes (exactly one thread waits
-    on it; a background waiter only when a future or a poll needs one), with :class:`FuncollWork`'s contract kept
-    (errors and timeouts naming the collective, its group, ranks and sequence number; ``exception()``,
-    ``is_success()``, futures; the flight-recorder state). Nothing runs after the backend's Work: there are no
-    finishing steps. Blocking calls do not get one: the entry waits on the backend's Work itself and returns None."""
+    """The backend's own Work of an async call the eager fast path issued, waited on as :class:`BackendWait` describes,
+    with the contract above (docs/work.md, "The fast path's Works")."""
 
     _c: Optional[flight_recorder.Call] = None
 
@@ -188,17 +168,11 @@ class NativeWork(_Work, BackendWait):
         self._outputs = outputs
 
     def _where(self):
-        """The call's :class:`Call` is made from its record (in its place in the flight recorder) when first needed:
-        to name the collective in an error."""
+        """The call's :class:`Call`, made from its record when an error first needs to name it."""
         if self._c is None:
             self._c = self._st.trace.promote(self._rec)
+            self._c.timeout = self._st.timeout_s
         return self._c, self._st.trace
-
-    def _failure(self, e: BaseException) -> BaseException:
-        call = self._where()[0]
-        if call is not None and call.timeout is None:
-            call.timeout = self._st.timeout_s
-        return super()._failure(e)
 
     def _completed(self) -> None:
         if self._c is None:
@@ -215,17 +189,15 @@ class NativeWork(_Work, BackendWait):
         return h.result()
 
     def _watch(self, fut: torch.futures.Future) -> None:
-        """The call's flight-recorder record learns the outcome from the future handed out (``get_future()``) at the
-        group's next call or when the recorder is read."""
+        """The record learns the outcome from the future handed out (:meth:`GroupTrace.watch`)."""
         if not self._done:
             self._st.trace.watch(self._rec, fut)
 
 
 def failure(call: Optional[flight_recorder.Call], trace: Optional[flight_recorder.GroupTrace],
             e: BaseException) -> CollectiveError:
-    """The error to raise for a collective that failed with the backend's error ``e`` (naming the op, the group, its
-    ranks and the sequence number; a timeout quotes and dumps the flight recorder); records the failure in ``call``.
-    What :meth:`FuncollWork.wait` raises, and the eager fast path for a blocking call it waited on itself."""
+    """The error for a collective that failed with the backend's error ``e``, naming it (a timeout quotes and dumps the
+    flight recorder); records the failure in ``call``."""
     if isinstance(e, CollectiveError):
         err = e
     else:
