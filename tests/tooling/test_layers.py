@@ -63,7 +63,7 @@ JOBS = {
     "entry/errors": "the errors a collective raises; reading a backend's message",
     "entry/fingerprint": "one row per op and per c10d method: fingerprint, its text, per-rank keys, compare, digest",
     "entry/flight_recorder": "per-group traces of calls, their text and dumps",
-    "entry/group_state": "one group's state (trace, switches, guard buffers), built once per group",
+    "entry/group_state": "one group's state (trace, switches, the fast path's answers), built once per group",
     "entry/checks": ("the debug mode's store check and point-to-point size check, the size guard, before the first "
                      "byte is sent"),
     "entry/work": "FuncollWork and NativeWork: wait, futures, errors naming the call",
