@@ -1,17 +1,12 @@
 """The algorithms layer: every collective's full semantics, built from a transport's native primitives.
 
-One function per collective, named as the op (``dist.<op>`` / ``_c10d_functional.<op>``). Each validates through
-:mod:`funcoll.semantics`, then asks the transport's ``Capabilities`` whether the request is native; if not, it runs
-the strategy :mod:`funcoll.algorithms.planner` chose (its docstring lists every strategy, once, for every device).
-All ranks are group-local. Every function returns a :class:`Pending`: waiting on it waits on the native handles and
-then runs the local finishing steps (unpad, scale, narrow, copy back).
-
-Where each op lives: :mod:`~funcoll.algorithms.reduce` (all_reduce, reduce_scatter, reduce and their forms),
-:mod:`~funcoll.algorithms.move` (gathers, all_to_all, broadcast, scatter, send/recv, barrier),
-:mod:`~funcoll.algorithms.p2p` (a group of sends and receives: ``batch_isend_irecv``),
-:mod:`~funcoll.algorithms.pending` (Pending, ``record()``), :mod:`~funcoll.algorithms.tensors` (local steps).
-This module is their one flat table: every name the other layers use is ``funcoll.algorithms.<name>``.
-"""
+One function per collective, named as the op (``dist.<op>`` / ``_c10d_functional.<op>``): the reducing ones in
+:mod:`~funcoll.algorithms.reduce`, the others in :mod:`~funcoll.algorithms.move` and :mod:`~funcoll.algorithms.p2p`.
+Each validates through :mod:`funcoll.semantics`, then asks the transport's ``Capabilities`` whether the request is
+native; if not, it runs the strategy :mod:`funcoll.algorithms.planner` lists (once, for every device). All ranks are
+group-local. Every function returns a :class:`Pending` (:mod:`~funcoll.algorithms.pending`): waiting on it waits on the
+native handles, then runs the local finishing steps. This module is their one flat table: every name the other layers
+use is ``funcoll.algorithms.<name>``."""
 
 from funcoll.algorithms.move import (
     all_gather,
@@ -53,12 +48,11 @@ __all__ = [  # one function per op, named as the op
     "Pending", "record", "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
     "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
     "all_to_all_single", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
-    "send", "recv", "barrier",
+    "send", "recv", "barrier", "R",  # R: funcoll.semantics.ReduceOp
     # a group of point-to-point operations (batch_isend_irecv), issued in an order that cannot deadlock
     "P2P", "Batch", "p2p_op", "batch_isend_irecv",
     # the fast paths: is this request's plan one native call? (None: no; else the call, for Transport.native_method)
     "native_all_reduce", "native_all_reduce_call", "native_all_gather_call", "native_reduce_scatter_call",
     "native_all_to_all_call", "native_broadcast_call", "native_all_gather_list_call", "native_reduce_scatter_list_call",
     "native_p2p_call", "native_rooted_call", "native_barrier_call", "watched",
-    "R",
 ]

@@ -1,8 +1,7 @@
 """The collectives that move data without reducing it: all_gather (tensor, coalesced and list forms), all_to_all
 (even, uneven, list form), broadcast, gather, scatter, send, recv and barrier, each filled from the primitives the
-transport has (:mod:`funcoll.algorithms.planner` lists the strategies); the even all_gather and all_to_all are in
-:mod:`funcoll.algorithms.reduce`. ``native_*_call`` answer the eager fast path's one question, as there.
-"""
+transport has (:mod:`funcoll.algorithms.planner` lists the strategies); the even all_gather and all_to_all, and what
+``native_*_call`` answer, are in :mod:`funcoll.algorithms.reduce`."""
 
 from __future__ import annotations
 
@@ -17,53 +16,47 @@ from funcoll.algorithms.pending import Pending, _entry, _note
 from funcoll.algorithms.reduce import _a2a_even, _ag, _ar, _masked_sum
 from funcoll.algorithms.tensors import (
     _bits,
-    _by_dtype_pairs,
-    _contig_in,
+    _coalesced,
     _flat,
     _offsets,
     _summable,
     _unflatten,
     _with_contig_out,
+    _with_contig_outs,
     _write_bits,
 )
 from funcoll.semantics import ReduceOp, Reduction
 from funcoll.transport import Transport
 
-R = ReduceOp
 
-
-# ---------------------------------------------------------------------------------------------------
-# is the plan native? (the eager fast path)
-# ---------------------------------------------------------------------------------------------------
-def native_all_gather_call(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
-    """``ProcessGroup._allgather_base(out, inp, opts)`` (output in the concatenated shape): the native call, or None
-    (as :func:`funcoll.algorithms.reduce.native_all_reduce_call`)."""
-    shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
+# -- is the plan native? (the eager fast path) -------------------------------------------------------------------------
+def _native_move(tp: Transport, primitive: str, dtype: torch.dtype, *method: str) -> Optional[tuple]:
+    """The native call ``(primitive, "", dtype[, backend method])`` when the transport has ``primitive`` and moves
+    ``dtype``, else None (:mod:`funcoll.algorithms.reduce` says what ``native_*_call`` answer)."""
     caps = tp.caps
-    if (out.numel() == 0 or inp.dim() == 0 or tuple(out.shape) != tuple(shape) or not caps.has("all_gather")
-            or not caps.moves(inp.dtype)):
+    return (primitive, "", dtype, *method) if caps.has(primitive) and caps.moves(dtype) else None
+
+
+def native_all_gather_call(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
+    """``ProcessGroup._allgather_base(out, inp, opts)`` (output in the concatenated shape)."""
+    shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
+    if out.numel() == 0 or inp.dim() == 0 or tuple(out.shape) != tuple(shape):
         return None
-    return ("all_gather", "", inp.dtype)
+    return _native_move(tp, "all_gather", inp.dtype)
 
 
 def native_all_to_all_call(tp: Transport, out: torch.Tensor, inp: torch.Tensor, osz: tuple, isz: tuple):
     """``ProcessGroup.alltoall_base(out, inp, osz, isz, opts)`` (split sizes empty: even splits)."""
     outs, ins = semantics.check_all_to_all("all_to_all_single", out, inp, list(osz), list(isz), tp.size)
-    caps = tp.caps
-    if not caps.has("all_to_all") or not caps.moves(inp.dtype):
+    if (osz or isz) and not (tp.caps.uneven_all_to_all and list(osz) == outs and list(isz) == ins):
         return None
-    if (osz or isz) and not (caps.uneven_all_to_all and list(osz) == outs and list(isz) == ins):
-        return None
-    return ("all_to_all", "", inp.dtype)
+    return _native_move(tp, "all_to_all", inp.dtype)
 
 
 def native_broadcast_call(tp: Transport, t: torch.Tensor, src, root_tensor) -> Optional[tuple]:
     """``ProcessGroup.broadcast([t], opts)`` (group-local ``src = opts.rootRank``)."""
     semantics.check_root("broadcast", "src", src, tp.size)
-    caps = tp.caps
-    if root_tensor != 0 or t.numel() == 0 or not caps.has("broadcast") or not caps.moves(t.dtype):
-        return None
-    return ("broadcast", "", t.dtype)
+    return None if root_tensor != 0 or t.numel() == 0 else _native_move(tp, "broadcast", t.dtype)
 
 
 def _ag_list_native(tp: Transport, dtype: torch.dtype, shapes: Sequence[tuple]) -> bool:
@@ -86,23 +79,17 @@ def native_all_gather_list_call(tp: Transport, outs: tuple, inp: torch.Tensor) -
 def native_p2p_call(tp: Transport, opname: str, t: torch.Tensor, peer) -> Optional[tuple]:
     """``ProcessGroup.send([t], dst, tag)`` or ``recv([t], src, tag)`` (``opname``)."""
     semantics.check_root(opname, "dst" if opname == "send" else "src", peer, tp.size)
-    caps = tp.caps
-    if peer == tp.rank or not caps.has("send_recv") or not caps.moves(t.dtype):
-        return None
-    return ("send_recv", "", t.dtype, opname)
+    return None if peer == tp.rank else _native_move(tp, "send_recv", t.dtype, opname)
 
 
 def native_rooted_call(tp: Transport, opname: str, root, sig: Optional[tuple], t: torch.Tensor) -> Optional[tuple]:
     """``ProcessGroup.gather([outs] on the root, else [], [inp], opts)`` or ``scatter([out], [inps] on the root, else
     [], opts)`` (``opname``; ``sig``: the root's list's (dtype, shape)s; ``root = opts.rootRank``, group-local)."""
     semantics.check_root(opname, "dst" if opname == "gather" else "src", root, tp.size)
-    caps = tp.caps
-    if tp.rank == root and (sig is None or len(sig) != tp.size
-                            or any(dtype != t.dtype or shape != t.shape for dtype, shape in sig)):
+    if t.numel() == 0 or tp.rank == root and (sig is None or len(sig) != tp.size
+                                              or any(dtype != t.dtype or shape != t.shape for dtype, shape in sig)):
         return None
-    if t.numel() == 0 or not caps.has(opname) or not caps.moves(t.dtype):
-        return None
-    return (opname, "", t.dtype, opname)
+    return _native_move(tp, opname, t.dtype, opname)
 
 
 def native_barrier_call(tp: Transport) -> Optional[tuple]:
@@ -110,15 +97,13 @@ def native_barrier_call(tp: Transport) -> Optional[tuple]:
     return ("barrier", "", None) if tp.caps.has("barrier") else None
 
 
-# ---------------------------------------------------------------------------------------------------
-# all_gather
-# ---------------------------------------------------------------------------------------------------
+# -- all_gather --------------------------------------------------------------------------------------------------------
 @_entry
 def all_gather_into_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
     shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
     if out.numel() == 0:
         return Pending()  # nothing to send: complete at once
-    inp = _flat(_contig_in(inp))
+    inp = _flat(inp.contiguous())
     return _with_contig_out(out, lambda o: _ag(tp, o.view(shape), inp))
 
 
@@ -131,28 +116,19 @@ def all_gather_into_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor]
     for o, i in zip(outs, inps):
         semantics.check_all_gather("all_gather_into_tensor_coalesced", o, i, tp.size)
     n = tp.size
-    pendings = []
-    for os_, ins in _by_dtype_pairs(outs, inps):
-        if len(ins) == 1:
-            src = _flat(_contig_in(ins[0]))
-            pendings.append(_with_contig_out(os_[0], lambda o, i=src: _ag(tp, o, i)))  # type: ignore[misc]
-            continue
-        _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
+
+    def many(os_, ins) -> Pending:
         flat = torch.cat([i.reshape(-1) for i in ins])
         g = flat.new_empty((n * flat.numel(),))
-        pendings.append(_ag(tp, g, flat).and_then(functools.partial(_unflatten, g.view(n, -1), os_)))
-    return Pending(pendings)
+        return _ag(tp, g, flat).and_then(functools.partial(_unflatten, g.view(n, -1), os_))
+
+    return _coalesced(outs, inps, lambda o, i: _with_contig_out(o, lambda w: _ag(tp, w, _flat(i.contiguous()))), many)
 
 
-# ---------------------------------------------------------------------------------------------------
-# all_to_all
-# ---------------------------------------------------------------------------------------------------
+# -- all_to_all --------------------------------------------------------------------------------------------------------
 def _agree(tp: Transport, values: Sequence[int]) -> torch.Tensor:
     """Gathers a few int64 values from every rank: returns an [n, len(values)] tensor (CPU)."""
-    mine = torch.tensor(list(values), dtype=torch.int64)
-    dev = getattr(tp, "control_device", None)
-    if dev is not None:
-        mine = mine.to(dev)
+    mine = torch.tensor(list(values), dtype=torch.int64, device=getattr(tp, "control_device", None))
     g = mine.new_empty((tp.size * mine.numel(),))
     _ag(tp, g, mine).wait()
     return g.view(tp.size, -1).cpu()
@@ -164,31 +140,28 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
         return _a2a_even(tp, out, inp)
     if caps.uneven_all_to_all:
         return Pending([tp.all_to_all(_bits(out, caps), _bits(inp, caps), out_splits, in_splits)])
-    # Split sizes were given and the backend has no uneven all_to_all: every rank takes this path, whatever its own
-    # splits (a rank whose splits are all equal cannot know that its peers' are). With point-to-point messages of any
-    # size, the pairwise exchange is right for every combination; else (XLA, TorchTPU) every split is padded to one
-    # size: a bound every rank promised, else the largest split, agreed on with a tiny all_gather.
-    if caps.has("send_recv") and caps.p2p_any_shape and tp.split_bound() is None:
+    # split sizes given, no uneven all_to_all: every rank takes this path, whatever its own splits (a rank whose splits
+    # are all equal cannot know that its peers' are)
+    bound = tp.split_bound()
+    if caps.has("send_recv") and caps.p2p_any_shape and bound is None:
         _note("uneven all_to_all=pairwise send/recv")
         return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
     local = out_splits + in_splits
-    bound = tp.split_bound()
     if bound is not None:
         if max(local) > bound:
             raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
                              f"bound {bound} promised by funcoll.xla.static_split_bound; raise the bound")
         _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
         return _padded_a2a(tp, out, inp, out_splits, in_splits, bound)
-    agreed = tp.agreed([max(local), -min(local)]) if tp.virtual else None  # funcoll.replicas knows every rank's
-    if tp.virtual and agreed is None:
+    values = [max(local), -min(local)]
+    agreed = tp.agreed(values) if tp.virtual else _agree(tp, values)  # a virtual world: funcoll.replicas knows them
+    if agreed is None:
         world = getattr(tp, "world_size", "?")
         raise ValueError(
             f"funcoll.all_to_all_single: split sizes on a virtual XLA world ({world} ranks in a "
             f"process whose XLA runtime has fewer replicas) need a static bound: wrap the call in "
             f"funcoll.xla.static_split_bound(bound). Without one, the ranks agree on the largest "
             f"split with a collective that must run, and a virtual world cannot run collectives")
-    if agreed is None:
-        agreed = _agree(tp, [max(local), -min(local)])
     chunk, smallest = int(agreed[:, 0].max()), -int(agreed[:, 1].max())
     if chunk == smallest:  # every rank's every split: a decision every rank makes from the same agreed values
         _note("splits even on every rank: even all_to_all")
@@ -264,20 +237,16 @@ def all_to_all_single(tp: Transport, out: torch.Tensor, inp: torch.Tensor, outpu
     given = bool(output_split_sizes) or bool(input_split_sizes)
     out_splits, in_splits = semantics.check_all_to_all("all_to_all_single", out, inp, output_split_sizes,
                                                input_split_sizes, tp.size)
-    inp = _contig_in(inp)
+    inp = inp.contiguous()
     return _with_contig_out(out, lambda o: _a2a(tp, o, inp, out_splits, in_splits, given))
 
 
-# ---------------------------------------------------------------------------------------------------
-# broadcast, gather, scatter
-# ---------------------------------------------------------------------------------------------------
+# -- broadcast, gather, scatter ----------------------------------------------------------------------------------------
 def _bc(tp: Transport, t: torch.Tensor, src: int) -> Pending:
     caps = tp.caps
     if caps.has("broadcast"):
         return Pending([tp.broadcast(_bits(t, caps), src)])
-    # No native broadcast (XLA, TorchTPU): one all-reduce of the root's bits as integers, zeros on every other rank:
-    # the bytes arrive as they are, the root's own bits too, and every rank runs the same program (the mask is device
-    # data)
+    # no native broadcast (XLA, TorchTPU): the masked sum of the root's bits, the same program on every rank
     _note("broadcast=masked all_reduce")
     b = _summable(tp, t)
     return _masked_sum(tp, b, tp.rank_is(src, b), lambda got: _write_bits(tp, t, got))
@@ -296,7 +265,7 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
     semantics.check_root("gather", "dst", dst, tp.size)
     if tp.rank == dst:
         semantics.check_root_list("gather", "output", outs, inp, tp.size)
-    inp = _contig_in(inp)
+    inp = inp.contiguous()
     caps = tp.caps
     outs = list(outs) if tp.rank == dst and outs is not None else []
     # the plan reads only what every rank shares (the backend, the dtype): the root's output layout changes only
@@ -304,10 +273,7 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
     if caps.has("gather") and caps.moves(inp.dtype):
         if tp.rank != dst:
             return Pending([tp.gather(None, inp, dst)])
-        work = [_contig_in(o) if o.is_contiguous() else o.new_empty(o.shape) for o in outs]
-        p = Pending([tp.gather(work, inp, dst)])
-        staged = [(o, w) for o, w in zip(outs, work) if w is not o]
-        return p.and_then(lambda: [o.copy_(w) for o, w in staged]) if staged else p
+        return _with_contig_outs(outs, lambda work: Pending([tp.gather(work, inp, dst)]))
     # the rows gathered as the integers of their bits and cut there (on XLA's CPU runtime a bfloat16 slice can change
     # NaNs), each written into its output bit for bit
     _note("gather=all_gather")
@@ -332,7 +298,7 @@ def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tens
         semantics.check_root_list("scatter", "input", inps, out, tp.size)
     caps = tp.caps
     if caps.has("scatter") and caps.moves(out.dtype):
-        ins = [_contig_in(t) for t in inps] if tp.rank == src and inps is not None else None
+        ins = [t.contiguous() for t in inps] if tp.rank == src and inps is not None else None
         return _with_contig_out(out, lambda o: Pending([tp.scatter(o, ins, src)]))
     _note("scatter=broadcast+slice")
     n = tp.size
@@ -341,27 +307,24 @@ def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tens
         if tp.rank == src and inps is not None:
             torch.stack(list(inps), out=buf)
         return _bc(tp, buf, src).and_then(lambda: out.copy_(buf[tp.rank]))
-    # the masked broadcast of the root's inputs, stacked as the integers of their bits (a float stack can change NaNs:
-    # XLA's CPU compiler concatenates bfloat16 through float32), this rank's row selected in those integers by device
-    # data (not a rank constant: the same program on every rank)
+    # stacked as the integers of their bits (XLA's CPU compiler concatenates bfloat16 through float32, which can change
+    # NaNs), this rank's row selected in those integers by device data (the same program on every rank)
     _note("broadcast=masked all_reduce")
     if tp.rank == src and inps is not None:
-        rows = torch.stack([_summable(tp, _contig_in(t)).reshape(-1) for t in inps])
+        rows = torch.stack([_summable(tp, t.contiguous()).reshape(-1) for t in inps])
     else:
         rows = _summable(tp, out.new_empty((n,) + tuple(out.shape))).reshape(n, -1)
     return _masked_sum(tp, rows, tp.rank_is(src, rows), lambda got: _write_bits(
         tp, out, got.view(n, -1).index_select(0, tp.rank_index(got))))
 
 
-# ---------------------------------------------------------------------------------------------------
-# point-to-point and barrier
-# ---------------------------------------------------------------------------------------------------
+# -- point-to-point and barrier ----------------------------------------------------------------------------------------
 @_entry
 def send(tp: Transport, tensor: torch.Tensor, dst: int, tag: int = 0) -> Pending:
     semantics.check_root("send", "dst", dst, tp.size)
     if dst == tp.rank:
         raise ValueError(f"funcoll.send: dst={dst} is the calling rank; send to another rank")
-    return Pending([tp.send(_bits(_contig_in(tensor), tp.caps), dst, tag)])
+    return Pending([tp.send(_bits(tensor.contiguous(), tp.caps), dst, tag)])
 
 
 @_entry
@@ -380,14 +343,12 @@ def barrier(tp: Transport) -> Pending:
         return Pending([tp.barrier()])
     _note("barrier=all_reduce of one element")
     one = torch.zeros(1, dtype=torch.int32, device=getattr(tp, "control_device", None) or "cpu")
-    p = _ar(tp, one, Reduction(R.SUM))
+    p = _ar(tp, one, Reduction(ReduceOp.SUM))
     tp.retain(one)
     return p
 
 
-# ---------------------------------------------------------------------------------------------------
-# list forms of the eager API (allgather, alltoall with tensor lists)
-# ---------------------------------------------------------------------------------------------------
+# -- list forms of the eager API (allgather, alltoall with tensor lists) -----------------------------------------------
 @_entry
 def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> Pending:
     """``dist.all_gather``: every rank's ``inp`` lands in ``outs[rank]``; ``outs[r]`` has rank r's input size, which may
@@ -395,27 +356,22 @@ def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -
     sizes = semantics.check_rank_list("all_gather", "output", outs, inp, tp.size, tp.rank)
     if not any(sizes):
         return Pending()  # nothing to send on any rank (every rank sees every size): complete at once
-    flat = _flat(_contig_in(inp)).reshape(-1)
+    flat = inp.contiguous().reshape(-1)
     if _ag_list_native(tp, inp.dtype, [tuple(o.shape) for o in outs]):
-        # the backend's own list form (into contiguous outputs, copied back where the caller's are not), whatever the
-        # layouts: the exchange the fast path issues on another rank
-        work = [o if o.is_contiguous() else o.new_empty(o.shape) for o in outs]
-        staged = [(o, w) for o, w in zip(outs, work) if w is not o]
-        p = Pending([tp.all_gather_list(work, flat.view(work[tp.rank].shape))])
-        return p.and_then(lambda: [o.copy_(w) for o, w in staged]) if staged else p
+        # the backend's own list form, whatever the layouts: the exchange the fast path issues on another rank
+        mine = flat.view(outs[tp.rank].shape)
+        return _with_contig_outs(outs, lambda work: Pending([tp.all_gather_list(work, mine)]))
     n, big, total = tp.size, max(sizes), sum(sizes)
     if len(set(sizes)) == 1:
         g = flat.new_empty((n * flat.numel(),))
         return _ag(tp, g, flat).and_then(lambda: _unflatten(g, outs))
     if n * big > 2 * total and tp.caps.has("broadcast"):
-        # padding would more than double the bytes: one broadcast per rank, each of its own size (NCCL's and XCCL's
-        # uneven list all_gather), no padding
+        # padding would more than double the bytes: one broadcast per rank, as NCCL's and XCCL's uneven all_gather
         _note("uneven all_gather=broadcast per rank")
         bufs = [flat if q == tp.rank else flat.new_empty((s,)) for q, s in enumerate(sizes)]
         p = Pending([_bc(tp, b, q) for q, b in enumerate(bufs) if b.numel()])
         return p.and_then(lambda: _unflatten(torch.cat(bufs), outs))
-    # every rank's input padded to the largest, one even all_gather, the padding cut off: every size is in every
-    # rank's list, so no agreement and no host sync (XLA)
+    # every size is in every rank's list: no agreement, no host sync (XLA)
     _note(f"uneven all_gather=pad to {big}+all_gather+unpad")
     padded = flat if flat.numel() == big else torch.cat([flat, flat.new_zeros((big - flat.numel(),))])
     g = flat.new_empty((n * big,))

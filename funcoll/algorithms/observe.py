@@ -1,10 +1,6 @@
-"""What funcoll did, where a user looks (docs/observability.md describes both): ``torch.profiler`` ranges, only while
-a profiler runs (``funcoll::<op>`` around each algorithm call, titled instead with the name of an enclosing
-``torch.distributed.record_comm(name)`` on torch >= 2.15, a nested ``funcoll::<op> <strategy>`` for each
-gap-filling strategy where the algorithm chooses it, ``funcoll::native <primitive>`` around each native call), and
-the ``funcoll`` torch log (``TORCH_LOGS="+funcoll"``: each strategy decision once per signature; INFO: groups, their
-transports, ``install``/``uninstall``, the probe), the standard ``logging.getLogger("funcoll")``.
-"""
+"""What funcoll did, where a user looks: ``torch.profiler`` ranges, only while a profiler runs (``funcoll::<op>``,
+``funcoll::<op> <strategy>``, ``funcoll::native <primitive>``), and the ``funcoll`` torch log
+(``TORCH_LOGS="+funcoll"``, the standard ``logging.getLogger("funcoll")``). docs/observability.md describes both."""
 
 from __future__ import annotations
 
@@ -24,20 +20,16 @@ __all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label", "comm_na
 
 LOG = logging.getLogger("funcoll")
 
+# ``funcoll`` a torch log (``torch._logging.set_logs(modules=...)``) also when ``TORCH_LOGS``, parsed when torch is
+# imported, did not name it (torch registers a name it gives there itself)
+try:
+    from torch._logging import _internal as _tl
 
-def _register_torch_log() -> None:
-    """Makes ``funcoll`` a torch log (``TORCH_LOGS="+funcoll"``, ``torch._logging.set_logs(modules=...)``) also when
-    ``TORCH_LOGS``, parsed when torch is imported, did not name it (torch registers a name it gives there itself)."""
-    try:
-        from torch._logging import _internal as tl
+    if not _tl.log_registry.is_log("funcoll"):
+        _tl.register_log("funcoll", "funcoll")
+except Exception:  # pragma: no cover - a torch without the logging registry: plain Python logging still works
+    pass
 
-        if not tl.log_registry.is_log("funcoll"):
-            tl.register_log("funcoll", "funcoll")
-    except Exception:  # pragma: no cover - a torch without the logging registry: plain Python logging still works
-        pass
-
-
-_register_torch_log()
 _RF = torch._C._profiler._RecordFunctionFast
 _lock = threading.Lock()
 # ``torch.distributed.record_comm(name)`` (torch >= 2.15) names the collectives issued inside it: c10d's Work base
@@ -50,9 +42,7 @@ def comm_name() -> str:
     return _get_comm_name() if _get_comm_name is not None else ""
 
 
-# ---------------------------------------------------------------------------------------------------
-# describing a collective
-# ---------------------------------------------------------------------------------------------------
+# -- describing a collective -------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _params(fn) -> Tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)[1:]  # after the transport
@@ -97,20 +87,18 @@ def _op_text(val, op: str) -> str:
         return repr(val)
 
 
-# ---------------------------------------------------------------------------------------------------
-# the profiler view of a transport
-# ---------------------------------------------------------------------------------------------------
+# -- the profiler view of a transport ----------------------------------------------------------------------------------
 _PRIMITIVES = frozenset(PRIMITIVES) - {"send_recv"} | {"send", "recv"}  # the transport's methods that send
 
 
 class _Traced:
     """A transport seen through the profiler: each native primitive call is a ``funcoll::native <name>`` range.
-    Everything else is the transport's own (attribute reads and writes go through)."""
+    Everything else is the transport's own (attribute reads go through; the algorithms write none)."""
 
     __slots__ = ("_tp",)
 
     def __init__(self, tp):
-        object.__setattr__(self, "_tp", tp)
+        self._tp = tp
 
     def __getattr__(self, name):
         attr = getattr(self._tp, name)
@@ -129,16 +117,11 @@ class _Traced:
 
         return call
 
-    def __setattr__(self, name, value):
-        setattr(self._tp, name, value)
-
     def __repr__(self) -> str:
         return repr(self._tp)
 
 
-# ---------------------------------------------------------------------------------------------------
-# one collective: its strategy notes, its ranges, its log line
-# ---------------------------------------------------------------------------------------------------
+# -- one collective: its strategy notes, its ranges, its log line ------------------------------------------------------
 _decided: set = set()  # (signature, strategies) already logged
 
 
@@ -152,8 +135,7 @@ class Scope(list):
 
     def __init__(self, op: str, fn, args, kwargs):
         super().__init__()
-        self.op, self._fn, self._kwargs = op, fn, kwargs
-        self.args = args
+        self.op, self._fn, self.args, self._kwargs = op, fn, args, kwargs
         self._ranges: Optional[List] = None
         if _prof._is_profiler_enabled and args:
             desc, tensors, _ = _describe(op, fn, args, kwargs)
@@ -196,12 +178,9 @@ class Scope(list):
         LOG.debug("%s(%s) on group %s [%s]: %s", self.op, what, sig[1], sig[2], "; ".join(notes))
 
 
-# ---------------------------------------------------------------------------------------------------
-# hooks of the dispatch-key kernels (the process group's are in funcoll.entry.process_group)
-# ---------------------------------------------------------------------------------------------------
+# -- hooks of the dispatch-key kernels (the process group's are in funcoll.entry.process_group) ------------------------
 def on_install(device_type: str, key: str, n_kernels: int) -> None:
-    LOG.info("install: %d funcoll kernels for _c10d_functional on dispatch key %s (%s)", n_kernels, key,
-             device_type)
+    LOG.info("install: %d funcoll kernels for _c10d_functional on dispatch key %s (%s)", n_kernels, key, device_type)
 
 
 def on_uninstall(device_type: str) -> None:

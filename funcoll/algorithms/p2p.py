@@ -1,17 +1,14 @@
 """Groups of point-to-point operations: ``dist.batch_isend_irecv`` (c10d's coalescing manager around a funcoll
 group's ``send``/``recv``) and torch.compile's ``batch_p2p_ops``, issued as one group in an order that cannot deadlock.
 
-oneCCL replays a group in the order it was given, and a receive blocks that replay until the peer's matching send
-has been reached, while a send is posted and the replay goes on (the sources are quoted in
-:mod:`funcoll.transport.gloo`, where the xccl profile's CPU transport runs groups that way). A batch that lists an
-``irecv`` before its ``isend`` on every rank of a cycle therefore deadlocks on XCCL, and so does torch 2.9's pipeline
-warm-up (``_get_init_p2p_neighbors_ops`` lists its receive first). Issued with every send before every receive, no
-group can wait on a send that its peer has not posted before its own first receive: each rank's sends are all posted
-before any of its receives blocks.
-
-The reordering keeps the pairing: the sends keep their order among themselves, and so do the receives, so the k-th
-message between two ranks (XCCL ignores tags and matches in order; gloo matches per tag in order) is the same
-message, and every result is the one the user's order gives on gloo.
+oneCCL replays a group in the order given, and a receive blocks that replay until the peer's matching send has been
+reached, while a send is posted and the replay goes on (docs/xpu.md, "Point-to-point", has the sources; the xccl
+profile's CPU transport, :class:`funcoll.transport.gloo.StrictC10dTransport`, runs groups that way). A batch listing
+an ``irecv`` before its ``isend`` on every rank of a cycle therefore deadlocks on XCCL, as does torch 2.9's pipeline
+warm-up (``_get_init_p2p_neighbors_ops`` lists its receive first). With every send issued before every receive, each
+rank's sends are all posted before any of its receives blocks. The sends keep their order among themselves, and so
+do the receives, so the k-th message between two ranks (XCCL ignores tags and matches in order; gloo matches per tag
+in order) is the same message, and every result is the one the user's order gives on gloo.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import torch
 
 from funcoll import semantics
 from funcoll.algorithms.pending import Pending, _entry, _note
-from funcoll.algorithms.tensors import _bits, _contig_in
+from funcoll.algorithms.tensors import _bits
 from funcoll.transport import P2P, Handle, Transport
 
 __all__ = ["P2P", "Batch", "p2p_op", "batch_isend_irecv", "deadlock_free"]
@@ -50,16 +47,12 @@ def p2p_op(tp: Transport, send: bool, tensor: torch.Tensor, peer: int, tag: int 
 def batch_isend_irecv(tp: Transport, ops: Sequence[P2P]) -> Pending:
     """Issues ``ops`` (made by :func:`p2p_op`: group-local peers) as one group of the transport, sends first; complete
     once every operation is, the received data in the caller's tensors."""
-    copies = []
+    copies = []  # (a receive's tensor, its contiguous stand-in)
     issued = []
     for op in ops:
-        t = op.tensor
-        if op.send:
-            t = _contig_in(t)
-        elif not t.is_contiguous():
-            work = t.contiguous()
-            copies.append((t, work))
-            t = work
+        t = op.tensor.contiguous()
+        if not op.send and t is not op.tensor:
+            copies.append((op.tensor, t))
         issued.append(op._replace(tensor=_bits(t, tp.caps)))
     if not issued:
         return Pending()
@@ -68,12 +61,7 @@ def batch_isend_irecv(tp: Transport, ops: Sequence[P2P]) -> Pending:
         if any(a is not b for a, b in zip(ordered, issued)):
             _note("sends before receives")
         issued = ordered
-
-    def copy_back():
-        for t, work in copies:
-            t.copy_(work)
-
-    return Pending(tp.p2p_group(issued), copy_back if copies else None)
+    return Pending(tp.p2p_group(issued), (lambda: [t.copy_(w) for t, w in copies]) if copies else None)
 
 
 class Batch(Handle):

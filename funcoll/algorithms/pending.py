@@ -78,9 +78,8 @@ class Pending(Handle):
             self._handles = []
             if not futs:
                 self._run_thens()
-                done: torch.futures.Future = torch.futures.Future()
-                done.set_result(None)
-                self._future = done
+                self._future = torch.futures.Future()
+                self._future.set_result(None)
             else:
                 def finish(all_done):
                     for f in all_done.value():
@@ -113,8 +112,7 @@ _recorders: List[tuple] = []  # (log, thread id or None: every thread) per open 
 
 
 class _Current(threading.local):
-    """The strategy notes of the collective running on this thread (None outside one): two threads running
-    collectives at once each note their own strategies."""
+    """The strategy notes of the collective running on this thread (None outside one): each thread notes its own."""
 
     notes: Optional[list] = None
 

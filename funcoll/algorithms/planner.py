@@ -1,9 +1,10 @@
-"""The reduction planner: what a reducing collective does on a transport, as a pure function.
+"""The reduction planner: ``plan(caps, primitive, op, dtype, size)`` -> :class:`Plan`, for ``primitive`` in all_reduce,
+reduce_scatter and reduce; a pure function of its arguments, so cached (the algorithms look a plan up per call). A plan
+is the list of steps the algorithms run, in order: views and casts that bring the request to something the transport
+reduces natively (or to a local reduction when nothing native fits), each with the strategy name that
+``funcoll.record()`` reports. This docstring lists every strategy funcoll fills a gap with, once, for every device.
 
-``plan(caps, primitive, op, dtype)`` -> :class:`Plan`, for ``primitive`` in all_reduce, reduce_scatter and reduce.
-A plan is the list of steps the algorithms run, in order: views and casts that bring the request to something the
-transport reduces natively (or to a local reduction when nothing native fits), each with the strategy name that
-``funcoll.record()`` reports. Every gap-filling rule for reductions is written here, once:
+Reductions (planned here):
 
 * complex             -> its real view (sum/avg only)
 * bool                -> the logical op (or/and) where the transport has it for bool, else a uint8 view with the
@@ -20,34 +21,30 @@ transport reduces natively (or to a local reduction when nothing native fits), e
                          where the transport's are wrong)
 * reduce (to one rank)-> the all_reduce plan, where the transport has no native reduce for the request
 
-The collectives that move data fill their gaps without a plan (:mod:`funcoll.algorithms.move`); their strategies,
-listed here so that every strategy is in one list:
+Moves (filled without a plan, in :mod:`funcoll.algorithms.move`):
 
 * unmovable dtypes    -> moved as raw bits of a dtype the backend moves (fp8, uint16/32/64, complex as its real view)
 * uneven all_to_all   -> pairwise send/recv where the transport sends messages of any size; else every split padded
                          to a bound every rank promised or to the largest split (agreed on with a tiny all_gather),
                          one even all_to_all, unpad
 * coalesced           -> one tuple op where native, else one flat buffer per dtype, one collective each
-* list reduce_scatter / all_gather (dist.reduce_scatter, dist.all_gather; a size per rank, as NCCL serves them)
+* list reduce_scatter / all_gather (a size per rank, as NCCL serves them)
                       -> the backend's own list form where it serves the request (gloo's list reduce_scatter: one
-                         all_reduce per destination; XCCL's: one reduce / broadcast per rank when sizes differ), for
-                         every rank whatever its layouts; even sizes elsewhere: the concatenation's even collective;
-                         uneven elsewhere: every block padded to the largest, one even collective, unpad, or, where
-                         padding would more than double the bytes, reduce_scatter as one all_reduce of the
-                         concatenation with this rank's block kept, all_gather as one broadcast per rank (where the
-                         transport has broadcast); every size is in every rank's list: no agreement, no host sync
-* broadcast           -> where there is no broadcast, a masked SUM all_reduce of the integers of the tensor's bits
-                         (a same-width dtype view; on XLA a bitcast-convert, no sync): the root's bits, 0 elsewhere,
-                         so every bit pattern arrives as it is (NaN payloads, signalling NaNs, -0.0, subnormals), the
-                         root's own too, for one all_reduce of the tensor's bytes (a float sum would quiet and
-                         canonicalise NaNs); floats moved by all_gather / all_to_all go as those integers on XLA (its
-                         CPU compiler turns a float all-gather into a float all-reduce)
-* all_gather          -> a masked all_reduce of n rows of those integers where there is none (n times the bytes);
-                         all_to_all -> all_gather + select (the select in the integers)
+                         all_reduce per destination; XCCL's: one reduce / broadcast per rank when sizes differ); else
+                         even sizes: the concatenation's even collective; uneven: every block padded to the largest,
+                         one even collective, unpad, or, where padding would more than double the bytes,
+                         reduce_scatter as one all_reduce (2(n-1)/n of it sent, as a ring) with this rank's block
+                         kept, all_gather as one broadcast per rank; every size is in every rank's list: no agreement,
+                         no host sync
+* broadcast           -> where there is none, a masked SUM all_reduce of the integers of the tensor's bits (the root's,
+                         0 elsewhere; on XLA a bitcast-convert, no sync): every bit pattern arrives as it is (NaN
+                         payloads, signalling NaNs, -0.0, subnormals), where a float sum would quiet and canonicalise
+                         NaNs; on XLA floats moved by all_gather / all_to_all go as those integers too (its CPU
+                         compiler turns a float all-gather into a float all-reduce)
+* all_gather          -> where there is none, a masked all_reduce of n rows of those integers (n times the bytes);
+                         all_to_all -> all_gather + select (in the integers)
 * gather / scatter    -> all_gather / broadcast of the stacked inputs' integers + this rank's row (selected by
                          device data); barrier -> an all_reduce of one element
-
-Plans depend only on (capabilities, primitive, op, dtype), so they are cached; the algorithms look one up per call.
 """
 
 from __future__ import annotations
@@ -102,6 +99,11 @@ AVG_RS_AG = "avg_rs_ag"  # fp16/bf16 AVG all_reduce: float32 reduce_scatter, div
 ALL_REDUCE_SLICE = "all_reduce_slice"  # reduce_scatter: all_reduce the whole input, keep this rank's block
 UNREDUCIBLE = "unreducible"  # no dtype the transport reduces can carry the request (a funcoll bug)
 
+_COUNT_KIND = {R.SUM: BOOL_ANY, R.MAX: BOOL_ANY, R.BOR: BOOL_ANY, R.PRODUCT: BOOL_ALL, R.MIN: BOOL_ALL,
+               R.BAND: BOOL_ALL, R.BXOR: BOOL_PARITY}
+# a table, not torch.empty(..).real: planning makes no tensor
+_REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+
 
 @dataclass(frozen=True)
 class Step:
@@ -142,19 +144,9 @@ def _count_dtype(caps, primitive, size, op) -> Optional[torch.dtype]:
                  if (size < 256 or c != torch.uint8 or op is R.BXOR) and caps.reduces(primitive, R.SUM, c)), None)
 
 
-# a table, not torch.empty(..).real: planning makes no tensor
-_REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
-
-
-_COUNT_KIND = {R.SUM: BOOL_ANY, R.MAX: BOOL_ANY, R.BOR: BOOL_ANY, R.PRODUCT: BOOL_ALL, R.MIN: BOOL_ALL,
-               R.BAND: BOOL_ALL, R.BXOR: BOOL_PARITY}
-
-
 @functools.lru_cache(maxsize=4096)
 def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) -> Plan:
-    """The plan for reducing ``dtype`` with ``op`` through ``primitive`` ("all_reduce", "reduce_scatter" or "reduce")
-    on a transport with capabilities ``caps``, in a group of ``size`` ranks. The request has passed
-    :func:`funcoll.semantics.check_reduction`."""
+    """The plan for a request that passed :func:`funcoll.semantics.check_reduction`, in a group of ``size`` ranks."""
     if primitive == "reduce":
         if caps.reduces("reduce", op, dtype) and not dtype.is_complex and dtype != torch.bool:
             return Plan("reduce", (Step(NATIVE, op, dtype),))
@@ -194,8 +186,7 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
                 if (dtype in LOW_PRECISION and primitive == "all_reduce" and size > 1
                         and caps.reduces("reduce_scatter", R.SUM, torch.float32) and caps.has("all_gather")
                         and caps.moves(dtype)):
-                    steps.append(Step(AVG_RS_AG, R.SUM, torch.float32,
-                                      "avg=float32 reduce_scatter+scale+all_gather"))
+                    steps.append(Step(AVG_RS_AG, R.SUM, torch.float32, "avg=float32 reduce_scatter+scale+all_gather"))
                     break
                 if dtype in LOW_PRECISION:
                     op, dtype = R.SUM, torch.float32

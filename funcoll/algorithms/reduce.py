@@ -1,8 +1,8 @@
 """The reducing collectives: all_reduce (and its coalesced form), reduce_scatter (tensor, coalesced and list forms)
 and reduce, each run as the planner's plan (:mod:`funcoll.algorithms.planner` lists the strategies). The even
-all_gather and all_to_all the plans build on live here too (:func:`_ag`, :func:`_a2a_even`). ``native_*`` answer the
-eager fast path's question "is this request's plan one native call?" (:mod:`funcoll.entry.fast_path`).
-"""
+all_gather and all_to_all the plans build on live here too (:func:`_ag`, :func:`_a2a_even`). ``native_*_call`` answer
+the eager fast path's question "is this request's plan one native call?" (:mod:`funcoll.entry.fast_path`): the call
+``(primitive, reduce op, dtype[, backend method])``, or None; an invalid request raises the full path's error."""
 
 from __future__ import annotations
 
@@ -16,12 +16,8 @@ from funcoll import semantics
 from funcoll.algorithms import planner
 from funcoll.algorithms.pending import Pending, _entry, _note, watched
 from funcoll.algorithms.tensors import (
-    _by_dtype,
-    _by_dtype_pairs,
-    _contig_in,
-    _count_to_bool_,
+    _coalesced,
     _flat,
-    _identity,
     _local_reduce,
     _moved,
     _padded_flat,
@@ -29,6 +25,7 @@ from funcoll.algorithms.tensors import (
     _trunc_div,
     _unflatten,
     _with_contig_out,
+    _with_contig_outs,
     _write_bits,
 )
 from funcoll.semantics import ReduceOp, Reduction
@@ -36,19 +33,18 @@ from funcoll.transport import Transport
 
 R = ReduceOp
 
-# ---------------------------------------------------------------------------------------------------
-# is the plan native? (the fast paths)
-# ---------------------------------------------------------------------------------------------------
-_native_cache: dict = {}
 
-
-def _native_reduction(tp: Transport, op, dtype: torch.dtype) -> Optional[Reduction]:
+# -- is the plan native? (the fast paths) ------------------------------------------------------------------------------
+def _native_reduction(caps, size: int, op, dtype: torch.dtype) -> Optional[Reduction]:
     """The validated :class:`Reduction` when all_reduce of ``dtype`` with ``op`` is one native call under funcoll's
     semantics (the planner's plan), else None; raises as the algorithm does for an invalid request."""
     red = semantics.parse_reduction(op, "all_reduce")
     semantics.check_reduction("all_reduce", red, dtype)
-    native = red.op is not R.PREMUL_SUM and planner.plan(tp.caps, "all_reduce", red.op, dtype, tp.size).native
+    native = red.op is not R.PREMUL_SUM and planner.plan(caps, "all_reduce", red.op, dtype, size).native
     return red if native else None
+
+
+_cached_native_reduction = functools.lru_cache(maxsize=None)(_native_reduction)
 
 
 def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reduction]:
@@ -59,25 +55,16 @@ def native_all_reduce(tp: Transport, op, dtype: torch.dtype) -> Optional[Reducti
     if watched():
         return None
     try:
-        key = (tp.caps, op, dtype, tp.size)
-        return _native_cache[key]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable op (a premul_sum factor tensor): the full path
-        return None
-    try:
-        red = _native_reduction(tp, op, dtype)
+        return _cached_native_reduction(tp.caps, tp.size, op, dtype)
     except (ValueError, TypeError):
-        return None  # not cached: the full path raises the error, every time
-    _native_cache[key] = red
-    return red
+        # an invalid request (an error is not cached: the full path raises it, every time), or an unhashable op (a
+        # premul_sum factor tensor): the full path
+        return None
 
 
 def native_all_reduce_call(tp: Transport, op, t: torch.Tensor) -> Optional[tuple]:
-    """``ProcessGroup.allreduce([t], opts)`` with ``op = opts.reduceOp``: the native call ``(primitive, reduce op,
-    dtype[, backend method])`` when the plan is one, else None (each ``native_*_call`` answers the eager fast path's
-    question for its request, :mod:`funcoll.entry.fast_path`; an invalid request raises the full path's error)."""
-    red = _native_reduction(tp, op, t.dtype)
+    """``ProcessGroup.allreduce([t], opts)`` (``op = opts.reduceOp``)."""
+    red = _native_reduction(tp.caps, tp.size, op, t.dtype)
     if red is None or t.numel() == 0 or not tp.caps.moves(t.dtype):
         return None
     return ("all_reduce", str(red.op), t.dtype)
@@ -122,9 +109,7 @@ def native_reduce_scatter_list_call(tp: Transport, op, out: torch.Tensor, ins: t
     return ("reduce_scatter", str(red.op), out.dtype, "reduce_scatter")
 
 
-# ---------------------------------------------------------------------------------------------------
-# all_reduce
-# ---------------------------------------------------------------------------------------------------
+# -- all_reduce --------------------------------------------------------------------------------------------------------
 def _ar(tp: Transport, t: torch.Tensor, red: Reduction) -> Pending:
     """In-place all_reduce of contiguous ``t`` (already validated): the planner's plan for the request, run."""
     return _run(tp, t, t, red, planner.plan(tp.caps, "all_reduce", red.op, t.dtype, tp.size).steps)
@@ -136,6 +121,10 @@ _NARROW: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     planner.AVG_FLOAT32: lambda w, n: w.div_(n), planner.AVG_INT: _trunc_div, planner.WIDEN: lambda w, n: w,
     planner.BOOL_ANY: lambda w, n: w != 0, planner.BOOL_ALL: lambda w, n: w == n,
     planner.BOOL_PARITY: lambda w, n: w.bitwise_and(1) != 0}
+# the same for a uint8 count that is the bool tensor's own bytes: in place, 0/1 afterwards
+_COUNT_TO_BOOL_: dict[str, Callable[[torch.Tensor, int], object]] = {
+    planner.BOOL_ANY: lambda c, n: c.clamp_(max=1), planner.BOOL_ALL: lambda c, n: c.eq_(n),
+    planner.BOOL_PARITY: lambda c, n: c.bitwise_and_(1)}
 
 
 def _alike(f: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor,
@@ -156,7 +145,6 @@ def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, st
     r = red if step.op is red.op else Reduction(step.op)
     if kind == planner.NATIVE:
         return Pending([tp.all_reduce(out, r) if ar else tp.reduce_scatter(out, inp, r)])
-
     if kind == planner.REAL_VIEW:
         return _run(tp, *_alike(lambda x: torch.view_as_real(_flat(x)), out, inp), r, rest)
     if kind == planner.BOOL_OP:
@@ -172,43 +160,36 @@ def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, st
         wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
         wi = wo.bitwise_xor_(bit) if ar else inp.view(step.dtype) ^ bit
         return _run(tp, wo, wi, r, rest).and_then(lambda: wo.bitwise_xor_(bit))
-    if (kind in (planner.BOOL_ANY, planner.BOOL_ALL, planner.BOOL_PARITY) and ar and step.dtype == torch.uint8
-            and out.is_contiguous() and tp.dtype_views):
+    if kind in _COUNT_TO_BOOL_ and ar and step.dtype == torch.uint8 and out.is_contiguous() and tp.dtype_views:
         # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place (no temporary:
         # a bool result copied back costs ~2x the in-place op at 16 MiB)
         w = out.view(torch.uint8)
-        return _run(tp, w, w, r, rest).and_then(lambda: _count_to_bool_(kind, w, n))
+        return _run(tp, w, w, r, rest).and_then(lambda: _COUNT_TO_BOOL_[kind](w, n))
     if kind in _NARROW:
         wo, wi = _alike(lambda x: x.to(step.dtype), out, inp)
         return _run(tp, wo, wi, r, rest).and_then(lambda: out.copy_(_NARROW[kind](wo, n)))
-    if kind == planner.RS_AG_LOCAL:
-        # all_to_all (this rank receives every rank's copy of its block), reduce the block locally in rank order,
-        # all_gather the blocks straight into the result: 2(n-1)/n of the tensor sent, one extra buffer
+    if kind in (planner.RS_AG_LOCAL, planner.AVG_RS_AG):
         flat = _padded_flat(out, n)
-        recv = torch.empty_like(flat)
-        _a2a_even(tp, recv, flat).wait()
-        block = _local_reduce(recv.view(n, -1), step.op)
-        p = _ag(tp, flat, block)
+        if kind == planner.RS_AG_LOCAL:
+            # this rank's block of every rank, reduced in rank order, the blocks gathered straight into the result
+            recv = torch.empty_like(flat)
+            _a2a_even(tp, recv, flat).wait()
+            p = _ag(tp, flat, _local_reduce(recv.view(n, -1), step.op))
+        else:
+            # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and
+            # rounds its block to out's dtype, all_gather in out's dtype; in pieces of tp.staging_bytes of float32,
+            # each gathered back into itself: the float32 copy and the transport's own temporaries stay bounded
+            piece = flat.numel() if tp.staging_bytes is None else max(n, tp.staging_bytes // 4 // n * n)
+            for lo in range(0, flat.numel(), piece):
+                part = flat[lo:lo + piece]
+                wide = part.float()
+                block = wide.new_empty((part.numel() // n,))
+                _rs(tp, block, wide, Reduction(R.SUM)).wait()
+                del wide
+                p = _ag(tp, part, block.div_(n).to(out.dtype))
+                if lo + piece < flat.numel():
+                    p.wait()
         if flat.numel() == out.numel():  # no padding: flat is a view of out, the all_gather wrote into out itself
-            return p
-        return p.and_then(lambda: out.view(-1).copy_(flat[:out.numel()]))
-    if kind == planner.AVG_RS_AG:
-        # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and rounds
-        # its block to out's dtype, all_gather in out's dtype: 1.5x the bytes of a native all_reduce instead of 2x. In
-        # pieces of tp.staging_bytes of float32 (each piece's blocks gathered back into the piece, in place): the
-        # float32 copy and the transport's own temporaries stay bounded, not twice the tensor and more
-        flat = _padded_flat(out, n)
-        piece = flat.numel() if tp.staging_bytes is None else max(n, tp.staging_bytes // 4 // n * n)
-        for lo in range(0, flat.numel(), piece):
-            part = flat[lo:lo + piece]
-            wide = part.float()
-            block = wide.new_empty((part.numel() // n,))
-            _rs(tp, block, wide, Reduction(R.SUM)).wait()
-            del wide
-            p = _ag(tp, part, block.div_(n).to(out.dtype))
-            if lo + piece < flat.numel():
-                p.wait()
-        if flat.numel() == out.numel():  # no padding (a view of out), as above
             return p
         return p.and_then(lambda: out.view(-1).copy_(flat[:out.numel()]))
     if kind == planner.GATHER_LOCAL:
@@ -217,8 +198,7 @@ def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, st
         return _ag(tp, g, flat).and_then(lambda: flat.copy_(_local_reduce(g.view(n, -1), step.op)))
     if kind == planner.A2A_LOCAL:
         buf = torch.empty_like(inp)
-        return _a2a_even(tp, buf, inp).and_then(
-            lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
+        return _a2a_even(tp, buf, inp).and_then(lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
     if kind == planner.ALL_REDUCE_SLICE:  # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
         w = inp.clone()
         return _ar(tp, w, r).and_then(lambda: out.copy_(
@@ -246,37 +226,25 @@ def all_reduce_coalesced(tp: Transport, tensors: Sequence[torch.Tensor], op="sum
     tensors = [t for t in tensors if t.numel()]
     if not tensors:
         return Pending()  # nothing to send: complete at once
-    caps = tp.caps
     # the plan reads only what every rank shares (op, dtypes); a tensor's layout changes only local copies
-    if all(caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
+    if all(tp.caps.reduces("all_reduce_coalesced", red.op, t.dtype) for t in tensors):
         _note(f"one tuple all_reduce of {len(tensors)} tensors")
-        work = [_contig_in(t) for t in tensors]
-        p = Pending([tp.all_reduce_coalesced(work, red)])
-        staged = [(t, w) for t, w in zip(tensors, work) if w is not t]
-        return p.and_then(lambda: [t.copy_(w) for t, w in staged]) if staged else p
-    pendings = []
-    for idx in _by_dtype(tensors):
-        ts = [tensors[i] for i in idx]
-        if len(ts) == 1:
-            pendings.append(_with_contig_out(ts[0], lambda t: _ar(tp, t, red)))
-            continue
-        _note(f"flat buffer of {len(ts)} {ts[0].dtype} tensors")
+        return _with_contig_outs(tensors, lambda work: Pending([tp.all_reduce_coalesced(work, red)]))
+
+    def many(_, ts) -> Pending:
         flat = torch.cat([t.reshape(-1) for t in ts])
-        pendings.append(_ar(tp, flat, red).and_then(functools.partial(_unflatten, flat, ts)))
-    return Pending(pendings)
+        return _ar(tp, flat, red).and_then(functools.partial(_unflatten, flat, ts))
+
+    return _coalesced(tensors, tensors, lambda t, _: _with_contig_out(t, lambda w: _ar(tp, w, red)), many)
 
 
-# ---------------------------------------------------------------------------------------------------
-# the even all_gather and all_to_all the plans build on (all_gather's own fill is a masked all_reduce)
-# ---------------------------------------------------------------------------------------------------
+# -- the even all_gather and all_to_all the plans build on (all_gather's own fill is a masked all_reduce) --------------
 def _masked_sum(tp: Transport, bits: torch.Tensor, keep: torch.Tensor,
                 write: Callable[[torch.Tensor], object]) -> Pending:
-    """``bits`` (:func:`_summable` of what one rank contributes) where ``keep`` (device data, so every rank runs the
-    same program), 0 elsewhere, summed over the group as integers; ``write(sum)`` then gets the flat sum (to hand to
-    :func:`_write_bits`, selected first where needed, in the integers: XLA's CPU runtime selects bfloat16 with
-    ``index_select`` through float32). Every bit pattern the kept ranks hold arrives unchanged (NaN payloads,
-    signalling NaNs, -0.0, subnormals), on the kept ranks too. One all_reduce of the tensor's bytes."""
-    masked = torch.where(keep, bits, _identity(bits.dtype)).reshape(-1)
+    """``bits`` (:func:`_summable` of what one rank contributes) where ``keep`` (device data: the same program on every
+    rank), 0 elsewhere, summed as integers in one all_reduce, every bit pattern unchanged; ``write(sum)`` then gets the
+    flat sum (selected in the integers where needed: XLA's CPU runtime selects bfloat16 through float32)."""
+    masked = torch.where(keep, bits, False if bits.dtype == torch.bool else 0).reshape(-1)  # bool stays bool
     return _ar(tp, masked, Reduction(R.SUM)).and_then(lambda: write(masked))
 
 
@@ -285,8 +253,7 @@ def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
     caps = tp.caps
     if caps.has("all_gather"):
         return _moved(tp, out, inp, lambda o, i: Pending([tp.all_gather(o, i)]))
-    # e.g. XLA for a group whose replica groups have mixed sizes (XLA's all-gather needs one size): every rank
-    # contributes its row, zeros in the others, to one integer all-reduce of n rows (n times the bytes)
+    # no all_gather for this group (XLA, replica groups of mixed sizes: its all-gather needs one size)
     _note("all_gather=masked all_reduce")
     flat = _summable(tp, _flat(inp)).reshape(1, -1)
     rows = flat.expand(tp.size, flat.shape[1])
@@ -307,9 +274,7 @@ def _a2a_even(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
         tp, out, g.view(n, n, rows, -1).index_select(1, tp.rank_index(g))))
 
 
-# ---------------------------------------------------------------------------------------------------
-# reduce_scatter
-# ---------------------------------------------------------------------------------------------------
+# -- reduce_scatter ----------------------------------------------------------------------------------------------------
 def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> Pending:
     """Reduce-scatter of contiguous ``inp`` into contiguous ``out`` (already validated): the planner's plan, run."""
     return _run(tp, out, inp, red, planner.plan(tp.caps, "reduce_scatter", red.op, inp.dtype, tp.size).steps)
@@ -322,7 +287,7 @@ def reduce_scatter_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor, o
     semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
     if out.numel() == 0:
         return Pending()  # nothing to send: complete at once
-    inp = _contig_in(inp).reshape((-1,) + tuple(out.shape[1:]))  # the stacked input form as its concatenation
+    inp = inp.contiguous().reshape((-1,) + tuple(out.shape[1:]))  # the stacked input form as its concatenation
     return _with_contig_out(out, lambda o: _rs(tp, o, inp, red))
 
 
@@ -337,22 +302,16 @@ def reduce_scatter_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor],
         semantics.check_reduction("reduce_scatter_tensor_coalesced", red, i.dtype)
         semantics.check_reduce_scatter("reduce_scatter_tensor_coalesced", o, i, tp.size)
     n = tp.size
-    pendings = []
-    for os_, ins in _by_dtype_pairs(outs, inps):
-        if len(ins) == 1:
-            src = _contig_in(ins[0])
-            pendings.append(_with_contig_out(os_[0], lambda o, i=src: _rs(tp, o, i, red)))  # type: ignore[misc]
-            continue
-        _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
+
+    def many(os_, ins) -> Pending:
         flat = torch.cat([i.reshape(n, -1) for i in ins], dim=1).reshape(-1)
         res = flat.new_empty((flat.numel() // n,))
-        pendings.append(_rs(tp, res, flat, red).and_then(functools.partial(_unflatten, res, os_)))
-    return Pending(pendings)
+        return _rs(tp, res, flat, red).and_then(functools.partial(_unflatten, res, os_))
+
+    return _coalesced(outs, inps, lambda o, i: _with_contig_out(o, lambda w: _rs(tp, w, i.contiguous(), red)), many)
 
 
-# ---------------------------------------------------------------------------------------------------
-# reduce, and reduce_scatter's list form
-# ---------------------------------------------------------------------------------------------------
+# -- reduce, and reduce_scatter's list form ----------------------------------------------------------------------------
 @_entry
 def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     """The result lands in ``tensor`` on ``dst``; other ranks' tensors are left unchanged."""
@@ -390,7 +349,7 @@ def reduce_scatter(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor
     if _rs_list_native(tp, red, out.dtype, sizes):
         # the backend's own list form, with contiguous copies where the caller's tensors are not: the exchange the
         # fast path issues for the same call on another rank
-        ins = [_contig_in(t) for t in inps]
+        ins = [t.contiguous() for t in inps]
         return _with_contig_out(out, lambda o: Pending([tp.reduce_scatter_list(o.view(shape), ins, red)]))
     if len(set(sizes)) == 1:
         flat = torch.cat([t.reshape(-1) for t in inps])
@@ -400,10 +359,8 @@ def reduce_scatter(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor
 
 def _rs_uneven(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], sizes: Sequence[int],
                red: Reduction) -> Pending:
-    """Uneven list reduce_scatter where the backend's list form does not serve it: every block padded to the largest,
-    one even reduce_scatter (the planner's plan), the padding cut off; or, where padding would more than double the
-    bytes (n * largest > 2 * total), one all_reduce of the concatenation (2(n-1)/n of it sent per rank, as a ring),
-    this rank's block kept. Every size is in every rank's list: no agreement, no host sync (XLA)."""
+    """Uneven list reduce_scatter where the backend's list form does not serve it (the planner's docstring lists both
+    ways); every size is in every rank's list: no agreement, no host sync (XLA)."""
     n, big, total = tp.size, max(sizes), sum(sizes)
     lo = sum(sizes[:tp.rank])
     if n * big > 2 * total:

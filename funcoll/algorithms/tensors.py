@@ -1,6 +1,6 @@
-"""Local tensor steps the strategies share: contiguous staging, raw-bit views of dtypes a backend does not move,
-the identity and masks of exact sums, in-place local reductions in rank order, integer division with truncation.
-Nothing here sends."""
+"""Local tensor steps the strategies share: contiguous staging, raw-bit views of dtypes a backend does not move, the
+integers of exact masked sums, in-place local reductions in rank order, integer division with truncation. Nothing
+here sends."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
-from funcoll.algorithms import planner
 from funcoll.algorithms.pending import Pending, _note
 from funcoll.semantics import ReduceOp
 
@@ -21,16 +20,20 @@ R = ReduceOp
 _SAME_WIDTH = {1: (torch.uint8, torch.int8), 2: (torch.int16,), 4: (torch.int32,), 8: (torch.int64,)}
 
 
-def _contig_in(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
 def _with_contig_out(t: torch.Tensor, run: Callable[[torch.Tensor], Pending]) -> Pending:
     """Runs ``run`` on a contiguous tensor and copies the result back into ``t`` when it was not."""
     if t.is_contiguous():
         return run(t)
     work = t.contiguous()
     return run(work).and_then(lambda: t.copy_(work))
+
+
+def _with_contig_outs(ts: Sequence[torch.Tensor], run: Callable[[list], Pending]) -> Pending:
+    """:func:`_with_contig_out` of a list of tensors (``contiguous()`` of a contiguous tensor is the tensor itself)."""
+    work = [t.contiguous() for t in ts]
+    staged = [(t, w) for t, w in zip(ts, work) if w is not t]
+    p = run(work)
+    return p.and_then(lambda: [t.copy_(w) for t, w in staged]) if staged else p
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -46,8 +49,7 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     if t.dtype.is_complex:
         _note(f"{t.dtype} moved as its real view")
         return _bits(torch.view_as_real(t), caps)
-    size = t.element_size()
-    for cand in _SAME_WIDTH.get(size, ()):
+    for cand in _SAME_WIDTH.get(t.element_size(), ()):
         if caps.moves(cand):
             _note(f"{t.dtype} moved as {cand}")
             return t.view(cand)
@@ -70,17 +72,6 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     for row in rows[1:]:
         _IN_PLACE[op](acc, row)
     return acc
-
-
-def _count_to_bool_(kind: str, count: torch.Tensor, n: int) -> None:
-    """A count of every rank's Trues back to the bool result of any / all / parity, in place, on a uint8 count that is
-    the bool tensor's own bytes (0/1 afterwards)."""
-    if kind == planner.BOOL_ANY:
-        count.clamp_(max=1)
-    elif kind == planner.BOOL_ALL:
-        count.eq_(n)
-    else:
-        count.bitwise_and_(1)
 
 
 def _padded_flat(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -107,25 +98,28 @@ def _trunc_div(w: torch.Tensor, n: int) -> torch.Tensor:
     return q
 
 
-
-def _by_dtype(tensors: Sequence[torch.Tensor]):
+def _coalesced(outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor], one: Callable[..., Pending],
+               many: Callable[..., Pending]) -> Pending:
+    """A coalesced op: per dtype and device (in order, empty inputs left out), ``one(out, inp)`` of a lone pair, else
+    ``many(outs, inps)`` through one flat buffer."""
     groups: dict = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.dtype, t.device), []).append(i)
-    return groups.values()
-
-
-def _by_dtype_pairs(outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]):
-    """(outputs, inputs) of each dtype and device, in order, leaving out empty inputs."""
-    for idx in _by_dtype(inps):
-        keep = [i for i in idx if inps[i].numel()]
-        if keep:
-            yield [outs[i] for i in keep], [inps[i] for i in keep]
-
+    for o, i in zip(outs, inps):
+        if i.numel():
+            pair = groups.setdefault((i.dtype, i.device), ([], []))
+            pair[0].append(o)
+            pair[1].append(i)
+    pendings = []
+    for os_, ins in groups.values():
+        if len(ins) == 1:
+            pendings.append(one(os_[0], ins[0]))
+        else:
+            _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
+            pendings.append(many(os_, ins))
+    return Pending(pendings)
 
 
 # the integer of each element size that carries another dtype's bits through a masked SUM
-_BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_BITS_OF_SIZE = {size: ints[0] for size, ints in _SAME_WIDTH.items()}
 
 
 def _summable(tp, t: torch.Tensor) -> torch.Tensor:
@@ -146,30 +140,21 @@ def _summable(tp, t: torch.Tensor) -> torch.Tensor:
     same = _BITS_OF_SIZE[t.element_size()]
     if same == t.dtype:
         return t
-    if caps.reduces("all_reduce", R.SUM, same) or not tp.dtype_views or not caps.reduces("all_reduce", R.SUM,
-                                                                                          torch.uint8):
-        return tp.bits_as(_flat(t), same)  # never a 0-dim bitcast (TorchTPU refuses one)
-    return tp.bits_as(_flat(t), torch.uint8)
+    as_bytes = (tp.dtype_views and caps.reduces("all_reduce", R.SUM, torch.uint8)
+                and not caps.reduces("all_reduce", R.SUM, same))
+    return tp.bits_as(_flat(t), torch.uint8 if as_bytes else same)  # never a 0-dim bitcast (TorchTPU refuses one)
 
 
-def _moved(tp, out: torch.Tensor, inp: torch.Tensor,
-           send: Callable[[torch.Tensor, torch.Tensor], Pending]) -> Pending:
+def _moved(tp, out: torch.Tensor, inp: torch.Tensor, send: Callable[[torch.Tensor, torch.Tensor], Pending]) -> Pending:
     """``send(out, inp)`` of contiguous ``out`` and ``inp`` (an all_gather or an even all_to_all: ``out`` holds whole
-    multiples of ``inp``'s rows), as dtypes the backend moves (:func:`_bits`: views). On a transport that moves
-    floats as integers (XLA: :attr:`~funcoll.transport.Transport.floats_as_integers`) a floating or complex ``inp``
-    is read as the integers of its bits, ``out`` received into a buffer of them and written back bit for
-    bit (on XLA no view: a dtype view is a CPU fallback there)."""
+    multiples of ``inp``'s rows), as dtypes the backend moves (:func:`_bits`: views). Where floats move as integers
+    (:attr:`~funcoll.transport.Transport.floats_as_integers`: XLA, where a dtype view is a CPU fallback) a floating
+    or complex ``inp`` is read as the integers of its bits, and ``out`` received into them, written back bit for bit."""
     if not (tp.floats_as_integers and (inp.dtype.is_floating_point or inp.is_complex())):
         return send(_bits(out, tp.caps), _bits(inp, tp.caps))
     bits = _summable(tp, inp)  # dim 0 kept (a complex tensor's real view: one more dimension)
     got = bits.new_empty((bits.shape[0] * out.numel() // inp.numel(),) + tuple(bits.shape[1:]))
     return send(got, bits).and_then(lambda: _write_bits(tp, out, got))
-
-
-def _identity(dtype: torch.dtype):
-    """What every rank but the one kept contributes to a masked sum (:func:`_summable`'s dtypes): 0, False for
-    bool."""
-    return False if dtype == torch.bool else 0
 
 
 def _write_bits(tp, dest: torch.Tensor, bits: torch.Tensor) -> None:
