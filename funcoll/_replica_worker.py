@@ -1,14 +1,9 @@
 """Executes HLO modules on N replicas of the XLA CPU runtime (jaxlib); run by :mod:`funcoll.replicas`, as a script.
 
 It imports neither torch nor funcoll (only numpy and jaxlib), so that it starts fast and that jaxlib's XLA never meets
-torch_xla's in one process. Two modes, each reading a pickled job and writing a pickled answer:
-
-* ``python _replica_worker.py spmd JOB OUT``: one process with N CPU devices (``XLA_FLAGS`` set before jax is
-  imported); each module of the job is compiled once with ``num_replicas=N`` and run by ``execute_sharded``, replica r
-  on device r with rank r's parameters (XLA's in-process collectives);
-* ``python _replica_worker.py mpmd JOB OUT RANK PORT``: one of N processes (one CPU device each, ``jax.distributed``
-  on a loopback coordinator, gloo collectives between the processes); each compiles and runs *its own rank's*
-  module, as each host of a TPU slice does. Used when the ranks' programs differ.
+torch_xla's in one process. ``spmd JOB OUT``: one process with N CPU devices runs each module on N replicas;
+``mpmd JOB OUT RANK PORT``: one of N processes (``jax.distributed``, gloo between them) runs its own rank's module
+(docs/xla-replicas.md, "One program, or one per rank").
 
 A job: ``{"world": N, "modules": [[(hlo proto bytes, [(dtype, shape, bytes) per parameter]) per rank], ...]}``. The
 answer: ``{"outputs": [[[(dtype, shape, bytes) per output] per rank] per module]}`` or ``{"error": text,
@@ -64,11 +59,9 @@ def _run(exe, devices, local, params_of_local):
     # one array per parameter holding one shard per replica; the replicas' values differ (each rank's own), which
     # execute_sharded takes as they are
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    args = []
-    for values in params_of_local:
-        shape = values[0].shape
-        args.append(jax.make_array_from_single_device_arrays(
-            shape, sharding, [jax.device_put(v, d) for v, d in zip(values, local)]))
+    args = [jax.make_array_from_single_device_arrays(values[0].shape, sharding,
+                                                     [jax.device_put(v, d) for v, d in zip(values, local)])
+            for values in params_of_local]
     results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
     by_device: dict = {}
     for per_output in results:
@@ -87,8 +80,7 @@ def _execute(job: dict, devices, local, ranks: list) -> dict:
         try:
             exe = _compile(local[0].client, devices, module[ranks[0]][0], job["world"])
             stage = "execute"
-            nparams = len(module[ranks[0]][1])
-            params = [[_array(module[r][1][p]) for r in ranks] for p in range(nparams)]
+            params = [[_array(module[r][1][p]) for r in ranks] for p in range(len(module[ranks[0]][1]))]
             outputs.append(_run(exe, devices, local, params))
         except Exception as e:  # noqa: BLE001 - reported to the caller with the module and the stage
             return {"error": f"{type(e).__name__}: {e}", "module": i, "stage": stage}

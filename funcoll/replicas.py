@@ -1,10 +1,6 @@
-"""Executes what the ranks of an N-rank XLA job compile, on N replicas of the XLA CPU runtime (a laptop is enough).
-
-:func:`capture` builds every rank's program in this process (a virtual funcoll world per rank; torch_xla executes
-nothing), :func:`execute` runs the programs in jaxlib subprocesses (``_replica_worker.py``), and :func:`run` is both.
-docs/xla-replicas.md says how to use it, when one module runs on every replica and when each rank's runs in a process
-of its own, and what :class:`ReplicaRuntimeError` names.
-"""
+"""Executes what the ranks of an N-rank XLA job compile, on N replicas of the XLA CPU runtime (docs/xla-replicas.md):
+:func:`capture` builds every rank's program in this process (nothing executes), :func:`execute` runs them in jaxlib
+subprocesses (``_replica_worker.py``), :func:`run` is both."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -27,6 +24,12 @@ _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_replica_wor
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ")
 _METADATA = re.compile(r", metadata=\{[^}]*\}")
 _MODULE_LINE = re.compile(r"^HloModule [\w.\-]+")
+_NAME = re.compile(r"%([\w.\-]+)")
+_HEADER = re.compile(r"^((?:ENTRY )?%[\w.\-]+) \(.*\) -> (.*\{)\s*$")
+_TORCH_OF = {name: getattr(torch, name) for name in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+                                                   "int64", "uint64", "float16", "bfloat16", "float32", "float64",
+                                                   "complex64", "complex128")}
+_NAME_OF = {v: k for k, v in _TORCH_OF.items()}
 
 
 class ReplicaRuntimeError(RuntimeError):
@@ -73,10 +76,6 @@ class World:
         self.same = self.why is None
 
 
-_NAME = re.compile(r"%([\w.\-]+)")
-_HEADER = re.compile(r"^((?:ENTRY )?%[\w.\-]+) \(.*\) -> (.*\{)\s*$")
-
-
 def _canonical(text: str) -> List[str]:
     """The module's lines without its name, without metadata, and with every ``%name`` numbered in order of first
     appearance: two modules that compute the same thing the same way read the same, whatever ids torch_xla gave."""
@@ -110,9 +109,6 @@ def _difference(ranks: Sequence[RankProgram]) -> Optional[str]:
     return None
 
 
-# ---------------------------------------------------------------------------------------------------
-# capture (torch_xla, this process)
-# ---------------------------------------------------------------------------------------------------
 def _flatten(result) -> Tuple[List[torch.Tensor], Any]:
     from torch.utils._pytree import tree_flatten
 
@@ -147,17 +143,11 @@ def _program(rank: int, outs: List[torch.Tensor], structure) -> RankProgram:
 
 
 def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> World:
-    """Calls ``fn()`` once as each rank of a virtual world of ``world_size`` ranks and returns every rank's program.
-
-    For each rank in turn: ``dist.init_process_group("funcoll", store=dist.HashStore(), rank=r,
-    world_size=world_size)``, ``funcoll.install(["xla"])``, a fresh ordering token, ``fn()``, then the group is
-    destroyed and funcoll's group registry cleared. ``install=False`` calls ``funcoll.uninstall()`` instead, to read
-    what torch_xla's own ``_c10d_functional`` kernels compile for the same calls. ``fn`` reads its rank with
-    ``dist.get_rank()``, may create groups and meshes, and returns the XLA tensors to compute (a tensor, or lists,
-    tuples or dicts of them). The module is the one torch_xla would compile for those tensors; nothing is executed.
-    An uneven ``all_to_all_single`` without ``funcoll.xla.static_split_bound`` agrees on the largest split with an
-    all_gather and a host read: every rank is then captured twice (:class:`_Agreements`). Needs torch_xla
-    (PJRT_DEVICE=CPU), jaxlib when there is an agreement, and no default process group in this process."""
+    """Calls ``fn()`` once as each rank of a virtual world of ``world_size`` ranks (a ``HashStore`` default group and
+    ``funcoll.install(["xla"])`` per rank; ``install=False``: ``funcoll.uninstall()``, torch_xla's own kernels) and
+    returns every rank's program; nothing is executed (docs/xla-replicas.md). ``fn`` returns the XLA tensors to
+    compute (a tensor, or lists, tuples or dicts of them). Needs torch_xla (PJRT_DEVICE=CPU), jaxlib when an uneven
+    ``all_to_all_single`` agrees on its split sizes (:class:`_Agreements`), and no default process group here."""
     import torch.distributed as dist
 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -174,11 +164,10 @@ def capture(fn: Callable[[], Any], world_size: int, install: bool = True) -> Wor
 
 def _run_agreements(told: dict, world_size: int) -> dict:
     """Runs the split-size agreements a first pass recorded (``told``: (this global rank, the group's global ranks,
-    the agreement's index on that group) -> the values this rank sends) as the ranks would: every member's values
-    all-gathered over the agreement's group by funcoll's all_gather, executed on ``world_size`` replicas (a sub-group
-    is made anew from its ranks: its replica groups are those funcoll gives such a group when no partition was
-    registered). Returns the same keys -> the rows this rank's all_gather returned (one row per member, in group
-    order)."""
+    the agreement's index on that group) -> the values this rank sends) on ``world_size`` replicas, each one funcoll's
+    all_gather over its group (a sub-group made anew from its ranks: the replica groups funcoll gives it when no
+    partition is registered). Returns the same keys -> the rows this rank's all_gather returned (one per member, in
+    group order)."""
     import torch.distributed as dist
     import torch_xla
 
@@ -271,22 +260,8 @@ def _step_tensors() -> List[torch.Tensor]:
     devctx = xm._get_device_context()
     closures = getattr(devctx, "step_closures", None) or []
     devctx.step_closures = []  # type: ignore[attr-defined]
-    found = []
-    for c in closures:
-        for a in (getattr(c, "__defaults__", None) or ((),))[0] or ():
-            if isinstance(a, torch.Tensor) and a.device.type == "xla":
-                found.append(a)
-    return found
-
-
-# ---------------------------------------------------------------------------------------------------
-# execute (jaxlib, a subprocess)
-# ---------------------------------------------------------------------------------------------------
-_TORCH_OF = {"bool": torch.bool, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
-             "uint16": torch.uint16, "int32": torch.int32, "uint32": torch.uint32, "int64": torch.int64,
-             "uint64": torch.uint64, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-             "float64": torch.float64, "complex64": torch.complex64, "complex128": torch.complex128}
-_NAME_OF = {v: k for k, v in _TORCH_OF.items()}
+    return [a for c in closures for a in (getattr(c, "__defaults__", None) or ((),))[0] or ()
+            if isinstance(a, torch.Tensor) and a.device.type == "xla"]
 
 
 def _encode(t: torch.Tensor):
@@ -356,8 +331,7 @@ def execute(worlds, timeout: float = 300.0) -> list:
     mpmd = any(not w.same for w in worlds)
     job = {"world": size, "modules": [[(p.proto, [_encode(t) for t in p.params]) for p in w.ranks]
                                       for w in worlds]}
-    env = dict(os.environ)
-    env.pop("PJRT_DEVICE", None)
+    env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
     with tempfile.TemporaryDirectory(prefix="funcoll-replicas-") as tmp:
         job_path = os.path.join(tmp, "job.pkl")
         with open(job_path, "wb") as f:
@@ -386,15 +360,12 @@ def execute(worlds, timeout: float = 300.0) -> list:
 
 
 def _wait(procs, outs, timeout, mpmd) -> list:
-    import time
-
     deadline = time.monotonic() + timeout
     failed = []
     try:
         for r, p in enumerate(procs):
-            left = max(0.1, deadline - time.monotonic())
             try:
-                _, stderr = p.communicate(timeout=left)
+                _, stderr = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise ReplicaRuntimeError(
                     f"funcoll.replicas: the replicas did not finish in {timeout:g} s; a collective that some replica "
@@ -424,8 +395,7 @@ def _error(worlds, err: dict, mpmd: bool) -> ReplicaRuntimeError:
     i = err.get("module")
     if i is None:
         return ReplicaRuntimeError(f"funcoll.replicas: {first}")
-    program = worlds[i].ranks[0]
-    line = _instruction_named(program.text, message)
+    line = _instruction_named(worlds[i].ranks[0].text, message)
     where = f"instruction {line}" if line else "an instruction XLA's message does not name"
     return ReplicaRuntimeError(f"funcoll.replicas: the XLA CPU runtime cannot {err['stage']} {where} "
                                f"(module {i}): {first}")
