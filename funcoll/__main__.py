@@ -36,29 +36,28 @@ def _facts(cols, key: str) -> Optional[dict]:
     ``key``'s table ("oneccl": XCCL, "torch_tpu": TorchTPU), or None when no column is one."""
     from funcoll.transport import tpu, xpu
 
-    for _, caps in cols:
-        v = getattr(caps, "versions", None)
-        xccl = xpu.fact_table(v.get("backend")) if v else {}
-        mod, table, prefix, row_key, lib = ((xpu, xccl, "xccl", "torch", "xccl") if key == "oneccl" else
-                                            (tpu, tpu.TORCHTPU_FACTS, "torchtpu", "row", "processgrouptpu"))
-        if v and key in v:
-            row = None if v[row_key] in ("?", "unknown") else v[row_key]
-            head = {"stack": dict(v)} if key == "oneccl" else {"torch_tpu": v["torch_tpu"]}
-            known = key != "oneccl" or v.get("backend") in xpu.BACKEND_LABELS
-            return {**head, "known_until": mod.KNOWN_UNTIL,
-                    "facts": [{"fact": k, "funcoll": caps.sources[f"{prefix}.{k}"].split(":", 1)[0],
-                               "why": _why(caps.sources[f"{prefix}.{k}"]),
-                               lib: fact.at(row) if known else "unknown", "strategy": fact.strategy}
-                              for k, fact in table.items()]}
-    return None
+    caps = next((c for _, c in cols if key in (getattr(c, "versions", None) or {})), None)
+    if caps is None:
+        return None
+    v = caps.versions
+    if key == "oneccl":
+        table, prefix, lib, row, until = xpu.fact_table(v.get("backend")), "xccl", "xccl", v["torch"], xpu.KNOWN_UNTIL
+        head, known = {"stack": dict(v)}, v.get("backend") in xpu.BACKEND_LABELS
+    else:
+        table, prefix, lib, row, until = tpu.TORCHTPU_FACTS, "torchtpu", "processgrouptpu", v["row"], tpu.KNOWN_UNTIL
+        head, known = {"torch_tpu": v["torch_tpu"]}, True
+    row = None if row in ("?", "unknown") else row
+    return {**head, "known_until": until,
+            "facts": [{"fact": k, "funcoll": caps.sources[f"{prefix}.{k}"].split(":", 1)[0],
+                       "why": _why(caps.sources[f"{prefix}.{k}"]), lib: fact.at(row) if known else "unknown",
+                       "strategy": fact.strategy} for k, fact in table.items()]}
 
 
 def _why(source: str) -> str:
     """What keeps a fact off the native path beyond its library's facts (an open report, an unknown backend class):
     the first clause of its ``sources`` text, else ""."""
-    text = source.split(": ", 1)[-1]
-    return text.split("; ", 1)[0] if text.startswith("open report") or "conservative row" in text.split("; ")[0] \
-        else ""
+    first = source.split(": ", 1)[-1].split("; ", 1)[0]
+    return first if first.startswith("open report") or "conservative row" in first else ""
 
 
 def cmd_report(args) -> int:
@@ -71,16 +70,15 @@ def cmd_report(args) -> int:
         return 0
     cols = _columns(args)
     rows = [(name, [report._cell(caps, run) for _, caps in cols]) for name, run in report.rows()]
-    probes = funcoll.probe.cached_entries(args.device or []) if args.probed else []
+    probes = funcoll.probe.cached_entries(args.device or []) if args.probed else None
     facts, tpu_facts = _facts(cols, "oneccl"), _facts(cols, "torch_tpu")
     if args.format == "json":
-        doc: dict = {"torch": torch.__version__,
+        doc = {"torch": torch.__version__,
                "columns": [{"name": label, "capabilities": caps.name, "sources": dict(caps.sources)}
                            for label, caps in cols],
-               "rows": [{"request": name, "cells": dict(zip([c[0] for c in cols], cells))} for name, cells in rows]}
-        extra = {"xccl_facts": facts, "torchtpu_facts": tpu_facts, "probe": probes if args.probed else None}
-        doc.update({k: v for k, v in extra.items() if v is not None})
-        print(json.dumps(doc, indent=1, sort_keys=False))
+               "rows": [{"request": name, "cells": dict(zip([c[0] for c in cols], cells))} for name, cells in rows],
+               "xccl_facts": facts, "torchtpu_facts": tpu_facts, "probe": probes}
+        print(json.dumps({k: v for k, v in doc.items() if v is not None}, indent=1))
         return 0
     print(report.markdown_table(["request", *(label for label, _ in cols)], [[n, *cells] for n, cells in rows]), end="")
     if facts is not None:
@@ -98,7 +96,7 @@ def cmd_report(args) -> int:
         print(f"\n## TorchTPU facts: torch_tpu {tpu_facts['torch_tpu']} (known up to {tpu_facts['known_until']})\n")
         for f in tpu_facts["facts"]:
             print(f"- `{f['fact']}`: **{f['funcoll']}** - ProcessGroupTpu: {f['processgrouptpu']}")
-    if args.probed:
+    if probes is not None:
         print("\n## Verified on this machine (funcoll.probe cache)\n")
         if not probes:
             print(f"(no probe results cached for torch {torch.__version__}; run: python -m funcoll probe)")
@@ -192,24 +190,17 @@ def cmd_probe(args) -> int:
     return 0 if not res["wrong"] else 1
 
 
-def cmd_demo(args) -> int:
-    from funcoll import demo
-
-    return demo.main(args.rest) or 0
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m funcoll", description="funcoll: one collective path for PyTorch on "
                                 "TPU (torch_xla) and Intel GPU (XPU), with a CPU reference.")
     sub = p.add_subparsers(dest="command", metavar="{report,probe,demo}")
 
     r = sub.add_parser("report", help="the capability table (what is native, what funcoll fills, how)")
-    r.add_argument("--device", action="append", choices=("cpu", "xpu", "xla", "tpu"),
-                   help="a column for this device type's transport on this stack (repeatable); default: the "
-                        "columns of docs/capabilities.md")
+    r.add_argument("--device", action="append", choices=("cpu", "xpu", "xla", "tpu"), help="a column for this device "
+                   "type's transport on this stack (repeatable); default: the columns of docs/capabilities.md")
     r.add_argument("--profile", help="columns (comma-separated: gloo, xccl, xccl-2022-scale-up, xccl-2022-probed, "
-                                     "xccl2, xla or any profile), "
-                                     "or with --device the profile to intersect with (as FUNCOLL_PROFILE)")
+                                     "xccl2, xla or any profile), or with --device the profile to intersect with (as "
+                                     "FUNCOLL_PROFILE)")
     r.add_argument("--torch-version", help="XPU: the torch version to derive the table for")
     r.add_argument("--oneccl-version", help="XPU: the oneCCL version found at run time to derive the table for")
     r.add_argument("--oneccl-build-version", help="XPU: the oneCCL version torch was built against")
@@ -236,8 +227,7 @@ def parser() -> argparse.ArgumentParser:
     q.set_defaults(fn=cmd_probe)
 
     d = sub.add_parser("demo", help="the demo: 2 CPU ranks, native vs FUNCOLL_PROFILE=xccl, eager and compiled")
-    d.add_argument("rest", nargs=argparse.REMAINDER)
-    d.set_defaults(fn=cmd_demo)
+    d.add_argument("rest", nargs=argparse.REMAINDER)  # main() hands them to funcoll.demo as they are
     return p
 
 
@@ -245,8 +235,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = parser()
     if argv and argv[0] == "demo" and not {"-h", "--help"} & set(argv[1:2]):
+        from funcoll import demo
+
         # its arguments go through as they are (argparse would take an option of the demo's for one of its own)
-        return cmd_demo(argparse.Namespace(rest=argv[1:]))
+        return demo.main(argv[1:]) or 0
     args = p.parse_args(argv)
     if not getattr(args, "fn", None):
         p.print_help()

@@ -78,11 +78,9 @@ def rank_main(rank, n):
     """Runs on every rank of the demo world; returns (results, strategies) from this rank."""
     import funcoll
 
-    results, strategies = {}, {}
     with funcoll.record() as log:
-        results.update(_calls(rank, n))
-    for name, (_, notes) in zip(list(results), log):  # one top-level collective per call
-        strategies[name] = "; ".join(notes)
+        results = _calls(rank, n)
+    strategies = {name: "; ".join(notes) for name, (_, notes) in zip(list(results), log)}  # one collective per call
     for compiled in (False, True):
         name = f"train step ({'compiled' if compiled else 'eager'})"
         with funcoll.record() as log:

@@ -1,9 +1,6 @@
-"""The capability probe: verify, on the live group, that what the capability table calls native is right, and demote
-for this process what is wrong (what it runs, the reference, the demotions, the cache: docs/observability.md).
-
-:func:`run` checks a tiny collective per native request (:func:`requests`) against :mod:`funcoll.reference` computed
-locally from every rank's seeded inputs; every rank demotes the same requests (:func:`demote`).
-"""
+"""The capability probe (docs/observability.md): :func:`run` checks a tiny collective per native request
+(:func:`requests`) on the live group against :mod:`funcoll.reference` computed from every rank's seeded inputs, and
+every rank demotes the same wrong ones for this process (:func:`demote`)."""
 
 from __future__ import annotations
 
@@ -38,6 +35,7 @@ SCHEMA = 1
 _BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
 _BATCH_BYTES = 16 << 20  # at most this many bytes of this rank's inputs per batch (on XLA: one graph)
 _EXTRA_SIZES = (1, 2, 5, 8, 33, 256)  # elements per rank, besides 3 and ~1024/n, for a request a report keeps off
+_DROPPABLE = ("reduce", "broadcast", "gather", "scatter", "all_reduce_coalesced")  # demote: composed from the rest
 
 _results: List["ProbeResult"] = []
 _probed: "weakref.WeakKeyDictionary[Any, ProbeResult]" = weakref.WeakKeyDictionary()  # transport -> its result
@@ -139,11 +137,10 @@ class _Case:
         if p == "gather":
             parts = [d.new_empty((k,)) for _ in range(n)] if rank == self.root else None
             return tp.gather(parts, d, self.root), list(parts or [])
-        if p == "scatter":
-            out = d.new_empty((k,))
-            chunks = [t.contiguous() for t in d.view(n, k).unbind(0)] if rank == self.root else None
-            return tp.scatter(out, chunks, self.root), [out]
-        raise AssertionError(p)  # pragma: no cover
+        assert p == "scatter", p
+        out = d.new_empty((k,))
+        chunks = [t.contiguous() for t in d.view(n, k).unbind(0)] if rank == self.root else None
+        return tp.scatter(out, chunks, self.root), [out]
 
     def check(self, rank: int, inputs: Sequence[torch.Tensor], got: List[torch.Tensor]) -> Optional[str]:
         """``inputs``: every rank's input; ``got``: this rank's outputs (CPU)."""
@@ -168,14 +165,9 @@ class _Case:
         return reference.close(torch.cat(got), want, self.n if req.op is not None else 1, str(req.op), "grid")
 
 
-_DROPPABLE = ("reduce", "broadcast", "gather", "scatter", "all_reduce_coalesced")
-
-
 def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, List[str], List[str]]:
     """``caps`` with the requests named in ``wrong`` (name -> what was wrong) taken off the native path.
     Returns (new capabilities, what was demoted, what cannot be routed around)."""
-    if not wrong:
-        return caps, [], []
     refused, prims, dtypes = set(caps.refused_pairs), set(caps.primitives), set(caps.dtypes)
     uneven = caps.uneven_all_to_all
     demoted, unfixable, sources = [], [], dict(caps.sources)
@@ -266,10 +258,8 @@ def _device_name(device_type: str, dev) -> str:
 
             return str(xr.global_runtime_device_attributes()[0].get("device_kind") or xm.xla_device_hw(dev))
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except Exception:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except Exception:  # no such line (StopIteration) or no such device
         pass
     return platform.machine() or "unknown"
 
@@ -353,9 +343,9 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:200] if text else ""
 
 
-def _all_gather_bytes(tp, mine: torch.Tensor, dev) -> torch.Tensor:
+def _all_gather_bytes(tp, mine: bytes, dev) -> torch.Tensor:
     """[n, len] uint8 (CPU): every rank's ``mine`` (same length everywhere), by funcoll's all_gather."""
-    d = mine.to(dev)
+    d = torch.tensor(list(mine), dtype=torch.uint8).to(dev)
     g = d.new_empty((tp.size * d.numel(),))
     algorithms.all_gather_into_tensor(tp, g, d).wait()
     _sync(tp)
@@ -426,7 +416,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     names = [r.name for r in reqs]
     # 1. the topology (host of each rank) and the cache entry every rank holds
     host = hashlib.sha256(socket.gethostname().encode()).digest()[:8]
-    hosts = _all_gather_bytes(tp, torch.frombuffer(bytearray(host), dtype=torch.uint8), dev)
+    hosts = _all_gather_bytes(tp, host, dev)
     topology = _topology([bytes(hosts[r].tolist()) for r in range(n)])
     key = {"schema": SCHEMA, "torch": torch.__version__, "library": _library(tp, device_type),
            "transport": type(tp).__name__, "device": _device_name(device_type, dev), "topology": topology,
@@ -435,7 +425,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     path = os.path.join(root, f"{device_type}-{_sha(key).hex()[:16]}.json") if root else None
     entry = _read_cache(path, key, names)
     digest = _sha({k: entry[k] for k in ("key", "checked", "wrong")}) if entry is not None else bytes(32)
-    digests = _all_gather_bytes(tp, torch.frombuffer(bytearray(digest), dtype=torch.uint8), dev)
+    digests = _all_gather_bytes(tp, digest, dev)
     cached = entry is not None and all(torch.equal(digests[r], digests[0]) for r in range(n))
     if cached and entry is not None:
         wrong = dict(entry["wrong"])
@@ -451,18 +441,14 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
             verdicts = [v for i in range(0, len(cases), per) for v in _run_batch(tp, cases[i:i + per], dev)]
         finally:
             tp.caps = caps
-        by_req: List[List[Optional[str]]] = [[] for _ in reqs]
-        for (j, _), v in zip(sizes, verdicts):
-            by_req[j].append(v)
+        errors = [[v for (i, _), v in zip(sizes, verdicts) if i == j and v] for j in range(len(reqs))]  # this rank's
         # 3. every rank's verdicts: the union, so that every rank demotes the same requests
-        flags = torch.tensor([any(by_req[j]) for j in range(len(reqs))], dtype=torch.uint8)
-        every = _all_gather_bytes(tp, flags, dev)
+        every = _all_gather_bytes(tp, bytes(bool(e) for e in errors), dev)
         wrong = {}
         for j, req in enumerate(reqs):
             bad = [r for r in range(n) if every[r, j]]
             if bad:
-                mine = [v for v in by_req[j] if v]
-                wrong[req.name] = (f"{mine[0]} on rank {rank}" if mine else "wrong") + \
+                wrong[req.name] = (f"{errors[j][0]} on rank {rank}" if errors[j] else "wrong") + \
                     (f"; wrong on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}" if n > 1 else "")
     extra_names = {r.name for r in extra}
     new, demoted, unfixable = demote(caps, {k: v for k, v in wrong.items() if k not in extra_names})
@@ -493,10 +479,9 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
 
 
 def run(group=None, device: Optional[str] = None, *, cache: bool = True) -> ProbeResult:
-    """Verifies every request the capability table of ``group``'s transport for ``device`` calls native, on the live
-    group (collective: call it on every rank of the group), and demotes, for this process, those whose native result
-    is wrong. ``group``: a process group (default: the world); ``device``: "cpu", "xpu", "xla" (default: "xpu"
-    where an XPU is available, else "cpu"). ``cache=False`` ignores and does not write the disk cache."""
+    """:func:`probe_transport` of ``group``'s (default: the world's) transport for ``device`` ("cpu", "xpu", "xla";
+    default: "xpu" where an XPU is available, else "cpu"). Collective: every rank of the group calls it.
+    ``cache=False`` ignores and does not write the disk cache."""
     group = dist.group.WORLD if group is None else group
     device = device or ("xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu")
     tp = transport_for(group, device)
@@ -530,12 +515,10 @@ def _inject_wrong(tp, name: str) -> None:
     cls = type(tp)
     method = "_" + req.primitive
 
-    def wrong(self, *given):
-        args = list(given)
-        t = args[0] if req.primitive != "reduce_scatter" else args[1]
-        red_at = len(args) - 1
-        if t.dtype == req.dtype and args[red_at].op is req.op:
-            args[red_at] = swap
+    def wrong(self, *args):
+        t = args[1] if req.primitive == "reduce_scatter" else args[0]
+        if t.dtype == req.dtype and args[-1].op is req.op:  # the reduction is the last argument
+            args = (*args[:-1], swap)
         return getattr(cls, method)(self, *args)
 
     tp.__class__ = type(f"Wrong{cls.__name__}", (cls,), {method: wrong})

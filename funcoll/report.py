@@ -1,7 +1,6 @@
-"""The capability table, derived from the code: each cell is what funcoll's algorithms (their reduction planner and
-fallbacks) really do for that request on a real transport's capabilities (a dry run over a transport that only
-copies), so the docs cannot drift from the code. ``python -m funcoll.report`` prints it as Markdown;
-docs/capabilities.md holds it."""
+"""docs/capabilities.md's table, derived from the code (``python -m funcoll.report``): each cell is what funcoll's
+algorithms really do for that request on a real transport's capabilities (a dry run over a transport that only
+copies), so the docs cannot drift from the code; and the fact tables of docs/xpu.md and docs/torchtpu.md."""
 
 from __future__ import annotations
 
@@ -111,11 +110,8 @@ TORCHTPU_COLUMN_VERSION = "0.2.0"  # the torchtpu column: the newest row of func
 
 
 def transport_capabilities(name: str):
-    """The capabilities of a real transport, by column name: ``gloo``; ``xccl`` (torch 2.15, an unknown or pre-2022
-    oneCCL: what a job gets when nothing better is known); ``xccl-2022-scale-up`` (oneCCL >= 2022.0 on one node, the
-    open reports' facts on their strategies) and ``xccl-2022-probed`` (those verified by funcoll.probe); ``xccl2``
-    (ProcessGroupXCCL2); ``xla`` (the ``xla`` profile, which a test checks against the transport); ``torchtpu``
-    (torch_tpu 0.2). Any other name is a capability profile."""
+    """The capabilities of a real transport, by column name (docs/capabilities.md says what each column is;
+    ``xccl-2022-scale-up``: oneCCL >= 2022.0 on one node before the probe). Any other name is a capability profile."""
     from funcoll.transport import gloo, tpu, xpu
 
     if name == "gloo":
