@@ -1,13 +1,10 @@
 """Run a function on every rank of a small real world on this machine (separate processes, ``funcoll`` backend over
-gloo): the demo and the tests use it, and users' own multi-rank tests can. ``target`` is "module:function"
-(importable with the parent's sys.path), called as ``fn(rank, world_size, *args)`` after ``init_process_group``; its
-return value (picklable) comes back. Every rendezvous and collective has a timeout, and the parent kills a world that
-overruns, so a test never hangs.
-
-Ranks start from a fork server that has imported torch once (multiprocessing's ``forkserver``), each still a fresh
-process with the environment, ``sys.path``, working directory, stdout and stderr (on Linux) a spawned rank gets; when
-a variable outside ``_LATE_ENV`` differs from the fork server's (torch may have read it at import) they are spawned,
-as always with ``FUNCOLL_LAUNCH=spawn`` (docs/testing-compiled.md, "Multi-rank tests").
+gloo): the demo, the tests and users' own multi-rank tests (docs/testing-compiled.md, "Multi-rank tests"). ``target``
+is "module:function" (importable with the parent's sys.path), called as ``fn(rank, world_size, *args)`` after
+``init_process_group``; its picklable return value comes back. Every rendezvous and collective has a timeout, and the
+parent kills a world that overruns. Ranks start from a fork server that imported torch once, as fresh as spawned ones;
+they are spawned when a variable outside ``_LATE_ENV`` differs from the fork server's (torch may have read it at
+import), as always with ``FUNCOLL_LAUNCH=spawn``.
 """
 
 from __future__ import annotations
@@ -55,10 +52,8 @@ def _context(rank_env: Mapping[str, str]):
     if pid != _server.get("pid"):
         _server.update(pid=pid, env=dict(os.environ))
     env = _server["env"]
-    for k in set(env) | set(rank_env):
-        if env.get(k) != rank_env.get(k) and not k.startswith(_LATE_ENV):
-            return mp.get_context("spawn")
-    return mp.get_context("forkserver")
+    differs = any(env.get(k) != rank_env.get(k) for k in set(env) | set(rank_env) if not k.startswith(_LATE_ENV))
+    return mp.get_context("spawn" if differs else "forkserver")
 
 
 def _as_spawned(env: Mapping[str, str], parent: int) -> None:

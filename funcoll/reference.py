@@ -21,7 +21,6 @@ BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.
 _SIGNED_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-# -- which reduce ops a dtype takes ---------------------------------------------------------------------
 def valid_ops(dtype: torch.dtype) -> list:
     """The reduce op names ("sum", "avg", ...) ``funcoll.semantics.check_reduction`` accepts for ``dtype`` (it raises
     TypeError for the others), in ``ReduceOp`` order."""
@@ -35,7 +34,6 @@ def valid_ops(dtype: torch.dtype) -> list:
     return ops
 
 
-# -- inputs -----------------------------------------------------------------------------------------------
 def make(dtype: torch.dtype, shape, rank: int, salt, values: str = "random") -> torch.Tensor:
     """Rank ``rank``'s input, the same in every process for the same arguments. ``values``: "random" (floats N(0, 2²),
     complex N(0, 1) parts; integers over the dtype's whole range, 64-bit ones even on even ranks and odd on odd ones,
@@ -68,12 +66,6 @@ def make(dtype: torch.dtype, shape, rank: int, salt, values: str = "random") -> 
     return torch.randint(lo, lo + 2 ** bits, shape, generator=g, dtype=torch.int64).to(dtype)
 
 
-def all_inputs(n: int, dtype: torch.dtype, shape, salt, values: str = "random") -> list:
-    """Every rank's input (``[make(..., r, ...) for r in range(n)]``)."""
-    return [make(dtype, shape, r, salt, values) for r in range(n)]
-
-
-# -- the reference reduction ------------------------------------------------------------------------------
 def _to_ints(t: torch.Tensor) -> list:
     if t.dtype == torch.uint64:
         return [x % 2 ** 64 for x in t.view(torch.int64).reshape(-1).tolist()]
@@ -86,11 +78,9 @@ def _wrap(v: int, bits: int, signed: bool) -> int:
 
 
 def _from_ints(vals: list, dtype: torch.dtype, shape) -> torch.Tensor:
-    bits = BITS[dtype]
-    wrapped = [_wrap(v, bits, dtype not in UNSIGNED) for v in vals]
-    if dtype == torch.uint64:  # carried as the int64 of the same bits
-        return torch.tensor([_wrap(v, 64, True) for v in wrapped], dtype=torch.int64).view(torch.uint64).reshape(shape)
-    return torch.tensor(wrapped, dtype=torch.int64).to(dtype).reshape(shape)
+    """``vals`` wrapped to ``dtype``: built as the signed integers of the same bits, then viewed as ``dtype``."""
+    signed = torch.tensor([_wrap(v, BITS[dtype], True) for v in vals], dtype=torch.int64)
+    return signed.to(_SIGNED_OF_WIDTH[dtype.itemsize]).view(dtype).reshape(shape)
 
 
 def _trunc_div(s: int, n: int) -> int:
@@ -133,7 +123,6 @@ def reduce(op, inputs, factor=PREMUL) -> torch.Tensor:
     return r.to(dtype)
 
 
-# -- the comparator ---------------------------------------------------------------------------------------
 # A floating result over n > 1 ranks passes when |got - want| <= atol + rtol * |want| (elementwise), with
 #   rtol = the stricter of torch.testing.assert_close's default for the dtype and TOL[dtype] * n;
 #   atol, "grid" inputs: the stricter of torch.testing's default and 4 * TOL[dtype] * n (every partial sum or

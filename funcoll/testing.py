@@ -24,12 +24,22 @@ __all__ = ["xla_collectives", "xla_compiled_collectives", "group_label", "normal
            "CompileCounts", "compile_counts", "count_compiles", "hlo_lines",
            "COLLECTIVE_OPCODES", "run_replicas", "capture_replicas", "execute_replicas", "ReplicaRuntimeError"]
 
+COLLECTIVE_OPCODES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                      "collective-broadcast", "send", "recv", "all-reduce-start", "all-gather-start",
+                      "collective-permute-start")
+_KEEP_ATTRS = ("replica_groups", "dimensions", "source_target_pairs", "to_apply", "slice", "padding", "direction")
+_LAYOUT = re.compile(r"(\])\{[0-9,]*(?::[^}]*)?\}")
+_INDEX_COMMENT = re.compile(r"/\*index=\d+\*/")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_PATH = re.compile(r"[\w.@+~:-]*(?:[\\/][\w.@+~-]+)*[\\/]([\w.@+~-]+\.(?:py|pyc|so|cpp|h|hpp))\b")
+_COMPILE_ID = re.compile(r"^\[?\d+/\d+\]?:\s*")
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
 
 def xla_collectives(tensors: Union[torch.Tensor, Sequence[torch.Tensor]],
                     keep: Optional[Iterable[str]] = None) -> str:
     """The collectives of the pending XLA computation producing ``tensors`` (lazy XLA tensors), one :func:`hlo_lines`
-    line each, joined by newlines; ``keep``: the HLO opcodes to show (default: the collectives). Nothing is executed,
-    so a virtual world larger than this machine is fine. Needs torch_xla."""
+    line each; ``keep``: the HLO opcodes to show (default: the collectives). Nothing is executed. Needs torch_xla."""
     import torch_xla
 
     hlo = torch_xla._XLAC._get_xla_tensors_hlo([tensors] if isinstance(tensors, torch.Tensor) else list(tensors))
@@ -66,19 +76,11 @@ def group_label(name: str, names: Optional[Mapping[str, str]] = None) -> str:
     return "<world>" if is_world else "<group " + ",".join(map(str, ranks)) + ">"
 
 
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_PATH = re.compile(r"[\w.@+~:-]*(?:[\\/][\w.@+~-]+)*[\\/]([\w.@+~-]+\.(?:py|pyc|so|cpp|h|hpp))\b")
-_COMPILE_ID = re.compile(r"^\[?\d+/\d+\]?:\s*")
-
-
 def normalize_text(text: str) -> str:
     """Removes what differs between runs and machines from free text (graph-break and recompile reasons,
     generated code): memory addresses become ``0x?``, file paths their base name."""
     text = _ADDRESS.sub("0x?", text)
     return _PATH.sub(r"\1", text)
-
-
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 
 
 def _value_of(node: torch.fx.Node):
@@ -159,10 +161,8 @@ def render_graph(gm: Union[torch.fx.GraphModule, torch.fx.Graph], names: Optiona
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective of a graph. ``op`` is the ``_c10d_functional`` op name (``all_reduce``,
-    ``all_gather_into_tensor_out``, ...); ``autograd`` marks ``_c10d_functional_autograd`` ops; ``group`` the
-    global ranks of its group (the group name when no one knows it); ``inputs``/``outputs`` are
-    ``(dtype, shape)`` of each tensor; ``args`` the other arguments (group size, split sizes, source)."""
+    """One collective of a graph (the fields: docs/testing-compiled.md); ``group`` is the group name when no one knows
+    its ranks, ``autograd`` marks ``_c10d_functional_autograd`` ops."""
 
     op: str
     reduce_op: Optional[str]
@@ -243,9 +243,8 @@ def _snapshot(gm) -> CapturedGraph:
 
 @dataclass
 class Captured:
-    """What :func:`capture_graphs` saw: the call's ``result``; ``dynamo`` (one graph per Dynamo frame
-    compiled, torch-level ops); ``forward`` and ``backward`` (the AOTAutograd graphs the backend compiled,
-    aten-level, one per Dynamo graph; ``backward`` once a backward ran)."""
+    """What :func:`capture_graphs` saw: the call's ``result``; ``dynamo``: torch-level graphs, one per frame compiled;
+    ``forward``, ``backward``: the aten-level graphs the backend compiled, one per Dynamo graph."""
 
     result: Any = None
     dynamo: List[CapturedGraph] = field(default_factory=list)
@@ -295,9 +294,7 @@ def capture_graphs(fn: Callable, *args, backend: str = "aot_eager", backward: bo
                    fullgraph: bool = True, dynamic: Optional[bool] = False, reset: bool = True,
                    **kwargs) -> Captured:
     """Calls ``torch.compile(fn, backend=..., fullgraph=..., dynamic=...)(*args, **kwargs)`` once and returns the
-    graphs it produced. ``backend``: ``"aot_eager"``, ``"inductor"`` (the graphs AOTAutograd hands to inductor) or
-    ``"eager"`` (Dynamo graphs only). ``backward=True`` then runs a backward from the result (gradient of ones).
-    ``reset`` clears Dynamo's caches first, so that the graphs are this call's."""
+    graphs it produced (docs/testing-compiled.md); ``backend="eager"``: the Dynamo graphs only."""
     import torch._dynamo
 
     if reset:
@@ -315,9 +312,8 @@ def capture_graphs(fn: Callable, *args, backend: str = "aot_eager", backward: bo
 
 
 def trace_fake(fn: Callable, *args, functional: bool = False) -> torch.fx.GraphModule:
-    """The graph of ``fn`` traced with fake tensors (``make_fx``; nothing runs): arguments made under
-    ``FakeTensorMode()`` may be on a device this machine does not have. ``functional=True`` functionalizes first
-    (in-place collectives become functional ones plus copies, as AOTAutograd sees them)."""
+    """The ``make_fx`` graph of ``fn`` on fake tensors (docs/testing-compiled.md); ``functional=True`` functionalizes
+    first (in-place collectives become functional ones plus copies, as AOTAutograd sees them)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     f = torch.func.functionalize(fn, remove="mutations_and_views") if functional else fn
@@ -408,14 +404,6 @@ def xla_compiled_collectives(fn: Callable, *args, keep: Optional[Iterable[str]] 
     return text
 
 
-COLLECTIVE_OPCODES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                      "collective-broadcast", "send", "recv", "all-reduce-start", "all-gather-start",
-                      "collective-permute-start")
-_KEEP_ATTRS = ("replica_groups", "dimensions", "source_target_pairs", "to_apply", "slice", "padding",
-               "direction")
-_LAYOUT = re.compile(r"(\])\{[0-9,]*(?::[^}]*)?\}")
-
-
 def _split_top(text: str, sep: str = ",", most: int = -1) -> List[str]:
     """``text`` split at each ``sep`` outside brackets (at the first ``most`` ones when given), parts stripped."""
     out: List[str] = []
@@ -435,9 +423,6 @@ def _parse_instruction(line: str):
     call, *attrs = _split_top(parts[1]) if len(parts) == 2 else [""]
     op = re.match(r"([a-z][\w\-]*)\((.*)\)$", call, re.S)
     return (m.group(1), parts[0], op.group(1), op.group(2), attrs) if m and op else None
-
-
-_INDEX_COMMENT = re.compile(r"/\*index=\d+\*/")
 
 
 def _norm_shape(shape: str) -> str:

@@ -1,7 +1,7 @@
 """The numerics tests' reference: :mod:`funcoll.reference` (inputs, the reference reduction, the comparator; the probe
 uses the same), the valid requests as tests/oracle.py pins them (:func:`valid_ops`: what NCCL, gloo and XCCL accept
-plus what funcoll promises, never funcoll's own refusal table), plus what only the tests need: the c10d op of a name
-and :class:`Cases`, which collects failures on a rank.
+plus what funcoll promises, never funcoll's own refusal table), plus what only the tests need: every rank's inputs
+(:func:`all_inputs`), the c10d op of a name and :class:`Cases`, which collects failures on a rank.
 """
 
 from __future__ import annotations
@@ -10,11 +10,16 @@ import traceback
 
 import torch.distributed as dist
 
-from funcoll.reference import BITS, PREMUL, TOL, all_inputs, close, make, reduce, tolerance
+from funcoll.reference import BITS, PREMUL, TOL, close, make, reduce, tolerance
 from tests.oracle import valid_ops
 
 __all__ = ["BITS", "PREMUL", "TOL", "all_inputs", "close", "make", "reduce", "tolerance", "valid_ops", "c10d_op",
            "Cases"]
+
+
+def all_inputs(n: int, dtype, shape, salt, values: str = "random") -> list:
+    """Every rank's input (``[make(..., r, ...) for r in range(n)]``)."""
+    return [make(dtype, shape, r, salt, values) for r in range(n)]
 
 
 def c10d_op(name: str):

@@ -1,9 +1,6 @@
-"""The semantics layer: one catalogue of collectives, reduce ops, dtype rules and shape rules.
-
-Everything here is device-free and pure. Every invalid request is rejected here, on the calling rank,
-before anything is sent, with a message that names the op, the argument and the fix. The algorithms
-call these checks first; the entry points (process group, kernels) never validate on their own.
-"""
+"""The semantics layer (device-free, pure): reduce ops, dtype rules and shape rules, and the checks that reject an
+invalid request on the calling rank before anything is sent, naming the op, the argument and the fix
+(docs/design.md, "Layers")."""
 
 from __future__ import annotations
 
@@ -36,6 +33,9 @@ class ReduceOp(str, enum.Enum):
 # the names a string op may take: every op's own, and the aliases
 _BY_NAME = {**{o.value: o for o in ReduceOp}, "mul": ReduceOp.PRODUCT, "prod": ReduceOp.PRODUCT, "and": ReduceOp.BAND,
             "or": ReduceOp.BOR, "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
+FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                               "float8_e8m0fnu") if hasattr(torch, n))
+UNSIGNED = frozenset({torch.uint8, torch.uint16, torch.uint32, torch.uint64})
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,8 @@ class Reduction:
 
 
 def parse_reduction(op, opname: str) -> Reduction:
-    """Accepts a string ("sum", "avg", ...), a ``torch.distributed.ReduceOp`` (including one made by
-    ``torch.distributed._make_nccl_premul_sum(factor)``), a ``ReduceOp.RedOpType``, a funcoll ``ReduceOp``
-    or a ``Reduction``."""
+    """Accepts a string ("sum", "avg", ...), a funcoll ``ReduceOp`` or ``Reduction``, a ``torch.distributed.ReduceOp``
+    (one made by ``torch.distributed._make_nccl_premul_sum(factor)`` too) or a ``ReduceOp.RedOpType``."""
     if isinstance(op, Reduction):
         return op
     red = None
@@ -81,11 +80,6 @@ def parse_reduction(op, opname: str) -> Reduction:
         raise ValueError(f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
                          "torch.distributed._make_nccl_premul_sum(factor)")
     return red
-
-
-FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-                                               "float8_e8m0fnu") if hasattr(torch, n))
-UNSIGNED = frozenset({torch.uint8, torch.uint16, torch.uint32, torch.uint64})
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -165,10 +159,9 @@ def check_same_tensor(opname: str, arg: str, t: torch.Tensor, ref: torch.Tensor,
 def check_rank_list(opname: str, role: str, tensors: Sequence[torch.Tensor], own: torch.Tensor, group_size: int,
                     rank: int) -> list:
     """The tensor list of ``dist.all_gather`` (``role="output"``: ``tensors[r]`` receives rank r's input) or of
-    ``dist.reduce_scatter`` (``"input"``: ``tensors[r]`` is reduced into rank r's output): one tensor per rank of the
-    group, each of ``own``'s dtype and device; their sizes may differ per rank, as NCCL's, XCCL's and gloo's list
-    forms serve (shapes are read as numbers of elements, as NCCL's do), except the one at this rank's own index, which
-    holds as many elements as ``own`` (this rank's input, or output). Returns the number of elements per rank."""
+    ``dist.reduce_scatter`` (``"input"``: ``tensors[r]`` is reduced into rank r's output): one tensor per rank, each of
+    ``own``'s dtype and device, of any size (in elements, as NCCL's, XCCL's and gloo's list forms read them) except
+    this rank's own, which holds as many elements as ``own``. Returns the number of elements per rank."""
     if len(tensors) != group_size:
         raise ValueError(f"funcoll.{opname}: expected {group_size} {role} tensors, got {len(tensors)} (one per rank "
                          f"of the group)")

@@ -81,7 +81,6 @@ def resolve(name: str):
 
 def _from_c10d(name: str) -> Optional[GroupInfo]:
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
     if not dist.is_initialized():
         return None
@@ -89,8 +88,7 @@ def _from_c10d(name: str) -> Optional[GroupInfo]:
         pg = resolve(name)
     except Exception:
         return None
-    ranks = c10d.get_process_group_ranks(pg)
-    return register(name, ranks, dist.get_world_size())
+    return register(name, dist.get_process_group_ranks(pg), dist.get_world_size())
 
 
 def register_partition(blocks: Iterable[Sequence[int]]) -> Tuple[Tuple[int, ...], ...]:
@@ -164,7 +162,6 @@ def to_group(name: str, global_rank: int) -> int:
                          f"(ranks {list(info.ranks)})") from None
 
 
-# -- partition-aware group creation ------------------------------------------------------------------
 def new_subgroups(group_size: Optional[int] = None, **kwargs):
     """``torch.distributed.new_subgroups`` that also registers the partition."""
     import torch.distributed as dist
