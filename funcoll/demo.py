@@ -166,14 +166,11 @@ def _xla_world1() -> bool:
         w = F.wait_tensor
         t = x.clone()
         w(F.all_reduce_(t, "sum", name))
-        return {
-            "all_reduce avg": w(F.all_reduce(x, "avg", name)),
-            "all_reduce premul_sum(0.5)": w(F.all_reduce(x * 0.5, "sum", name)),
-            "all_reduce bxor int32": w(F.all_reduce(i, "bxor", name)),
-            "all_to_all_single splits [4]": w(F.all_to_all_single(x, [4], [4], name)),
-            "broadcast": w(F.broadcast(x, 0, name)),
-            "all_reduce_ (in place)": t,
-        }
+        return {"all_reduce avg": w(F.all_reduce(x, "avg", name)),
+                "all_reduce premul_sum(0.5)": w(F.all_reduce(x * 0.5, "sum", name)),
+                "all_reduce bxor int32": w(F.all_reduce(i, "bxor", name)),
+                "all_to_all_single splits [4]": w(F.all_to_all_single(x, [4], [4], name)),
+                "broadcast": w(F.broadcast(x, 0, name)), "all_reduce_ (in place)": t}
 
     e = {k: v.cpu() for k, v in eager(x0.to(dev), i0.to(dev)).items()}
     compiled_fn = torch.compile(functional, backend="openxla", fullgraph=True)
