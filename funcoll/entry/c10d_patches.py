@@ -93,8 +93,8 @@ _LIBS: list = []
 
 def _patch_batch_isend_irecv() -> None:
     """torch 2.9's ``dist.batch_isend_irecv`` coalesces only a group whose class is ProcessGroup itself: a funcoll
-    group got its sends and receives one at a time. Where that is so, a batch on a funcoll group goes through c10d's
-    coalescing manager, as torch >= 2.10 sends it (:mod:`funcoll.algorithms.p2p`); other groups call the original."""
+    group got its sends and receives one at a time: a batch on a funcoll group goes through c10d's coalescing manager,
+    as torch >= 2.10 sends it."""
     orig = c10d.batch_isend_irecv
     if getattr(orig, "__funcoll_patch__", False) or "type" not in orig.__code__.co_names:
         return

@@ -34,8 +34,7 @@ def issuing_error(call, e: Exception) -> CollectiveError:
 
 def _plan(pg, st, row, args, tp, key: tuple, plan, request: tuple):
     """A new signature (or one answered under other capabilities or transport class: funcoll.probe's demotion):
-    ``(Native or None, its fingerprint)``, cached; ``(None, None)`` uncached for an invalid request (the full path
-    raises its error)."""
+    ``(Native or None, its fingerprint)``, cached; ``(None, None)`` uncached for an invalid request."""
     cache = st.native
     if key in cache or len(cache) >= _CACHE_MAX:
         cache.clear()  # every answer made under the old capabilities goes

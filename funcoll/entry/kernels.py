@@ -235,8 +235,7 @@ def _functionalized(name: str, fn):
             return _from_functional(res)
         return _copy_into(_mutated(name, args, kwargs), _from_functional(_mutated(name, fargs, fkwargs)))
 
-    kernel.__name__ = kernel.__qualname__ = f"xla_{name}"
-    kernel.__doc__ = f"funcoll's ``_c10d_functional.{name}`` on the XLA key (functionalization re-entered)."
+    kernel.__name__ = kernel.__qualname__ = f"xla_{name}"  # funcoll's kernel on the XLA key, functionalization on
     return kernel
 
 

@@ -104,8 +104,7 @@ def _recorded(pg, st, row, args, kwargs):
 
 
 def _failed(st, call, e: Exception, numbered: bool) -> Exception:
-    """The error to raise for the body's ``e``: funcoll's own refusal and a CollectiveError pass unchanged; a backend's
-    error while issuing is named."""
+    """The error to raise for the body's ``e``: a backend's error while issuing is named, funcoll's own unchanged."""
     if isinstance(e, _VALIDATION) and not numbered:  # nothing was sent, no sequence number was used
         call.failed(e, INVALID)
         st.trace.keep(call)

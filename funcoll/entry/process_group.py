@@ -302,8 +302,7 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     @collective("gather_single")
     def gather_single(self, output, input, opts=None):
-        """``dist.gather_single``: every rank's ``input`` lands in the single ``output`` of the root (a flat
-        concatenation or a stack: only its element count matters, as upstream)."""
+        """``dist.gather_single``: the root's ``output`` gets every rank's ``input`` (its element count matters)."""
         root = opts.rootRank if opts is not None else 0
         outs, work = None, output
         if self.rank() == root:
@@ -340,7 +339,7 @@ class ProcessGroupFuncoll(ProcessGroup):
                                      {"op": "monitored_barrier", "timeout_s": timeout.total_seconds(),
                                       "wait_all_ranks": bool(wait_all_ranks)}))
         backend = getattr(self.transport("cpu"), "backend", None)
-        if not hasattr(backend, "monitored_barrier"):
+        if backend is None or not hasattr(backend, "monitored_barrier"):
             e = NotImplementedError(f"funcoll: monitored_barrier needs a gloo CPU transport on group "
                                     f"{self.group_name!r}")
             call.failed(e)
@@ -448,8 +447,7 @@ class ProcessGroupFuncoll(ProcessGroup):
                     stop()
 
     def shutdown(self) -> None:
-        """``destroy_process_group``: the transports' own backends are shut down and dropped. With
-        ``TORCH_FR_DUMP_TEMP_FILE`` set, this rank's flight recorder is written first, in torch's format."""
+        """``destroy_process_group``: the recorder dumped (``TORCH_FR_DUMP_TEMP_FILE``), the backends shut down."""
         flight_recorder.write_torch_dump()
         self._stop_transports("shutdown")
         if self._state.name:
