@@ -268,33 +268,32 @@ class ProcessGroupFuncoll(ProcessGroup):
     @collective("send")
     def send(self, tensors, dstRank, tag=0):
         t = self._one("send", tensors)
+        tp = self._tp(t)
         if self._batch is not None:
-            return self._hold(True, t, dstRank, tag, tensors)
+            return self._hold(tp, True, t, dstRank, tag, tensors)
         if self._state.debug:  # described for its receiver first; fails with the receiver's verdict on a mismatch
-            tp = self._tp(t)
             algorithms.p2p_op(tp, True, t, dstRank, tag)  # funcoll's own validation first: nothing described then
             key = self._p2p_check.announce(dstRank, t)
             sent = algorithms.send(tp, t, dstRank, tag)
             return self._work(algorithms.Pending([self._p2p_check.watched([key], sent)]), tensors)
-        return self._work(algorithms.send(self._tp(t), t, dstRank, tag), tensors)
+        return self._work(algorithms.send(tp, t, dstRank, tag), tensors)
 
     @collective("recv")
     def recv(self, tensors, srcRank, tag=0):
         t = self._one("recv", tensors)
+        tp = self._tp(t)
         if self._batch is not None:
-            return self._hold(False, t, srcRank, tag, tensors)
+            return self._hold(tp, False, t, srcRank, tag, tensors)
         if self._state.debug:  # checked against its send's description, then posted, on a waiter thread
-            tp = self._tp(t)
             algorithms.p2p_op(tp, False, t, srcRank, tag)  # funcoll's own validation, on the calling thread
             h = self._p2p_check.checked_recv(srcRank, t, lambda: algorithms.recv(tp, t, srcRank, tag), in_background)
             p = algorithms.Pending([h])
             p._source = srcRank
             return self._work(p, tensors)
-        return self._work(algorithms.recv(self._tp(t), t, srcRank, tag), tensors)
+        return self._work(algorithms.recv(tp, t, srcRank, tag), tensors)
 
-    def _hold(self, send: bool, t, peer: int, tag: int, tensors) -> FuncollWork:
+    def _hold(self, tp: Transport, send: bool, t, peer: int, tag: int, tensors) -> FuncollWork:
         """A send or receive between _start_coalescing and _end_coalescing: checked now, held, issued with its batch."""
-        tp = self._tp(t)
         assert self._batch is not None
         work = FuncollWork(self._batch.hold(tp, algorithms.p2p_op(tp, send, t, peer, tag)), tensors)
         self._held.append(work)
