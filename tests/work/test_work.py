@@ -188,34 +188,6 @@ def test_threads_recording_on_one_group_get_distinct_sequence_numbers():
     assert got[2] == list(range(50_000)) and trace.p2p_seq == 50_000
 
 
-def test_threads_recording_on_one_group_get_distinct_sequence_numbers():
-    """The fast path numbers its calls without a lock: two threads on one group never get the same number (a
-    thread switch between reading the counter and bumping it would hand one out twice), on either counter."""
-    import sys
-    import threading
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
-    try:
-        trace = flight_recorder.GroupTrace("g", (0, 1), 0, 2, maxlen=1)
-        got: list = [[], [], []]
-
-        def record(k):
-            for _ in range(50_000):
-                rec = trace.native_record("send" if k == 2 else "all_reduce", "m", {}, p2p=k == 2)
-                got[k].append(rec.p2p_seq if k == 2 else rec.seq)
-
-        threads = [threading.Thread(target=record, args=(k,)) for k in range(3)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=120)
-    finally:
-        sys.setswitchinterval(interval)
-    assert sorted(got[0] + got[1]) == list(range(100_000)) and trace.seq == 100_000
-    assert got[2] == list(range(50_000)) and trace.p2p_seq == 50_000
-
-
 def test_wait_timeout_names_the_collective_and_leaves_it_pending(tmp_path, monkeypatch):
     monkeypatch.setenv("FUNCOLL_TRACE_DIR", str(tmp_path))
     work, h, call, steps = _work()
