@@ -128,7 +128,10 @@ def all_gather_into_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor]
 # -- all_to_all --------------------------------------------------------------------------------------------------------
 def _agree(tp: Transport, values: Sequence[int]) -> torch.Tensor:
     """Gathers a few int64 values from every rank: returns an [n, len(values)] tensor (CPU)."""
-    mine = torch.tensor(list(values), dtype=torch.int64, device=getattr(tp, "control_device", None))
+    mine = torch.tensor(list(values), dtype=torch.int64)  # on the host, then moved: the one host tensor funcoll makes
+    dev = getattr(tp, "control_device", None)
+    if dev is not None:
+        mine = mine.to(dev)
     g = mine.new_empty((tp.size * mine.numel(),))
     _ag(tp, g, mine).wait()
     return g.view(tp.size, -1).cpu()

@@ -14,7 +14,7 @@ import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
 from funcoll.semantics import ReduceOp, Reduction
-from funcoll.transport import P2P, Capabilities, Native, Transport, _run_before_send, wait_quietly
+from funcoll.transport import DONE, P2P, Capabilities, Native, Transport, _run_before_send, wait_quietly
 
 _C10D_OP = {op: getattr(dist.ReduceOp, op.name) for op in ReduceOp if op is not ReduceOp.PREMUL_SUM}
 
@@ -220,6 +220,8 @@ class BackendWait(C.Work):
                     raise self._wait_timeout(e, limit) from e
                 err = self._failure(e)  # named after e (or e itself), its __cause__ kept
                 self._wake()
+                if err is e:
+                    raise
                 raise err from e
             self._done = True
             self._completed()
@@ -301,7 +303,9 @@ class WaitedWork(BackendWait):
 
 def waited(work, result=None):
     """``work`` itself when it serves ``get_future()`` (asking is harmless: the Work stays usable), else a
-    :class:`WaitedWork` of it."""
+    :class:`WaitedWork` of it; DONE for no Work (ProcessGroupTpu answers a synchronous call without one)."""
+    if work is None:
+        return DONE
     try:
         work.get_future()
     except (RuntimeError, AttributeError):  # c10d's "not implemented", or a handle with no futures at all
