@@ -14,12 +14,11 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch._C import _distributed_c10d as C
 
 from funcoll.semantics import FLOAT8, ReduceOp
 from funcoll.transport import DONE, Capabilities, active_profile_name, promised_split_bound, static_split_bound
 from funcoll.transport import profile as _named_profile
-from funcoll.transport.c10d import C10dTransport, c10d_op, waited
+from funcoll.transport.c10d import C10dTransport
 from funcoll.transport.facts import Fact, VersionedCapabilities, label, parse_version, row_key, table, version_text
 from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 
@@ -250,20 +249,6 @@ class TpuTransport(C10dTransport):
         self.control_device = torch.device(device) if device is not None else torch.device(device_type, 0)
         self.premul_in_place = False  # PREMUL_SUM never reaches ProcessGroupTpu (the table has none)
 
-    def _reduce_scatter(self, out, inp, red):
-        o = C.ReduceScatterOptions()
-        o.reduceOp = c10d_op(red)
-        w = self.backend._reduce_scatter_base(out, inp, o)
-        return DONE if w is None else waited(w, [out])
-
-    def _send(self, t, dst, tag):
-        w = self.backend.send([t], dst, tag)
-        return DONE if w is None else waited(w, [t])
-
-    def _recv(self, t, src, tag):
-        w = self.backend.recv([t], src, tag)
-        return DONE if w is None else waited(w, [t])
-
     def split_bound(self) -> Optional[int]:
         return promised_split_bound()
 
@@ -276,8 +261,9 @@ def _completed(primitive):
     return run
 
 
-# (C10dTransport's barrier hands default options: ProcessGroupTpu refuses any)
-for _name in ("_all_reduce", "_all_gather", "_all_to_all", "_broadcast", "_reduce", "_gather", "_scatter", "_barrier"):
+# every primitive is C10dTransport's (whose barrier hands default options: ProcessGroupTpu refuses any)
+for _name in ("_all_reduce", "_all_gather", "_reduce_scatter", "_all_to_all", "_broadcast", "_reduce", "_gather",
+              "_scatter", "_send", "_recv", "_barrier"):
     setattr(TpuTransport, _name, _completed(getattr(C10dTransport, _name)))
 
 
