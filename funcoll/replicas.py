@@ -341,9 +341,13 @@ def execute(worlds, timeout: float = 300.0) -> list:
             runs = [["mpmd", job_path, os.path.join(tmp, f"out{r}.pkl"), str(r), port] for r in range(size)]
         else:
             runs = [["spmd", job_path, os.path.join(tmp, "out.pkl")]]
-        procs = [subprocess.Popen([sys.executable, _WORKER, *run], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for run in runs]
-        answers = _wait(procs, [run[2] for run in runs], timeout, mpmd)
+        # each process's output goes to a file: a pipe nobody reads while another rank is waited on could fill up
+        logs = [os.path.join(tmp, f"log{i}.txt") for i in range(len(runs))]
+        procs = []
+        for run, log in zip(runs, logs):
+            with open(log, "w") as f:
+                procs.append(subprocess.Popen([sys.executable, _WORKER, *run], env=env, stdout=f, stderr=f))
+        answers = _wait(procs, logs, [run[2] for run in runs], timeout, mpmd)
     err = next((a for a in answers if "error" in a), None)
     if err is not None:
         raise _error(worlds, err, mpmd)
@@ -359,20 +363,21 @@ def execute(worlds, timeout: float = 300.0) -> list:
     return results[0] if single else results
 
 
-def _wait(procs, outs, timeout, mpmd) -> list:
+def _wait(procs, logs, outs, timeout, mpmd) -> list:
     deadline = time.monotonic() + timeout
     failed = []
     try:
-        for r, p in enumerate(procs):
+        for r, (p, log) in enumerate(zip(procs, logs)):
             try:
-                _, stderr = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise ReplicaRuntimeError(
                     f"funcoll.replicas: the replicas did not finish in {timeout:g} s; a collective that some replica "
                     f"never reaches waits for it (do the ranks' programs run the same collectives in the same "
                     f"order?)") from None
             if p.returncode != 0:
-                tail = "\n".join(stderr.strip().splitlines()[-8:])
+                with open(log) as f:
+                    tail = "\n".join(f.read().strip().splitlines()[-8:])
                 failed.append(f"{'rank ' + str(r) + ' ' if mpmd else ''}(exit code {p.returncode}):\n{tail}")
     finally:
         for p in procs:

@@ -107,3 +107,33 @@ def test_a_graph_that_already_ran_is_refused():
         "funcoll.replicas: rank 0's results hold no computation to run: their graph already ran on this process's "
         "single replica (torch_xla.sync(), .cpu(), or torch.compile(backend='openxla'), which compiles and runs its "
         "graph at once); build them lazily (compile with backend='aot_eager')")
+
+
+_CHATTY_WORKER = '''
+import os, pickle, sys, time
+mode, job, out, rank = sys.argv[1:5]
+done = os.path.join(os.path.dirname(out), "rank1.done")
+if rank == "1":  # far more output than a pipe holds, then what rank 0 waits for
+    sys.stderr.write("x" * 1_000_000)
+    sys.stderr.flush()
+    open(done, "w").close()
+else:
+    end = time.monotonic() + 60
+    while not os.path.exists(done) and time.monotonic() < end:
+        time.sleep(0.01)
+with open(out, "wb") as f:
+    pickle.dump({"outputs": [[[]]]}, f)
+'''
+
+
+def test_a_rank_that_writes_much_output_does_not_stall_the_others(tmp_path, monkeypatch):
+    """Each rank's process of a rank-dependent world writes as much as it likes while the runner waits on another
+    rank (whose collective waits for it): the runner reads nothing from a pipe that could fill up."""
+    from funcoll import replicas
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(_CHATTY_WORKER)
+    monkeypatch.setattr(replicas, "_WORKER", str(worker))
+    world = replicas.World(2, [replicas.RankProgram(r, b"", f"HloModule m\nrank {r}", []) for r in range(2)])
+    assert not world.same  # one process per rank
+    assert replicas.execute(world, timeout=20) == [[], []]
