@@ -129,6 +129,19 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     _apply(rank_env, env)
     ctx = _context(rank_env)
     forked = (rank_env, os.getpid()) if ctx.get_start_method() == "forkserver" else None
+    for _ in range(3):  # a port another process took between free_port() and the store's bind: a new port
+        results, codes, hung = _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout)
+        if not any(res is not None and res[0] == "err" and _port_taken(res[1]) for res in results):
+            break
+    return results, codes, hung
+
+
+def _port_taken(tb: str) -> bool:
+    """Whether a rank's traceback is the store's bind failing on a port another process took meanwhile."""
+    return "EADDRINUSE" in tb and "init_process_group" in tb
+
+
+def _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout) -> Tuple[list, list, list]:
     q = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, q, coll_timeout,
@@ -154,10 +167,13 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
                     break
                 continue
             results[rank] = (status, pickle.loads(res) if status == "ok" else res)
+            if status == "err" and _port_taken(res):  # the rendezvous never began: the others are stopped
+                break
         hung = [r for r, p in enumerate(procs) if r not in results and p.is_alive()]
     finally:
+        taken = any(res[0] == "err" and _port_taken(res[1]) for res in results.values())
         for p in procs:
-            p.join(timeout=10)
+            p.join(timeout=0 if taken else 10)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)

@@ -4,7 +4,7 @@ import os
 import signal
 import time
 
-from funcoll.launch import spawn_world
+from funcoll.launch import run_world, spawn_world
 
 PAYLOAD = 1 << 20  # more than a pipe holds: a result still being written when the rank dies would be lost
 
@@ -107,3 +107,20 @@ def test_a_fork_server_that_died_is_started_again_and_its_new_environment_is_the
         _kill_fork_server()  # the next launch starts it again, under the environment of the tests that follow
     for _, env, debug in got:
         assert env == {"TORCH_DISTRIBUTED_DEBUG": None} and debug == "DebugLevel.OFF", (env, debug)
+
+
+def test_a_port_taken_between_its_choice_and_the_rendezvous_is_replaced(monkeypatch):
+    """Another process may bind the port free_port() chose before rank 0's store does (two suites at once): the
+    world starts again on a new port instead of failing with EADDRINUSE."""
+    import socket
+
+    from funcoll import launch
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        real = launch.free_port
+        monkeypatch.setattr(launch, "free_port", lambda: next(ports, None) or real())
+        got = run_world("tests.faults.test_launch:_rank_reports", 2, args=([],), timeout=60)
+    assert [g[1] for g in got] == [{}, {}]  # both ranks ran the target
