@@ -378,6 +378,13 @@ class Transport:
             got = self._ar_forms[key] = (self.tally(("all_reduce", str(red.op), dtype)), form(red))
         return got
 
+    def abort(self) -> None:
+        """Ends the transport's in-flight primitives at once (each fails), for good: the group is aborted. A transport
+        with nothing in flight outside the caller's thread (XLA's lazy ops) has nothing to do."""
+
+    def shutdown(self) -> None:
+        """Releases the backend (``destroy_process_group``); nothing is in flight."""
+
     # -- the eager fast path: the backend's own callable for a request -------------------------------------
     def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype],
                       method: Optional[str] = None) -> Optional[Native]:

@@ -427,3 +427,15 @@ class C10dTransport(Transport):
 
     def _barrier(self):
         return self.backend.barrier(C.BarrierOptions())
+
+    def abort(self) -> None:
+        """The backend's own ``abort()`` (ProcessGroupXCCL's does not interrupt an in-flight collective:
+        intel/torch-xpu-ops#5071; ProcessGroupTpu's is empty: docs/fault-tolerance.md)."""
+        stop = getattr(self.backend, "abort", None)
+        if stop is not None:
+            stop()
+
+    def shutdown(self) -> None:
+        stop = getattr(self.backend, "shutdown", None)
+        if stop is not None:
+            stop()

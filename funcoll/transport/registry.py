@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _world  # c10d's group registry
 
 from funcoll.semantics.groups import lookup, resolve
-from funcoll.transport import Transport, c10d, gloo
+from funcoll.transport import Transport, gloo
 
 __all__ = ["GroupContext", "register_device", "device_types", "transport_for", "funcoll_factory", "c10d_leg"]
 
@@ -158,7 +158,7 @@ def cpu_transport(ctx: GroupContext, profile: Optional[str] = None) -> Transport
 def _cpu_c10d(pg, device) -> Transport:
     return c10d_leg(pg, "cpu", "CPU", "init_process_group('gloo') (or backend 'funcoll')",
                     lambda b: isinstance(b, dist.ProcessGroupGloo), "gloo on CPU",
-                    lambda b: c10d.C10dTransport(b, gloo.capabilities(), "cpu"))
+                    lambda b: gloo.GlooTransport(b, gloo.capabilities(), "cpu"))
 
 
 register_device("cpu", funcoll=cpu_transport, c10d=_cpu_c10d)
