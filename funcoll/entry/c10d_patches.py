@@ -25,7 +25,8 @@ def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
     world = dist.get_world_size() if dist.is_initialized() else o.group_size
     opts = backend_options if isinstance(backend_options, Options) else None
     return ProcessGroupFuncoll(o.store, o.group_rank, o.group_size, o.timeout, group_name=o.group_id,
-                               global_ranks=tuple(o.global_ranks_in_group), world_size=world, options=opts)
+                               global_ranks=tuple(o.global_ranks_in_group), world_size=world, options=opts,
+                               enable_reconfigure=bool(getattr(o, "enable_reconfigure", False)))
 
 
 def _funcoll_traceable_broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
@@ -124,6 +125,31 @@ def _register_compiled_batch_p2p() -> None:
     _LIBS.append(lib)
 
 
+def _patch_shrink() -> None:
+    """torch >= 2.15's ``dist.shrink_group`` wraps what the group's backend's ``shrink()`` returns in a new C++
+    ProcessGroup registered as an NCCL, XCCL or gloo backend (``_create_shrunk_process_group``); a funcoll group's
+    ``shrink()`` returns the shrunk funcoll group itself, which gets the name and description torch gives a shrunk
+    group. The rest of torch's shrink_group (validation, destroying the old group and, for the default group, every
+    other group, registering the new one) runs unchanged."""
+    orig = getattr(c10d, "_create_shrunk_process_group", None)
+    if orig is None or getattr(orig, "__funcoll_patch__", False):
+        return
+
+    @functools.wraps(orig)
+    def _create_shrunk_process_group(new_backend, remaining_ranks, metadata, is_default_group):
+        if not isinstance(new_backend, ProcessGroupFuncoll):
+            return orig(new_backend, remaining_ranks, metadata, is_default_group)
+        new_backend._set_group_name(metadata["new_group_name"])
+        new_backend._set_group_desc("default:shrunken" if is_default_group
+                                    else f"{metadata['original_group_name']}:shrunk")
+        if metadata.get("bound_device_id") is not None:
+            new_backend.bound_device_id = metadata["bound_device_id"]
+        return new_backend
+
+    _create_shrunk_process_group.__funcoll_patch__ = True  # type: ignore[attr-defined]
+    c10d._create_shrunk_process_group = _create_shrunk_process_group  # type: ignore[attr-defined]  # torch >= 2.15
+
+
 def register_backend() -> None:
     if "FUNCOLL" in dist.Backend._plugins:
         return
@@ -135,6 +161,7 @@ def register_backend() -> None:
     _register_traceable_broadcast()
     _patch_batch_isend_irecv()
     _register_compiled_batch_p2p()
+    _patch_shrink()
 
 
 def patch_monitored_barrier() -> bool:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-__all__ = ["CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError", "backend_message",
-           "is_backend_timeout"]
+__all__ = ["CollectiveError", "CollectiveTimeoutError", "CollectiveAbortedError", "CollectiveMismatchError",
+           "backend_message", "is_backend_timeout"]
 
 
 class CollectiveError(dist.DistBackendError):
@@ -17,6 +17,11 @@ class CollectiveError(dist.DistBackendError):
 
 class CollectiveTimeoutError(CollectiveError):
     """A collective (or the debug mode's cross-rank check of one) did not complete in time."""
+
+
+class CollectiveAbortedError(CollectiveError):
+    """The collective's group was aborted (``pg.abort()``, ``shrink_group(..., SHRINK_ABORT)``, a reconfigure) while
+    it was in flight; funcoll stopped waiting for it (docs/fault-tolerance.md)."""
 
 
 class CollectiveMismatchError(CollectiveError):

@@ -76,7 +76,7 @@ def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request):
         if not blocking:
             raise issuing_error(call, e) from e
         call.timeout = st.timeout_s
-        raise failure(call, st.trace, e) from e
+        raise failure(call, st.trace, e, st) from e
     rec.t_done = _now()
     return None  # c10d's blocking dist.* functions take None as "the backend has synced" (docs/work.md)
 

@@ -10,9 +10,11 @@ import os
 from datetime import timedelta
 from typing import Optional, Sequence
 
+import torch._C._distributed_c10d as C
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from funcoll.entry import peers
 from funcoll.entry.flight_recorder import GroupTrace
 
 __all__ = ["GroupState", "set_debug", "debug_enabled", "set_guard", "guard_enabled", "sequence_number",
@@ -38,6 +40,7 @@ def guard_from_env() -> bool:
 
 
 _LOCAL_STORES = (dist.HashStore, FakeStore)
+_SUCCESS = getattr(getattr(C, "ErrorType", None), "SUCCESS", None)  # torch >= 2.10 (c10d's Backend::getError)
 
 
 def unwrap_store(store):
@@ -54,7 +57,7 @@ def is_local_store(store) -> bool:
 class GroupState:
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str, global_ranks: Sequence[int],
                  guard: Optional[bool] = None):
-        self.store = store
+        self.base_store = self.store = store  # the group's store; ``store``: its prefix of the last reconfigure
         self.rank, self.size = rank, size
         self.timeout = timeout
         self.timeout_s = timeout.total_seconds()  # read by every call: the group's timeout in seconds
@@ -63,10 +66,30 @@ class GroupState:
         self.trace = GroupTrace(name or "(unnamed)", global_ranks, rank, size)
         self._checkable = size > 1 and not self.local_store
         self.debug = self._checkable and _switch("FUNCOLL_DEBUG")
-        self.guard = self._checkable and (guard_from_env() if guard is None else bool(guard))
+        self.guard_default = guard_from_env() if guard is None else bool(guard)
+        self.guard = self._checkable and self.guard_default
         self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
         self.native: dict = {}  # the eager fast path's answer per request signature (funcoll.entry.fast_path)
         self.guard_backend = None  # the size guard's: the CPU transport's gloo backend, once the group makes it
+        self.aborted: Optional[str] = None  # why the group was aborted (pg.abort(), a shrink, a reconfigure)
+        self.error = _SUCCESS  # c10d's ErrorType of the last failed collective (Backend.get_error)
+        if self._checkable:
+            peers.register(self)  # where this rank runs, read by a peer whose collective fails (entry/peers)
+
+    def reconfigure(self, store, rank: int, size: int, global_ranks: Sequence[int]) -> None:
+        """The group's membership after a reconfigure: its store prefix, rank, size and global ranks; every collective
+        is numbered from 0 again (as gloo's); the fast path's answers, the abort and the last error are forgotten."""
+        self.store, self.rank, self.size = store, rank, size
+        trace = self.trace
+        trace.global_ranks, trace.rank, trace.size = tuple(global_ranks), rank, size
+        trace.seq = trace.p2p_seq = 0
+        self._checkable = size > 1 and not self.local_store
+        self.debug = self._checkable and _switch("FUNCOLL_DEBUG")
+        self.guard = self._checkable and self.guard_default
+        self.native, self.guard_backend, self.aborted, self.error = {}, None, None, _SUCCESS
+        self.__dict__.pop("_lost", None)  # the last look at the peers (entry/peers)
+        if self._checkable:
+            peers.register(self)
 
     def set_timeout(self, timeout: timedelta) -> None:
         self.timeout, self.timeout_s = timeout, timeout.total_seconds()

@@ -123,7 +123,7 @@ def _handed(st, call, work, log):
     if log:
         call.strategies = list(dict.fromkeys([s for _, notes in log for s in notes]))
     if isinstance(work, FuncollWork):
-        work._attach(call, st.trace)
+        work._attach(call, st)
     else:
         call.completed()
     return work

@@ -11,12 +11,14 @@ import inspect
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+import torch._C._distributed_c10d as C
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import ProcessGroup
 
 from funcoll import algorithms
@@ -53,6 +55,11 @@ class Options:
     lazy_cpu: Optional[bool] = None
     profile: Optional[str] = None
     guard: Optional[bool] = None
+    # what c10d reads of a backend's options (gloo's have the same three), filled in by the group: torch's pipelining
+    # reads ``_timeout`` (torch/distributed/pipelining/_p2p.py); ``dist.set_timeout`` changes it
+    _timeout: Optional[timedelta] = None
+    group_name: str = ""
+    global_ranks_in_group: Sequence[int] = ()
 
 
 def _red(opts):
@@ -70,10 +77,11 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = "",
                  global_ranks: Sequence[int] = (), world_size: Optional[int] = None,
-                 options: Optional[Options] = None):
+                 options: Optional[Options] = None, enable_reconfigure: bool = False):
         super().__init__(rank, size)  # type: ignore[call-arg]  # torch's stubs name only the store-taking overload
-        self._options = options or Options()
         ranks = tuple(global_ranks) or tuple(range(size))
+        self._options = replace(options or Options(), _timeout=timeout, group_name=group_name,
+                                global_ranks_in_group=ranks)
         self._world_size = world_size if world_size is not None else size
         self._transports: Dict[str, Transport] = {}
         self._lock = threading.Lock()
@@ -90,12 +98,21 @@ class ProcessGroupFuncoll(ProcessGroup):
             LOG.info("group %s created: rank %d of %d, global ranks %s, world size %d, store %s, CPU transport %s",
                      group_name or "(unnamed)", rank, size, flight_recorder.ranks_text(ranks), self._world_size,
                      type(unwrap_store(store)).__name__, "at the first CPU collective" if lazy else "now")
-        if not lazy:
+        self._uuid = -1  # the uuid of the last reconfigure (gloo's handle starts at -1 too)
+        self._configured = not enable_reconfigure  # enable_reconfigure=True: no collective before the first one
+        self._shrinks = 0  # shrink() calls so far: every member of the group makes the same ones
+        if not lazy and self._configured:
             self.transport("cpu")
 
     # -- identity -------------------------------------------------------------------------------------
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    def rank(self) -> int:  # c10d reads them from Python; a reconfigure changes them (reconfigure below)
+        return self._state.rank
+
+    def size(self) -> int:
+        return self._state.size
 
     name = getBackendName
 
@@ -134,15 +151,27 @@ class ProcessGroupFuncoll(ProcessGroup):
             tp = self._transports.get(device_type)
             if tp is None:
                 st = self._state
-                ctx = GroupContext(st.name, dist.PrefixStore(f"{device_type}/", st.store), self.rank(), self.size(),
-                                   st.timeout, st.trace.global_ranks, self._world_size)
-                if device_type == "cpu" and self._options.profile is not None:
-                    tp = cpu_transport(ctx, self._options.profile)
-                else:
-                    tp = funcoll_factory(device_type)(ctx)
+                if st.aborted is not None:
+                    raise RuntimeError(f"funcoll: group {st.trace.group!r} was aborted ({st.aborted}); "
+                                       "collectives need a new group (docs/fault-tolerance.md: shrink_group, "
+                                       "_reconfigure, a new torchft quorum)")
+                if not self._configured:
+                    raise RuntimeError(f"funcoll: group {st.trace.group!r} has not been initialized. Call "
+                                       "reconfigure() (torch.distributed.distributed_c10d._reconfigure) before issuing "
+                                       "collectives when enable_reconfigure=True.")
+                tp = self._make(device_type, st.store, st.rank, st.size, st.timeout)
                 self._made(device_type, tp)
                 self._transports[device_type] = tp
         return tp
+
+    def _make(self, device_type: str, store, rank: int, size: int, timeout: timedelta) -> Transport:
+        """A new transport for ``device_type`` over ``store`` (a collective of the group's ranks)."""
+        st = self._state
+        ctx = GroupContext(st.name, dist.PrefixStore(f"{device_type}/", store), rank, size, timeout,
+                           st.trace.global_ranks, self._world_size)
+        if device_type == "cpu" and self._options.profile is not None:
+            return cpu_transport(ctx, self._options.profile)
+        return funcoll_factory(device_type)(ctx)
 
     def _made(self, device_type: str, tp: Transport) -> None:
         """A transport was made: it learns the group's name (for the log and profiler events), the size guard the CPU
@@ -353,12 +382,40 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     # -- lifecycle and the rest of c10d's ProcessGroup surface (torch 2.9 to the newest) -----------------------
     # A Python process group has no per-device backend registered in C++: where c10d asks for one (get_backend), the
-    # group answers for itself.
+    # group answers for itself, and it answers every question torch's c10d, FSDP2, DeviceMesh and pipelining ask of a
+    # group or its backend (the C++ answers raise for a Python group: "Could not find the default backend type 0")
     supports_coalescing = True  # c10d's batch_isend_irecv hands the batch to _start_coalescing/_end_coalescing
     supports_splitting = True  # split_group() below; c10d asks the backend of the accelerator (torch >= 2.10)
-    # torch >= 2.15 asks before registering abort or completion hooks (the C++ answer raises for a Python group)
+    # torch >= 2.15 asks before registering abort or completion hooks, a window, a shrink or a reconfigure
     supports_abort_hooks = False
     supports_completion_hooks = False
+    supports_window = False  # one-sided windows (dist._new_window): gloo has none either
+    supports_reconfigure = hasattr(C, "ReconfigureOptions")  # reconfigure() below (torch >= 2.15's _reconfigure)
+    supports_shrinking = hasattr(c10d, "shrink_group")  # shrink() below (torch >= 2.15's shrink_group)
+    _supports_time_estimate = False  # c10d's _time_estimator
+
+    def supports_tensor_alloc(self, device) -> bool:
+        """FSDP2's ``set_allocate_memory_from_process_group`` asks first: funcoll allocates no communication
+        memory of its own (as gloo)."""
+        return False
+
+    def allocate_tensor(self, size, *, dtype=None, device=None):
+        raise RuntimeError(f"Backend {BACKEND_NAME} does not support allocateTensor")  # gloo's words
+
+    @property
+    def mem_allocator(self):
+        raise RuntimeError(f"Backend {BACKEND_NAME} does not support getMemAllocator")
+
+    def memory_stats(self):
+        raise RuntimeError(f"Backend {BACKEND_NAME} does not support getMemoryStats")
+
+    def get_error(self):
+        """c10d's ErrorType of the group's last failed collective (SUCCESS while none failed)."""
+        return self._state.error
+
+    def new_window(self, tensor=None):
+        raise RuntimeError(f"funcoll: group {self._state.trace.group!r} has no one-sided windows "
+                           "(supports_window is False)")
 
     def eager_connect_single_device(self, device=None) -> None:
         """``init_process_group(device_id=...)``: the transport of that device is created now, not at first use."""
@@ -384,6 +441,7 @@ class ProcessGroupFuncoll(ProcessGroup):
     def set_timeout(self, timeout: timedelta) -> None:
         """``dist.set_timeout``: the timeout of every later collective of this group, on every transport."""
         self._state.set_timeout(timeout)
+        self._options._timeout = timeout
         self._on_backends("_set_default_timeout", timeout)
 
     _set_default_timeout = set_timeout
@@ -435,15 +493,13 @@ class ProcessGroupFuncoll(ProcessGroup):
         """Nothing to do: funcoll keeps no Work alive after handing it to the caller."""
 
     def _stop_transports(self, how: str) -> None:
-        """Drops the transports and calls ``how`` ("shutdown" or "abort") on each one's own backend."""
+        """Drops the transports and stops each one: ``how`` is "shutdown" or "abort" (:meth:`Transport.abort`)."""
         with self._lock:
             transports, self._transports = dict(self._transports), {}
         self._state.guard_backend = None  # the size guard's CPU backend
         for tp in transports.values():
-            stop = getattr(getattr(tp, "backend", None), how, None)
-            if stop is not None:
-                with contextlib.suppress(RuntimeError):  # already shut down or aborted
-                    stop()
+            with contextlib.suppress(RuntimeError):  # already shut down or aborted
+                tp.abort() if how == "abort" else tp.shutdown()
 
     def shutdown(self) -> None:
         """``destroy_process_group``: the recorder dumped (``TORCH_FR_DUMP_TEMP_FILE``), the backends shut down."""
@@ -453,7 +509,85 @@ class ProcessGroupFuncoll(ProcessGroup):
             groups.unregister(self._state.name)
 
     def abort(self) -> None:
+        """``pg.abort()`` (c10d's ``_abort_process_group``, torchft, ``shrink_group(..., SHRINK_ABORT)``): every
+        in-flight collective of the group ends at once, each wait and future failing with CollectiveAbortedError; the
+        group's transports are aborted (on CPU, gloo's connections close, so the collectives in gloo's own threads end
+        too and the peers' fail at once) and dropped; the group sends nothing more (docs/fault-tolerance.md)."""
+        self._abort(f"pg.abort() was called on group {self._state.trace.group!r} on this rank")
+
+    def _abort(self, reason: str) -> None:
+        if self._state.aborted is None:
+            self._state.aborted = reason  # first: the errors the abort causes say that it did
         self._stop_transports("abort")
+
+    # -- losing a rank: torch >= 2.15's reconfigure and shrink (docs/fault-tolerance.md) -------------------
+    def get_reconfigure_handle(self) -> str:
+        """``dist.distributed_c10d._get_reconfigure_handle``: ``funcoll:<rank>:<uuid>:<global rank>:<store>``, the
+        fields and order of gloo's handle (torch/csrc/distributed/c10d/ProcessGroupGlooReconfigure.cpp)."""
+        st = self._state
+        return (f"{BACKEND_NAME}:{st.rank}:{self._uuid}:{st.trace.global_ranks[st.rank]}:"
+                f"{_store_address(st.base_store)}")
+
+    def reconfigure(self, opts) -> FuncollWork:
+        """``dist.distributed_c10d._reconfigure(uuid, handles, group, timeout)``: the group is made anew over the
+        peers of ``opts.handles`` (one :meth:`get_reconfigure_handle` per peer, each taken after the last
+        reconfigure; a list assigns ranks by position, a set in sorted order), on the store prefix of ``opts.uuid``,
+        which a group uses once. As gloo's: the new rank 0 claims the uuid, every collective is numbered from 0
+        again, and ``opts.timeout`` bounds the rendezvous (the group's timeout stays). The old transports are aborted;
+        on a failed rendezvous the group stays as it was."""
+        handles = sorted(opts.handles) if isinstance(opts.handles, (set, frozenset)) else list(opts.handles)
+        if not handles:
+            raise RuntimeError("funcoll: reconfigure requires at least one handle")
+        if len(set(handles)) != len(handles):
+            raise RuntimeError("funcoll: reconfigure handles must be unique")
+        stable = [_parse_handle(h) for h in handles]
+        me = self.get_reconfigure_handle()
+        if me not in handles:
+            raise RuntimeError(f"funcoll: the local reconfigure handle {me!r} is not part of the new communicator "
+                               f"({handles})")
+        st, rank, size = self._state, handles.index(me), len(handles)
+        store = dist.PrefixStore(f"reconfigure/{int(opts.uuid)}/", st.base_store)
+        if rank == 0:
+            claimed = bytes(store.compare_set("claimed", "", me)).decode()
+            if claimed != me:
+                raise RuntimeError(f"funcoll: reconfigure uuid {opts.uuid} was already used; each reconfigure() "
+                                   "requires a unique uuid")
+        timeout = opts.timeout if getattr(opts, "timeout", None) is not None else st.timeout
+        cpu = self._make("cpu", store, rank, size, timeout)  # the rendezvous: on failure nothing has changed
+        if timeout != st.timeout:
+            cpu.backend._set_default_timeout(st.timeout)  # type: ignore[attr-defined]  # a gloo transport's
+        self._abort(f"group {st.trace.group!r} was reconfigured (uuid {opts.uuid}) on this rank")
+        st.reconfigure(store, rank, size, stable)  # its global ranks: the peers' own, as gloo's (defaultRanks_)
+        self._options.global_ranks_in_group = st.trace.global_ranks
+        self._made("cpu", cpu)
+        self._transports["cpu"] = cpu
+        self._uuid, self._configured = int(opts.uuid), True
+        if st.name:
+            groups.register(st.name, st.trace.global_ranks, self._world_size)
+        done = FuncollWork(algorithms.Pending())
+        done.wait()
+        return done
+
+    def shrink(self, ranks_to_exclude, shrink_flags: int = 0, opts=None) -> "ProcessGroupFuncoll":
+        """``dist.shrink_group`` (torch >= 2.15 asks the group, as its backend, for the shrunk one): a new funcoll
+        group over the ranks of this group not excluded, made by them alone from this group's store (the excluded
+        ranks do not call); ``SHRINK_ABORT`` aborts this group's in-flight collectives first. torch then destroys this
+        group, names the new one and, when this was the default group, makes it the default."""
+        excluded = sorted({int(r) for r in ranks_to_exclude})
+        st = self._state
+        if st.rank in excluded:
+            raise RuntimeError(f"funcoll: rank {st.rank} is excluded from the shrunk group and must not call shrink")
+        if shrink_flags & getattr(c10d, "SHRINK_ABORT", 1):
+            self._abort(f"shrink_group(..., SHRINK_ABORT) was called on group {st.trace.group!r} on this rank")
+        remaining = [r for r in range(st.size) if r not in excluded]
+        self._shrinks += 1
+        store = dist.PrefixStore(f"shrink/{self._shrinks}/{','.join(map(str, excluded))}/", st.store)
+        if c10d.GroupMember.WORLD is self:  # the new default group numbers the world anew, as NCCL's shrink does
+            ranks, world = list(range(len(remaining))), len(remaining)
+        else:
+            ranks, world = [st.trace.global_ranks[r] for r in remaining], self._world_size
+        return ProcessGroupFuncoll(store, remaining.index(st.rank), len(remaining), st.timeout, global_ranks=ranks,
+                                   world_size=world, options=opts if isinstance(opts, Options) else self._options)
 
     def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None, device_types=None):
         """``dist.split_group`` (torch >= 2.10 calls it on the parent group): a funcoll group over ``ranks`` (ranks of
@@ -471,6 +605,21 @@ class ProcessGroupFuncoll(ProcessGroup):
         if group_desc:
             child._set_group_desc(group_desc)
         return child
+
+
+def _store_address(store) -> str:
+    """``host:port`` of a TCPStore (under prefixes), "" for another store: the last field of a reconfigure handle."""
+    store = unwrap_store(store)
+    return f"{store.host}:{store.port}" if isinstance(store, dist.TCPStore) else ""
+
+
+def _parse_handle(handle: str) -> int:
+    """The global rank a reconfigure handle names (its fourth field)."""
+    fields = handle.split(":", 4)
+    if len(fields) != 5 or fields[0] != BACKEND_NAME or not all(f.lstrip("-").isdigit() for f in fields[1:4]):
+        raise RuntimeError(f"funcoll: invalid reconfigure handle {handle!r} "
+                           f"(expected {BACKEND_NAME}:<rank>:<uuid>:<global rank>:<store>)")
+    return int(fields[3])
 
 
 # the names torch >= 2.10 calls (fingerprint.ALIASES) run their older twin's body under their own name; the C++ defaults

@@ -13,13 +13,20 @@ import torch
 from torch._C._distributed_c10d import Work
 
 from funcoll import algorithms
-from funcoll.entry import flight_recorder
-from funcoll.entry.errors import CollectiveError, CollectiveTimeoutError, backend_message, is_backend_timeout
+from funcoll.entry import flight_recorder, peers
+from funcoll.entry.errors import (
+    CollectiveAbortedError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    backend_message,
+    is_backend_timeout,
+)
 from funcoll.entry.flight_recorder import NativeEntry, recent
 from funcoll.transport import wait_quietly
 from funcoll.transport.c10d import BackendWait, is_wait_timeout, track_callbacks
 
 _now = time.time
+_ERROR = torch._C._distributed_c10d.ErrorType
 
 __all__ = ["FuncollWork", "NativeWork", "failure"]
 
@@ -34,10 +41,14 @@ class _Work(Work):
         """The call's flight-recorder entry and its group's recorder (None: a Work made outside a group)."""
         raise NotImplementedError
 
+    def _group(self):
+        """The group's funcoll.entry.group_state.GroupState (None: a Work made outside a group)."""
+        return None
+
     def _failure(self, e: BaseException) -> BaseException:
         """Records ``e`` as this collective's permanent failure; returns the error to raise."""
         if self._exc is None:
-            self._exc = failure(*self._where(), e)
+            self._exc = failure(*self._where(), e, self._group())
         return self._exc
 
     def _wait_timeout(self, e: BaseException, limit: timedelta) -> BaseException:
@@ -71,17 +82,20 @@ class FuncollWork(_Work):
         self._pending = pending
         self._result = list(result)
         self._call: Optional[flight_recorder.Call] = None  # set by the pipeline (_attach)
-        self._trace: Optional[flight_recorder.GroupTrace] = None
+        self._state = None  # the group's GroupState, set with the call
         self._fut: Optional[torch.futures.Future] = None
         self._lock = threading.RLock()
 
-    def _attach(self, call: flight_recorder.Call, trace: flight_recorder.GroupTrace) -> None:
-        self._call, self._trace = call, trace
+    def _attach(self, call: flight_recorder.Call, state) -> None:
+        self._call, self._state = call, state
         if self._done:
             call.completed()
 
     def _where(self):
-        return self._call, self._trace
+        return self._call, None if self._state is None else self._state.trace
+
+    def _group(self):
+        return self._state
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         """A non-zero ``timeout`` bounds the wait (past it: CollectiveTimeoutError, still pending); 0: the group's."""
@@ -174,6 +188,9 @@ class NativeWork(_Work, BackendWait):
             self._c.timeout = self._st.timeout_s
         return self._c, self._st.trace
 
+    def _group(self):
+        return self._st
+
     def _completed(self) -> None:
         if self._c is None:
             self._rec.t_done = _now()
@@ -195,20 +212,27 @@ class NativeWork(_Work, BackendWait):
 
 
 def failure(call: Optional[flight_recorder.Call], trace: Optional[flight_recorder.GroupTrace],
-            e: BaseException) -> CollectiveError:
-    """The error for a collective that failed with the backend's error ``e``, naming it (a timeout quotes and dumps the
+            e: BaseException, state=None) -> CollectiveError:
+    """The error for a collective that failed with the backend's error ``e``, naming it and, for a group of several
+    processes, the peers whose process has exited (:func:`funcoll.entry.peers.lost`; a timeout quotes and dumps the
     flight recorder); records the failure in ``call``."""
+    label = call.label() if call is not None else "collective"
     if isinstance(e, CollectiveError):
         err = e
+    elif state is not None and state.aborted is not None:  # the backend's error is the abort's
+        err = CollectiveAbortedError(f"funcoll: {label} was aborted: {state.aborted} ({backend_message(e)})")
+        err.__cause__ = e
     else:
         timeout = is_backend_timeout(e)
         cls = CollectiveTimeoutError if timeout else CollectiveError
         what = "timed out" if timeout else "failed"
         group_t = getattr(call, "timeout", None) if call is not None else None
         tt = f" (group timeout {group_t:g} s)" if timeout and group_t else ""
-        label = call.label() if call is not None else "collective"
-        err = cls(f"funcoll: {label} {what}{tt}: {backend_message(e)}" + recent(call, trace, dump=timeout))
+        gone, exited = peers.lost(state, e) if state is not None else ("", [])
+        err = cls(f"funcoll: {label} {what}{tt}: {backend_message(e)}{gone}" + recent(call, trace, dump=timeout))
         err.__cause__ = e
+        if state is not None:  # Backend.get_error
+            state.error = _ERROR.REMOTE_ERROR if exited else _ERROR.TIMEOUT if timeout else _ERROR.COMM_ERROR
     if call is not None:
         call.failed(e)
     return err

@@ -13,9 +13,11 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from funcoll import algorithms
 from funcoll.entry import fingerprint, flight_recorder
+from funcoll.entry.group_state import GroupState
 from funcoll.entry.work import CollectiveError, CollectiveTimeoutError, FuncollWork
 from funcoll.launch import run_world
 
@@ -52,14 +54,22 @@ class Handle:
         self.fut.value()
 
 
+def _state(trace):
+    """A group's state in this process (a local store: no peers to look for), its trace ``trace``."""
+    state = GroupState(dist.HashStore(), 0, 2, timedelta(seconds=5), "g", (0, 1))
+    state.trace = trace
+    return state
+
+
 def _work(group_timeout=5.0):
     trace = flight_recorder.GroupTrace("g", (0, 1), 0, 2, maxlen=8)
     call = trace.number(trace.call("all_reduce", "allreduce", {"op": "all_reduce", "reduce_op": "sum",
                                                                "tensors": [["float32", [4]]]}))
     call.timeout = group_timeout
     h, steps = Handle(), []
+    state = _state(trace)
     work = FuncollWork(algorithms.Pending([h], then=lambda: steps.append("scaled")), [torch.ones(4)])
-    work._attach(call, trace)
+    work._attach(call, state)
     return work, h, call, steps
 
 
@@ -212,7 +222,6 @@ def test_a_second_waiter_sees_the_wait_that_ended_as_it_arrived(monkeypatch):
     the first wait ends while the second is arriving (it saw the Work running; its event does not exist yet), the
     second returns True at once: it does not wait for an event nobody will set (past its timeout, or forever)."""
     import threading
-    from types import SimpleNamespace
 
     from funcoll.entry.work import NativeWork
 
@@ -229,7 +238,7 @@ def test_a_second_waiter_sees_the_wait_that_ended_as_it_arrived(monkeypatch):
         def is_completed(self):
             return release.is_set()
 
-    work = NativeWork(Backend(), rec, SimpleNamespace(trace=trace, timeout_s=5.0), quiet=False)
+    work = NativeWork(Backend(), rec, _state(trace), quiet=False)
     first = threading.Thread(target=work.wait)
     first.start()
     assert entered.wait(30)
