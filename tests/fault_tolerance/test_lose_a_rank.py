@@ -1,0 +1,117 @@
+"""Losing a rank, end to end: at world 4, then at world 3, one rank is killed (SIGKILL) in the middle of a step of a
+small data-parallel training job -- an eager collective on the fast path, an async batch, a compiled step, a
+pipeline-style send/recv (tests/fault_tolerance/chains.py) -- and the survivors:
+
+- each raise an error naming the collective, the group and the peer that died, within the group's timeout (no hang,
+  no abort of the survivor's process);
+- recover through a route (torch >= 2.15's ``dist.shrink_group`` or c10d's ``_reconfigure`` of the default group)
+  and redo the step from the state every survivor had completed;
+- end with parameters and Adam's state equal, bit for bit, to a reference job on gloo whose ranks leave at the same
+  steps instead of dying (the oracle: gloo's numbers for the same membership).
+
+Each chain kills two ranks, so the scenarios run once at world 4 and once at world 3; the routes alternate over the
+chains and the profiles (native gloo, ``FUNCOLL_PROFILE=xccl``, ``FUNCOLL_PROFILE=xla``). The job's store lives in
+this process, as torchrun's agent hosts it, so that any rank, rank 0 included, can die.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from funcoll.launch import spawn_world
+from tests.fault_tolerance.chains import GROUP_TIMEOUT
+
+SLACK = 10.0
+needs_2_15 = pytest.mark.skipif(not hasattr(dist, "shrink_group"),
+                                reason="dist.shrink_group and c10d's _reconfigure are torch >= 2.15")
+
+# chain -> (scenario, stable id of its victim) per phase: each scenario dies once at world 4 and once at world 3,
+# rank 0 of the first world among the victims
+PLANS = {"A": [("eager", 3), ("batch", 1)], "B": [("batch", 2), ("compiled", 0)],
+         "C": [("compiled", 1), ("p2p", 3)], "D": [("p2p", 0), ("eager", 2)]}
+ROUTES = ("shrink", "reconfigure")
+PROFILES = (None, "xccl", "xla")
+CASES = [(profile, chain, ROUTES[(i + j) % 2]) for i, profile in enumerate(PROFILES) for j, chain in enumerate(PLANS)]
+# the communication a scenario's error names
+OPS = {"eager": ("all_reduce",), "batch": ("all_reduce",), "compiled": ("all_reduce",),
+       "p2p": ("send", "recv", "all_reduce")}
+
+
+@pytest.fixture(scope="module")
+def agent_store():
+    """The job's store, in this process (as torchrun's agent hosts it)."""
+    return dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120), wait_for_workers=False)
+
+
+def _world(target, args, profile=None):
+    results, codes, hung = spawn_world(target, 4, profile, args, deadline=240, coll_timeout=GROUP_TIMEOUT)
+    assert not hung, f"ranks {hung} still running past the deadline (exit codes {codes})"
+    return results, codes
+
+
+_references: dict = {}
+
+
+def _reference(chain, agent_store):
+    """Each surviving stable id's final state in the gloo reference of ``chain`` (one run per chain)."""
+    if chain not in _references:
+        results, codes = _world("tests.fault_tolerance.chains:rank_reference",
+                                (agent_store.port, f"reference-{chain}", PLANS[chain]))
+        assert codes == [0, 0, 0, 0], codes
+        _references[chain] = {r[1]["stable"]: r[1]["state"] for r in results if r[1] is not None}
+    return _references[chain]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int32 if t.element_size() == 4 else torch.int64)
+
+
+def _assert_same_state(got, want, who):
+    (params, opt), (ref_params, ref_opt) = got, want
+    for k in ref_params:
+        assert torch.equal(_bits(params[k]), _bits(ref_params[k])), (who, k, params[k], ref_params[k])
+    assert ref_opt["state"].keys() == opt["state"].keys(), who
+    for k, s in ref_opt["state"].items():
+        for name, t in s.items():
+            assert torch.equal(_bits(opt["state"][k][name]), _bits(t)), (who, k, name)
+
+
+@needs_2_15
+@pytest.mark.parametrize("profile,chain,route", CASES, ids=[f"{p or 'native'}-{c}-{r}" for p, c, r in CASES])
+def test_a_killed_rank_is_survived(agent_store, profile, chain, route):
+    plan = PLANS[chain]
+    prefix = f"{profile}-{chain}-{route}"
+    results, codes = _world("tests.fault_tolerance.chains:rank_chain", (agent_store.port, prefix, route, plan),
+                            profile)
+    victims = [v for _, v in plan]
+    assert [codes[v] for v in victims] == [-9, -9], codes
+    survivors = [r for r in range(4) if r not in victims]
+    for r in survivors:
+        assert codes[r] == 0 and results[r] is not None and results[r][0] == "ok", (r, codes, results[r])
+    reference = _reference(chain, agent_store)
+    for r in survivors:
+        out = results[r][1]
+        assert out["members"] == survivors, out["members"]
+        assert len(out["errors"]) == 2, out["errors"]
+        members = list(range(4))
+        for (scenario, victim), err in zip(plan, out["errors"]):
+            who = f"stable {r}, {scenario} at world {len(members)}"
+            assert err["world"] == len(members) and err["scenario"] == scenario, (who, err)
+            assert err["type"] in ("CollectiveError", "CollectiveTimeoutError"), (who, err)
+            assert err["secs"] < GROUP_TIMEOUT + SLACK, (who, err)
+            m = re.match(r"funcoll: (\w+) (?:p2p )?#\d+ on group '([^']+)' \(global ranks ([\d,\-]+); this is rank "
+                         rf"{err['rank']} of {len(members)}\) (?:failed|timed out)", err["msg"])
+            assert m and m.group(1) in OPS[scenario], (who, err["msg"])
+            g = members.index(victim)
+            # a shrunk default group numbers the world anew (as NCCL's); a reconfigured one keeps the peers' own
+            # global ranks (as gloo's)
+            glob = g if route == "shrink" else victim
+            assert re.search(rf"Peer rank {g} of the group \(global rank {glob}, pid \d+ on this host\) has "
+                             "exited\\.", err["msg"]), (who, err["msg"])
+            members.remove(victim)
+        _assert_same_state(out["state"], reference[r], f"stable {r}")
