@@ -1,4 +1,7 @@
-"""Suite-wide pytest hooks.
+"""Suite-wide settings and pytest hooks.
+
+``python -m pytest`` in any of funcoll's environments runs the suite as ``./dev test`` does: the settings ``./dev``
+exports are set here, before torch is imported (a value already set wins, as in ``./dev``).
 
 ``./dev test`` runs the suite once per environment (torch 2.9 + torch_xla, newest torch) and prints one closing
 line over all of them: each run appends its counts to the file named by ``FUNCOLL_COUNTS``.
@@ -6,8 +9,22 @@ line over all of them: each run appends its counts to the file named by ``FUNCOL
 
 import os
 
-import pytest
-import torch
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# what ./dev exports (tests/tooling/test_suite_env.py checks the two agree), set before torch is imported: torch
+# autoloads device backends at import (TorchTPU is one: the suite runs as on a machine without them, and the TorchTPU
+# tests load it themselves in fresh interpreters); libtpu would otherwise spend minutes asking a cloud metadata server
+# that is not there; torch_xla runs on the CPU PJRT device; output is unbuffered
+SUITE_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "TPU_SKIP_MDS_QUERY": "1", "PJRT_DEVICE": "CPU",
+             "PYTHONUNBUFFERED": "1"}
+for _k, _v in SUITE_ENV.items():
+    os.environ.setdefault(_k, _v)
+# this checkout first on the path of every process the tests start (pytest puts it on this process's path itself)
+if ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def pytest_report_header(config):
