@@ -6,7 +6,9 @@ before funcoll is imported).
 in the repository, which imports ``tests.xla.xla_cases``, calls ``funcoll_worlds(["4:1"])`` and writes what it
 returns as JSON to a file the parent reads back (what it prints goes to the test's stdout). ``run_all`` starts
 several runs at once. A run that exits with an error fails the test with the end of its stderr; what is still running
-at the timeout (the run and any process it started) is killed.
+at the timeout (the run and any process it started) is killed. ``path=[...]`` gives a run that must not see this
+checkout (funcoll installed from its wheel) exactly that import path, started outside the checkout; its targets are
+then files (``"/path/to/cases.py:function"``).
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ from typing import Hashable, Mapping, Optional, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(target: str, *args, env: Optional[Mapping[str, Optional[str]]] = None, timeout: float = 600):
+def run(target: str, *args, env: Optional[Mapping[str, Optional[str]]] = None, timeout: float = 600,
+        path: Optional[Sequence[str]] = None):
     """``target`` ("module:function") called with ``args`` (JSON values) in a fresh interpreter; returns its result
     as JSON gives it back (tuples become lists, dict keys strings). ``env`` sets (None: removes) environment
-    variables of the run."""
-    return run_all({0: (target, *args)}, env, timeout)[0]
+    variables of the run; ``path``: its whole import path instead of this checkout (see the module's docstring)."""
+    return run_all({0: (target, *args)}, env, timeout, path)[0]
 
 
 def run_all(runs: Mapping[Hashable, Sequence], env: Optional[Mapping[str, Optional[str]]] = None,
-            timeout: float = 600) -> dict:
+            timeout: float = 600, path: Optional[Sequence[str]] = None) -> dict:
     """``runs``: key -> (target, *args), every run started at once. Returns key -> its result, as :func:`run`;
     ``timeout`` counts from the start of the runs."""
-    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    pythonpath = [ROOT, os.environ.get("PYTHONPATH")] if path is None else list(path)
+    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, pythonpath)))
     for k, v in (env or {}).items():
         if v is None:
             child_env.pop(k, None)
@@ -48,9 +52,12 @@ def run_all(runs: Mapping[Hashable, Sequence], env: Optional[Mapping[str, Option
                 out = os.path.join(tmp, str(i))
                 with open(out + ".err", "w") as err:  # a file, not a pipe: a run never waits for the parent to read
                     # a session of its own: the run and what it starts are killed together
+                    # outside the checkout (path given), this file is run by its location: "-m tests.fresh" and a
+                    # script's own directory would put the checkout on the run's path
+                    main = ["-m", "tests.fresh"] if path is None else ["-c", _BY_LOCATION]
                     procs[key] = out, subprocess.Popen(
-                        [sys.executable, "-m", "tests.fresh", out, target, json.dumps(args)], cwd=ROOT, env=child_env,
-                        stderr=err, start_new_session=True)
+                        [sys.executable, *main, out, target, json.dumps(args)], cwd=ROOT if path is None else tmp,
+                        env=child_env, stderr=err, start_new_session=True)
             results = {}
             for key, (out, p) in procs.items():
                 what = " ".join(map(str, runs[key]))
@@ -70,11 +77,22 @@ def run_all(runs: Mapping[Hashable, Sequence], env: Optional[Mapping[str, Option
     return results
 
 
+_BY_LOCATION = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
+
+
 def _main(out: str, target: str, args: str) -> None:
     import importlib
+    import importlib.util
 
-    module, function = target.split(":")
-    result = getattr(importlib.import_module(module), function)(*json.loads(args))
+    module, function = target.rsplit(":", 1)
+    if module.endswith(".py"):  # a file, imported by its location (a run that does not see the checkout)
+        spec = importlib.util.spec_from_file_location(os.path.basename(module)[:-3], module)
+        assert spec is not None and spec.loader is not None, f"cannot import {module}"
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(module)
+    result = getattr(mod, function)(*json.loads(args))
     with open(out, "w") as f:
         json.dump(result, f)
 

@@ -22,7 +22,10 @@ __all__ = ["register_backend", "patch_monitored_barrier"]
 
 def _create(dist_backend_opts, backend_options=None) -> ProcessGroupFuncoll:
     o = dist_backend_opts
-    world = dist.get_world_size() if dist.is_initialized() else o.group_size
+    # c10d names no ranks for a group that is a world of its own: the default group, and a group made by
+    # _new_process_group_helper(..., global_ranks_in_group=[], ...) beside an existing default group (the weight-update
+    # groups of sglang and OpenRLHF, whose ranks are not the default group's)
+    world = dist.get_world_size() if dist.is_initialized() and o.global_ranks_in_group else o.group_size
     opts = backend_options if isinstance(backend_options, Options) else None
     return ProcessGroupFuncoll(o.store, o.group_rank, o.group_size, o.timeout, group_name=o.group_id,
                                global_ranks=tuple(o.global_ranks_in_group), world_size=world, options=opts,
@@ -151,6 +154,8 @@ def _patch_shrink() -> None:
 
 
 def register_backend() -> None:
+    """Registers the backend "funcoll": run by ``import funcoll``, and torch >= 2.14's registrar of funcoll's
+    ``torch.distributed.backends`` entry point (pyproject.toml), called once a backend string names funcoll."""
     if "FUNCOLL" in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "xla", "xpu"])

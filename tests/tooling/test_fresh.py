@@ -31,3 +31,17 @@ def test_the_timeout_kills_the_run_and_what_it_started(tmp_path):
             return
         time.sleep(0.1)
     pytest.fail(f"the process the run started ({pid}) is still alive")
+
+
+def test_a_run_given_a_path_sees_that_path_and_not_the_checkout(tmp_path):
+    """``path=[...]``: the run's import path is exactly that (and the standard library), it starts outside the
+    checkout, and its target is a file imported by its location."""
+    (tmp_path / "probe.py").write_text(
+        "import importlib.util, os, sys\n\n\ndef where():\n"
+        "    return {'path': sys.path, 'cwd': os.getcwd(), 'funcoll': importlib.util.find_spec('funcoll') is not None,"
+        " 'tests': importlib.util.find_spec('tests') is not None}\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    got = fresh.run(f"{tmp_path / 'probe.py'}:where", path=[str(site)], timeout=60)
+    assert got["funcoll"] is False and got["tests"] is False
+    assert str(site) in got["path"] and fresh.ROOT not in got["path"] and not got["cwd"].startswith(fresh.ROOT)

@@ -9,7 +9,7 @@ then (tests/torchtpu/torchtpu_cases.py ``torch_tpu_main``):
 * funcoll's kernels on the PrivateUse1 key reached by redispatching CPU tensors to it, on a 1-rank gloo group under
   ``FUNCOLL_PROFILE=torchtpu``: the strategies of the TorchTPU table run; after ``uninstall`` they no longer do.
 
-Needs torch_tpu (the ``latest`` environment); skipped elsewhere. No real ``tpu`` tensor is made in this process.
+Needs torch_tpu (the ``torchtpu`` environment); skipped elsewhere. No real ``tpu`` tensor is made in this process.
 """
 
 import importlib.util
@@ -20,7 +20,7 @@ from tests import fresh
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch_tpu") is None,
                                 reason="torch_tpu is not installed in this environment (TorchTPU needs torch "
-                                       "2.11-2.15: the 'latest' environment has it)")
+                                       "2.11-2.15: the 'torchtpu' environment has it)")
 
 # the graph as funcoll.testing.render_graph prints it (one node per line; long lines are the nodes)
 GRAPH = """\
