@@ -11,9 +11,10 @@ import time
 import torch
 
 from funcoll import algorithms
+from funcoll.entry import peers
 from funcoll.entry.errors import CollectiveError
 from funcoll.entry.fingerprint import ALIASES, fingerprint
-from funcoll.entry.work import NativeWork, failure
+from funcoll.entry.work import ERROR, NativeWork, failure
 from funcoll.transport import wait_quietly
 
 __all__ = ["FAST", "FULL", "issuing_error"]
@@ -26,10 +27,15 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _C = torch._C._distributed_c10d
 
 
-def issuing_error(call, e: Exception) -> CollectiveError:
-    """The error for a backend that failed while issuing ``call`` (recorded as failed), naming the collective."""
+def issuing_error(call, e: Exception, state) -> CollectiveError:
+    """The error for a backend that failed while issuing ``call`` (recorded as failed), naming the collective and the
+    group's peers whose process has exited (funcoll.entry.peers; a receive that blocks while it is issued, as the xccl
+    profile's, fails here)."""
     call.failed(e)
-    return CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}")
+    gone, exited = peers.lost(state, e)
+    if exited:
+        state.error = ERROR.REMOTE_ERROR
+    return CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}{gone}")
 
 
 def _plan(pg, st, row, args, tp, key: tuple, plan, request: tuple):
@@ -74,7 +80,7 @@ def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request):
     except Exception as e:  # noqa: BLE001 - re-raised naming the collective
         call = st.trace.promote(rec)
         if not blocking:
-            raise issuing_error(call, e) from e
+            raise issuing_error(call, e, st) from e
         call.timeout = st.timeout_s
         raise failure(call, st.trace, e, st) from e
     rec.t_done = _now()

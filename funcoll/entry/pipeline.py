@@ -112,7 +112,7 @@ def _failed(st, call, e: Exception, numbered: bool) -> Exception:
     if isinstance(e, _VALIDATION + (CollectiveError,)):
         call.failed(e)
         return e
-    err = issuing_error(call, e)
+    err = issuing_error(call, e, st)
     if not numbered:
         st.trace.keep(call)
     return err

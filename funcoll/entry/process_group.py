@@ -84,6 +84,7 @@ class ProcessGroupFuncoll(ProcessGroup):
                                 global_ranks_in_group=ranks)
         self._world_size = world_size if world_size is not None else size
         self._transports: Dict[str, Transport] = {}
+        self._aborted: List[Transport] = []  # transports an abort stopped: shut down with the group
         self._lock = threading.Lock()
         self._coalesced: Optional[list] = None  # the Works issued since _start_coalescing
         self._batch: Optional[algorithms.Batch] = None  # the point-to-point operations held since _start_coalescing
@@ -493,11 +494,16 @@ class ProcessGroupFuncoll(ProcessGroup):
         """Nothing to do: funcoll keeps no Work alive after handing it to the caller."""
 
     def _stop_transports(self, how: str) -> None:
-        """Drops the transports and stops each one: ``how`` is "shutdown" or "abort" (:meth:`Transport.abort`)."""
+        """Stops the transports: "abort" aborts them (:meth:`Transport.abort`) and keeps them for the shutdown,
+        "shutdown" shuts down every one the group made since the last."""
         with self._lock:
-            transports, self._transports = dict(self._transports), {}
+            transports, self._transports = list(self._transports.values()), {}
+            if how == "abort":
+                self._aborted += transports
+            else:
+                transports, self._aborted = transports + self._aborted, []
         self._state.guard_backend = None  # the size guard's CPU backend
-        for tp in transports.values():
+        for tp in transports:
             with contextlib.suppress(RuntimeError):  # already shut down or aborted
                 tp.abort() if how == "abort" else tp.shutdown()
 

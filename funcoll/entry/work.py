@@ -26,9 +26,9 @@ from funcoll.transport import wait_quietly
 from funcoll.transport.c10d import BackendWait, is_wait_timeout, track_callbacks
 
 _now = time.time
-_ERROR = torch._C._distributed_c10d.ErrorType
+ERROR = torch._C._distributed_c10d.ErrorType  # c10d's Backend.get_error() values
 
-__all__ = ["FuncollWork", "NativeWork", "failure"]
+__all__ = ["FuncollWork", "NativeWork", "failure", "ERROR"]
 
 
 class _Work(Work):
@@ -232,7 +232,7 @@ def failure(call: Optional[flight_recorder.Call], trace: Optional[flight_recorde
         err = cls(f"funcoll: {label} {what}{tt}: {backend_message(e)}{gone}" + recent(call, trace, dump=timeout))
         err.__cause__ = e
         if state is not None:  # Backend.get_error
-            state.error = _ERROR.REMOTE_ERROR if exited else _ERROR.TIMEOUT if timeout else _ERROR.COMM_ERROR
+            state.error = ERROR.REMOTE_ERROR if exited else ERROR.TIMEOUT if timeout else ERROR.COMM_ERROR
     if call is not None:
         call.failed(e)
     return err

@@ -48,13 +48,14 @@ class GlooTransport(C10dTransport):
 
     def abort(self) -> None:
         """Closes every connection of the backend: its operations in flight fail at once, and its peers' with them."""
-        if self.size > 1:
-            for i in range(_CONTEXTS):
+        peers = [(self.rank + k) % self.size for k in range(1, self.size)]
+        for i in range(_CONTEXTS if peers else 0):
+            for peer in peers:  # a connection that already failed (a dead peer's) raises at once: the next one
                 try:
-                    self.backend.recv([torch.empty(1)], (self.rank + 1) % self.size, _ABORT_TAG + i).wait(
-                        _ABORT_WAIT)
-                except RuntimeError:  # the 1 ms ran out: the context's connections are closed (or were already)
-                    pass
+                    self.backend.recv([torch.empty(1)], peer, _ABORT_TAG + i).wait(_ABORT_WAIT)
+                except RuntimeError as e:
+                    if "Timed out waiting" in str(e):  # the 1 ms ran out: every connection of the context closed
+                        break
         super().abort()
 
 

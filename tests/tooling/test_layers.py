@@ -41,7 +41,7 @@ ALLOWED = {
     "entry/group_state": ("entry/peers", "entry/flight_recorder"),
     "entry/checks": ("transport", "entry/errors", "entry/flight_recorder", "entry/fingerprint", "entry/group_state"),
     "entry/work": ("transport", "transport/c10d", "algorithms", "entry/errors", "entry/peers", "entry/flight_recorder"),
-    "entry/fast_path": ("transport", "algorithms", "entry/errors", "entry/fingerprint", "entry/work"),
+    "entry/fast_path": ("transport", "algorithms", "entry/errors", "entry/peers", "entry/fingerprint", "entry/work"),
     "entry/pipeline": ("semantics", "transport", "algorithms", "entry/errors", "entry/flight_recorder",
                        "entry/fingerprint", "entry/checks", "entry/work", "entry/fast_path"),
     "entry/process_group": ("semantics", "transport", "transport/c10d", "transport/registry", "algorithms",

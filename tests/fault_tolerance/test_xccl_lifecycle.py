@@ -1,0 +1,107 @@
+"""The XPU profile tells the truth about recovery: under ``FUNCOLL_PROFILE=xccl``, ``FUNCOLL_XCCL_LIFECYCLE=oneccl``
+makes the CPU transport's abort and teardown what ProcessGroupXCCL's are today -- ``abort()`` interrupts nothing
+(ProcessGroupXCCL overrides neither ``abort()`` nor ``shutdown()``: intel/torch-xpu-ops#5071, open), and destroying
+a group blocks while a peer of it has not torn it down too (vllm-project/vllm#57374) -- so the routes that need them
+show what they do on XPU: the in-flight collective runs on to the group's timeout, ``shrink_group`` waits for the old
+group's teardown. Without the switch the same calls end at once (tests/fault_tolerance/test_abort.py). The route that
+still works on XPU, the Baby group (a subprocess killed), is tested with funcoll.torchft's classes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from funcoll.launch import spawn_world
+
+GROUP_TIMEOUT = 4.0
+ONECCL = {"FUNCOLL_XCCL_LIFECYCLE": "oneccl"}
+needs_2_15 = pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="dist.shrink_group is torch >= 2.15")
+
+
+def _rank_abort_and_teardown(rank, world):
+    """Rank 0 aborts a group 0.5 s into a collective rank 1 never joins; then rank 0 destroys a second group 0.5 s
+    before rank 1 does (rank 1 alive all along): how long each took."""
+    import torch.distributed.distributed_c10d as c10d
+
+    out = {}
+    g = dist.new_group(backend="funcoll", timeout=timedelta(seconds=GROUP_TIMEOUT))
+    if rank == 0:
+        t0 = time.monotonic()
+        threading.Timer(0.5, g.abort).start()
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+            out["abort"] = ("returned", time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001
+            out["abort"] = (type(e).__name__, time.monotonic() - t0, str(e))
+    dist.barrier()
+    h = dist.new_group(backend="funcoll", timeout=timedelta(seconds=GROUP_TIMEOUT))
+    dist.all_reduce(torch.ones(1), group=h)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(1.5)
+    t0 = time.monotonic()
+    c10d.destroy_process_group(h)
+    out["teardown"] = time.monotonic() - t0
+    return out
+
+
+@pytest.mark.parametrize("lifecycle", ["oneccl", "funcoll"])
+def test_under_oneccl_abort_interrupts_nothing_and_teardown_waits_for_the_peer(lifecycle):
+    env = ONECCL if lifecycle == "oneccl" else {"FUNCOLL_XCCL_LIFECYCLE": None}
+    results, codes, hung = spawn_world("tests.fault_tolerance.test_xccl_lifecycle:_rank_abort_and_teardown", 2,
+                                       "xccl", deadline=120, coll_timeout=30, env=env)
+    assert not hung and codes == [0, 0], (codes, results)
+    r0, r1 = results[0][1], results[1][1]
+    kind, secs = r0["abort"][:2]
+    if lifecycle == "oneccl":
+        # the collective ran on to gloo's timeout, as XCCL's would run on: the abort changed nothing
+        assert kind == "CollectiveAbortedError" and secs > GROUP_TIMEOUT - 0.5, r0["abort"]
+        assert "Timed out waiting 4000ms" in r0["abort"][2], r0["abort"]
+        # rank 0's teardown returned once rank 1, 1.5 s later, tore the group down too
+        assert 1.0 < r0["teardown"] < GROUP_TIMEOUT, r0["teardown"]
+    else:
+        assert kind == "CollectiveAbortedError" and secs < 1.5, r0["abort"]
+        assert r0["teardown"] < 0.5, r0["teardown"]
+    assert r1["teardown"] < 0.5, r1["teardown"]
+
+
+def _rank_shrink_after_a_loss(rank, world):
+    """Rank 2 dies before a collective; the survivors shrink the default group and run one: how long that took."""
+    import os
+    import signal
+
+    import torch.distributed.distributed_c10d as c10d
+
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(2))
+    except Exception as e:  # noqa: BLE001
+        failed = type(e).__name__
+    t0 = time.monotonic()
+    dist.shrink_group([2], shrink_flags=c10d.SHRINK_ABORT)
+    t = torch.ones(2) * (rank + 1)
+    dist.all_reduce(t)
+    return {"failed": failed, "recovered": time.monotonic() - t0, "sum": t.tolist()}
+
+
+@needs_2_15
+@pytest.mark.parametrize("lifecycle", ["oneccl", "funcoll"])
+def test_under_oneccl_shrink_group_waits_out_the_old_groups_teardown(lifecycle):
+    env = ONECCL if lifecycle == "oneccl" else {"FUNCOLL_XCCL_LIFECYCLE": None}
+    results, codes, hung = spawn_world("tests.fault_tolerance.test_xccl_lifecycle:_rank_shrink_after_a_loss", 3,
+                                       "xccl", deadline=120, coll_timeout=GROUP_TIMEOUT, env=env)
+    assert not hung and codes[:2] == [0, 0] and codes[2] == -9, (codes, results)
+    for r in (0, 1):
+        out = results[r][1]
+        assert out["failed"] in ("CollectiveError", "CollectiveTimeoutError") and out["sum"] == [3.0, 3.0], out
+        if lifecycle == "oneccl":  # the dead rank never tears the old group down: its teardown waits the timeout
+            assert out["recovered"] > GROUP_TIMEOUT - 0.5, out
+        else:
+            assert out["recovered"] < 2.0, out
