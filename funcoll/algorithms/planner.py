@@ -11,7 +11,8 @@ Reductions (planned here):
                          matching op, else a count of the Trues (a narrow integer SUM) and one compare
 * AVG                 -> SUM then divide (fp16/bf16 summed in float32: as a float32 reduce_scatter and an all_gather
                          in the tensor's dtype where the transport has both, 1.5x the bytes of a native all_reduce
-                         instead of 2x; integers summed in int64, then divided with truncation, like NCCL)
+                         instead of 2x; integers summed exactly in int64, then divided with truncation toward
+                         zero: NCCL's rounding, not NCCL's sum, which wraps in an 8- to 32-bit dtype)
 * PREMUL_SUM          -> scale then SUM
 * unsigned 16/32/64   -> the signed dtype of the same width (MIN/MAX with the sign bit flipped)
 * narrow dtypes       -> widen (int8/uint8/int16 -> int32 or int64, fp16/bf16 -> float32), reduce, narrow

@@ -127,7 +127,9 @@ XCCL_FACTS = table(
          by_version=(("2.9", "AVG handed to ccl reduce unchecked"),),
          unknown="whether oneCCL 2022.x added AVG to Reduce: the strategy"),
     Fact("avg_int", "ReduceOp.AVG on integer dtypes",
-         strategy="int64 SUM, then truncating divide (NCCL semantics)",
+         strategy="the exact sum (int64), divided with truncation toward zero: NCCL truncates too but sums in the "
+                  "dtype (FuncSumPostDiv), so where an 8- to 32-bit sum wraps (int8 AVG of [100, 100]: NCCL -28) "
+                  "funcoll gives the exact mean (100); int64 sums wrap in both",
          source="the integer semantics of onecclAvg are undocumented (an enum value only, oneCCL 2022.2 "
                 "include/oneapi/ccl/v2/types.h:162); bool AVG is a TypeError (xccl.h:199-207)",
          by_version=(("2.9", "ccl avg with an integer datatype (builds against oneCCL < 2021.15: div_ on an integer "
@@ -198,8 +200,22 @@ XCCL_FACTS = table(
          strategy="moved as a uint8 view (no copy); reductions are a TypeError in funcoll's semantics",
          source="float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz map to ccl uint8 for non-reducing ops (xccl.h:106-110); "
                 "reductions raise 'Float8 dtypes are not currently supported for XCCL reductions' (:179-183); no "
-                "float8_e8m0fnu",
+                "float8_e8m0fnu (the mx fact)",
          by_version=(("2.9", "moved as uint8; reductions raise"),)),
+    Fact("mx", "the two halves of an MX tensor: float8_e8m0fnu (scales) and float4_e2m1fn_x2 (packed fp4 pairs)",
+         strategy="moved as their uint8 view from the first step, every local copy a uint8 one (torch 2.9 copies no "
+                  "float4_e2m1fn_x2); reductions are a TypeError in funcoll's semantics",
+         source="intel/torch-xpu-ops#5240 (merged 2026-09-18) maps both to onecclUint8 for non-reducing ops, as the "
+                "fp8 types already are; before it neither is in xcclDatatypes (xccl.h:96-111 at ab84f925, release/2.14 "
+                "at a4c530f0): TypeError 'Input tensor data type is not supported for XCCL process group' (:184-189); "
+                "funcoll hands XCCL their uint8 view on every version: the bytes and the one call #5240 makes",
+         by_version=(("2.9", "raises TypeError (not in xcclDatatypes)"),
+                     ("2.15", "unknown: onecclUint8 for moves if torch's torch-xpu-ops pin includes #5240, else "
+                              "TypeError")),
+         unknown="which torch first pins a torch-xpu-ops with #5240: it merged on 2026-09-18, the last pin updates "
+                 "found are of 2026-09-09 and 2026-09-14 (pytorch/pytorch#196387, #196932), torch 2.15's branch was "
+                 "cut on 2026-10-05 (pytorch/pytorch#196028); funcoll needs no answer: its uint8 view is what #5240 "
+                 "sends, on every version"),
     Fact("uneven_all_to_all", "all_to_all_single with split sizes", overridable=_BOTH,
          strategy="n-1 rounds of pairwise send/recv, each message exactly its split (no agreement, no padding)",
          source="uneven all_to_all_single has returned wrong results on some GPUs (docs/design.md section 1; "
@@ -337,6 +353,9 @@ XCCL2_FACTS = table(
                   "uint8) only, else 'Unsupported tensor data type for XCCL' (TCXU:14-37)"),
     _xccl2("float8", "raises std::runtime_error, also on moves",
            source="no float8 dtype in the map, for moves too (TCXU:14-37): funcoll moves float8 as uint8 itself"),
+    _xccl2("mx", "raises std::runtime_error, also on moves",
+           source="neither float8_e8m0fnu nor float4_e2m1fn_x2 is in the map (TCXU:14-37): funcoll moves both as "
+                  "uint8 itself"),
     _xccl2("uneven_all_to_all", "one group of send/recv", _BOTH,
            source="all_to_all_v_single: one onecclGroupStart/End of send/recv, the own block copied "
                   "(TCX:1548-1711), the grouped path of ProcessGroupXCCL 2.11+ (intel/torch-xpu-ops#3021 open)"),
