@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import socket
+import warnings
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Callable, Dict, Mapping, Optional, Tuple
@@ -41,7 +42,8 @@ __all__ = ["XCCL_FACTS", "XCCL2_FACTS", "OPEN_REPORTS", "Report", "open_reports"
            "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
            "stack_versions", "build_version", "parse_override", "parse_topology", "measure_topology", "torch_row",
            "ENV_OVERRIDE", "ENV_ONECCL_VERSION", "ENV_ONECCL_BUILD_VERSION", "ENV_TOPOLOGY", "SCALE_UP", "SCALE_OUT",
-           "TOPOLOGIES", "TORCH_ROWS", "KNOWN_UNTIL"]
+           "TOPOLOGIES", "TORCH_ROWS", "KNOWN_UNTIL", "ALLOC_CONF_VARS", "expandable_segments",
+           "warn_expandable_segments"]
 
 R = ReduceOp
 ENV_OVERRIDE = "FUNCOLL_XPU_OVERRIDE"
@@ -665,14 +667,69 @@ def measure_topology(store, rank: int, size: int, timeout=None) -> str:
     return SCALE_UP if hosts == {host} else SCALE_OUT
 
 
+# -- what funcoll cannot fix, and warns about --------------------------------------------------------------------------
+# The variables torch's allocator configuration reads, in its order of precedence (the first one set wins): torch 2.9
+# reads PYTORCH_ALLOC_CONF, then PYTORCH_CUDA_ALLOC_CONF, then PYTORCH_HIP_ALLOC_CONF (c10/core/AllocatorConfig.cpp,
+# AcceleratorAllocatorConfig::instance; the names in 2.9.0's libc10.so); torch 2.15 reads PYTORCH_CUDA_ALLOC_CONF,
+# PYTORCH_HIP_ALLOC_CONF, then PYTORCH_ALLOC_CONF (measured with torch._C._accelerator_getAllocatorSettings). XPU's
+# caching allocator takes c10's shared configuration (c10/xpu/XPUCachingAllocator.h includes c10/core/
+# AllocatorConfig.h) and has expandable segments from torch 2.10 (pytorch/pytorch#166292); neither torch reads a
+# PYTORCH_XPU_ALLOC_CONF.
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+_EXPANDABLE = re.compile(r"expandable_segments\s*:\s*(True|False)")
+_warned_expandable = False
+
+
+def expandable_segments() -> Optional[Tuple[str, str]]:
+    """``(where, settings)`` when the XPU caching allocator runs with expandable segments: the allocator settings
+    torch itself read (``torch._C._accelerator_getAllocatorSettings()``, torch >= 2.10; the last
+    ``expandable_segments`` entry counts, as torch parses them) and the variable they came from (or "set at run time"
+    for ``torch._C._accelerator_setAllocatorSettings``); None when they are off, and on a torch without the call
+    (2.9, whose XPU allocator has no expandable segments). Reads the environment only through torch."""
+    read = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if read is None:
+        return None
+    try:
+        settings = read()
+    except Exception:
+        return None
+    found = _EXPANDABLE.findall(settings or "")
+    if not found or found[-1] != "True":
+        return None
+    where = " and ".join(v for v in ALLOC_CONF_VARS if os.environ.get(v) == settings) or "set at run time"
+    return where, settings
+
+
+def warn_expandable_segments() -> bool:
+    """Warns once per process when :func:`expandable_segments` is on (each XPU transport asks when it is made); whether
+    it warned now."""
+    global _warned_expandable
+    on = None if _warned_expandable else expandable_segments()
+    if on is None:
+        return False
+    _warned_expandable = True
+    where, settings = on
+    how = (f"torch._C._accelerator_setAllocatorSettings({settings!r})" if where == "set at run time" else
+           f"{where}={settings}")
+    warnings.warn(
+        f"funcoll: the XPU caching allocator runs with expandable segments ({how}); on Intel GPUs they "
+        f"have ended large XCCL all_reduces in UR_RESULT_ERROR_DEVICE_LOST and hung FSDP2 (intel/torch-xpu-ops#4427, "
+        f"open: Arc Pro B70 with the DLE 2026.1 runtime, not seen with DLE 2025.3). funcoll cannot fill this; if you "
+        f"see either, run without expandable_segments (docs/xpu.md, \"What funcoll cannot fix\")",
+        RuntimeWarning, stacklevel=3)
+    return True
+
+
 # -- the transport -----------------------------------------------------------------------------------------------------
 class XcclTransport(C10dTransport):
     """C10dTransport over a c10d XCCL backend, with small control tensors (e.g. uneven all_to_all's split sizes) on
-    the group's XPU device, never staged through the host, and the barrier bound to that device."""
+    the group's XPU device, never staged through the host, and the barrier bound to that device. The first one made in
+    a process warns when the XPU allocator runs with expandable segments (:func:`warn_expandable_segments`)."""
 
     def __init__(self, backend, caps: Capabilities, device=None, device_type: str = "xpu"):
         super().__init__(backend, caps, device_type)
         self._device = torch.device(device) if device is not None else None
+        warn_expandable_segments()
 
     @property
     def control_device(self) -> torch.device:
