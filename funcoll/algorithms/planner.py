@@ -25,6 +25,8 @@ Reductions (planned here):
 Moves (filled without a plan, in :mod:`funcoll.algorithms.move`):
 
 * unmovable dtypes    -> moved as raw bits of a dtype the backend moves (fp8, uint16/32/64, complex as its real view)
+* MX halves           -> float8_e8m0fnu and float4_e2m1fn_x2 moved as their uint8 view from the first step (free; every
+                         local copy a uint8 one: torch 2.9 copies no float4), on every transport
 * uneven all_to_all   -> pairwise send/recv where the transport sends messages of any size; else every split padded
                          to a bound every rank promised or to the largest split (agreed on with a tiny all_gather),
                          one even all_to_all, unpad

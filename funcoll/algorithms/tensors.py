@@ -1,6 +1,6 @@
-"""Local tensor steps the strategies share: contiguous staging, raw-bit views of dtypes a backend does not move, the
-integers of exact masked sums, in-place local reductions in rank order, integer division with truncation. Nothing
-here sends."""
+"""Local tensor steps the strategies share: contiguous staging, raw-bit views of dtypes a backend does not move (an MX
+tensor's halves as uint8 from a move's first step: :func:`_mx_as_bytes`), the integers of exact masked sums, in-place
+local reductions in rank order, integer division with truncation. Nothing here sends."""
 
 from __future__ import annotations
 

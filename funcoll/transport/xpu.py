@@ -22,7 +22,7 @@ import torch
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
-from funcoll.semantics import FLOAT8, ReduceOp
+from funcoll.semantics import FLOAT8, MX, ReduceOp
 from funcoll.transport import PRIMITIVES, Capabilities, active_profile_name
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.c10d import C10dTransport
@@ -563,9 +563,10 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
 
 def conservative_profile(torch_version=None) -> Capabilities:
     """``PROFILES["xccl"]`` (what ``FUNCOLL_PROFILE=xccl`` imposes on another transport): :func:`derive`'s row for the
-    running torch (or ``torch_version``) with an unknown oneCCL on the scale-out path, plus float8 moved as bytes."""
+    running torch (or ``torch_version``) with an unknown oneCCL on the scale-out path, plus the float8 dtypes XCCL moves
+    as bytes (not float8_e8m0fnu: the mx fact)."""
     d = derive(torch.__version__ if torch_version is None else torch_version, None, "", None)
-    return d.plain(name="xccl", dtypes=d.dtypes | FLOAT8,
+    return d.plain(name="xccl", dtypes=d.dtypes | (FLOAT8 - MX),
                    sources={**d.sources,
                             "xccl.fp8": "fp8 reductions raise (docs/design.md section 1); fp8 is moved as bytes"})
 

@@ -81,11 +81,15 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def warned():
-    runs = {name: ("tests.xpu.test_xpu_cannot_fix:transports",) for name in CASES}
-    got = {}
-    for name, (env, _) in CASES.items():  # one environment per run: several small batches
-        got.update(fresh.run_all({name: runs[name]}, env={**CLEAN, **env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-                                 timeout=180))
+    """Each case's warnings, from a fresh interpreter of its own environment (two at a time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name):
+        env = {**CLEAN, **CASES[name][0], "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        return fresh.run("tests.xpu.test_xpu_cannot_fix:transports", env=env, timeout=180)
+
+    with ThreadPoolExecutor(2) as pool:
+        got = dict(zip(CASES, pool.map(one, CASES)))
     if READS_SETTINGS:
         got["set at run time"] = fresh.run("tests.xpu.test_xpu_cannot_fix:transports", "expandable_segments:True",
                                            env={**CLEAN, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, timeout=180)
