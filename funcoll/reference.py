@@ -13,7 +13,7 @@ from typing import Callable, Dict
 
 import torch
 
-from funcoll.semantics import FLOAT8, UNSIGNED, ReduceOp, Reduction, check_reduction
+from funcoll.semantics import FLOAT4, FLOAT8, UNSIGNED, ReduceOp, Reduction, check_reduction
 
 PREMUL = 0.5  # the premul_sum factor every test uses
 BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
@@ -96,8 +96,9 @@ _INT_OPS: Dict[str, Callable] = {
     "band": lambda c: functools.reduce(operator.and_, c),
     "bor": lambda c: functools.reduce(operator.or_, c),
     "bxor": lambda c: functools.reduce(operator.xor, c),
-    # AVG of integers: the sum in int64 (wrapping, like NCCL's and funcoll's int64 accumulator), divided by the
-    # number of ranks with truncation toward zero (NCCL's rounding)
+    # AVG of integers, funcoll's rule: the sum in int64 (exact for every 8- to 32-bit dtype; an int64 sum wraps),
+    # divided by the number of ranks with truncation toward zero (NCCL's rounding: FuncSumPostDiv::divide). Not NCCL's
+    # answer where a narrower sum wraps: NCCL sums in the tensor's dtype (int8 AVG of [100, 100] is -28 there, 100 here)
     "avg": lambda c: _trunc_div(_wrap(sum(c), 64, True), len(c)),
 }
 _BOOL_OPS: Dict[str, Callable] = {"sum": any, "max": any, "bor": any, "product": all, "min": all, "band": all,
@@ -129,7 +130,7 @@ def reduce(op, inputs, factor=PREMUL) -> torch.Tensor:
 #         product is exact in the dtype: only the last rounding, or a strategy's float32 step, can differ);
 #   atol, "random" inputs: 4 * TOL[dtype] * n (each of the n - 1 roundings of a partial result can cost an ulp of
 #         the partial's magnitude, which cancellation can leave far above the result's).
-# One rank rounds nothing, and neither do MIN/MAX: exact. Integers, bool and float8: bit for bit.
+# One rank rounds nothing, and neither do MIN/MAX: exact. Integers, bool, float8 and float4: bit for bit.
 TOL = {torch.float32: 1e-5, torch.complex64: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2,
        torch.float64: 1e-12, torch.complex128: 1e-12}
 # torch.testing.assert_close's (rtol, atol) per dtype
@@ -151,11 +152,11 @@ def close(got: torch.Tensor, want: torch.Tensor, n: int = 1, op: str = "sum",
           values: str = "random") -> str | None:
     """None if ``got`` matches the reference ``want`` of ``op`` over ``n`` ranks (inputs made with ``values``),
     else what differs. The same dtype and shape; floating values within :func:`tolerance`, compared in
-    float64/complex128 (a zero tolerance: equal values); integers, bool and float8: equal bits."""
+    float64/complex128 (a zero tolerance: equal values); integers, bool, float8 and float4: equal bits."""
     got, want = got.detach().cpu(), want.detach().cpu()
     if got.dtype != want.dtype or got.shape != want.shape:
         return f"dtype/shape {got.dtype}{tuple(got.shape)} != {want.dtype}{tuple(want.shape)}"
-    if got.dtype in BITS or got.dtype in FLOAT8:  # as the signed integers of the same width
+    if got.dtype in BITS or got.dtype in FLOAT8 or got.dtype in FLOAT4:  # as the signed integers of the same width
         got, want = got.view(_SIGNED_OF_WIDTH[got.dtype.itemsize]), want.view(_SIGNED_OF_WIDTH[got.dtype.itemsize])
     if not (got.dtype.is_floating_point or got.dtype.is_complex):
         bad = got != want

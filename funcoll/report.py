@@ -89,6 +89,10 @@ def rows():
     yield "all_gather float32", ag(torch.float32)
     yield "all_gather uint16", ag(torch.uint16)
     yield "all_gather float8_e4m3fn", ag(torch.float8_e4m3fn)
+    mx = lambda dt, k=8: torch.zeros(k, dtype=torch.uint8).view(dt)  # noqa: E731  (torch 2.9 fills no float4)
+    yield "all_gather float4_e2m1fn_x2 (or float8_e8m0fnu: an MX tensor's halves)", lambda tp: (
+        algorithms.all_gather_into_tensor(tp, mx(torch.float4_e2m1fn_x2, 4 * n), mx(torch.float4_e2m1fn_x2, 4)))
+    yield "all_reduce sum float4_e2m1fn_x2", lambda tp: algorithms.all_reduce(tp, mx(torch.float4_e2m1fn_x2), "sum")
     sizes = [1, 2, 3, 2]  # rank r's output of a list reduce_scatter, input of a list all_gather
     yield "reduce_scatter list, uneven sizes", lambda tp: algorithms.reduce_scatter(
         tp, f(torch.float32, 1), [f(torch.float32, k) for k in sizes], "sum")

@@ -1,13 +1,14 @@
 """Inputs for checking that a collective moves bytes: tensors of floating dtypes holding arbitrary bit patterns, built
 from integers (never through float arithmetic, which can quiet a NaN), and a bit-for-bit comparison.
 
-For float8 a tensor holds every bit pattern of the width, in an order that depends on the rank and the salt; so do
-float16 and bfloat16 tensors unless a length is asked for. Otherwise (and for float32, float64, complex64 as float32
-pairs) it holds the IEEE 754 specials of both signs (zeros, the smallest and largest subnormals, the largest finite,
-inf, signalling NaNs with the smallest and the largest payload, the canonical quiet NaN and a quiet NaN with a
-payload), then random patterns: half of them NaNs with random payloads, half uniformly random bits. NCCL, gloo and
-MPI broadcast and scatter copy these bytes as they are; a sum in the float dtype would not (x86 quiets a signalling
-NaN, c10's float16/bfloat16 arithmetic goes through float32 and canonicalises NaN payloads).
+For float8 and float4_e2m1fn_x2 (one byte each) a tensor holds every bit pattern of the width, in an order that
+depends on the rank and the salt; so do float16 and bfloat16 tensors unless a length is asked for. Otherwise (and for
+float32, float64, complex64 as float32 pairs) it holds the IEEE 754 specials of both signs (zeros, the smallest and
+largest subnormals, the largest finite, inf, signalling NaNs with the smallest and the largest payload, the canonical
+quiet NaN and a quiet NaN with a payload), then random patterns: half of them NaNs with random payloads, half
+uniformly random bits. NCCL, gloo and MPI broadcast and scatter copy these bytes as they are; a sum in the float dtype
+would not (x86 quiets a signalling NaN, c10's float16/bfloat16 arithmetic goes through float32 and canonicalises NaN
+payloads).
 """
 
 from __future__ import annotations
@@ -60,8 +61,12 @@ def patterns(dtype: torch.dtype, rank: int, salt, numel=None) -> torch.Tensor:
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s bits as integers of its element size (complex: of its parts), on the host."""
-    t = t.detach().cpu().contiguous()
+    """``t``'s bits as integers of its element size (complex: of its parts), on the host (a one-byte dtype read as
+    uint8 first, in any layout: torch 2.9 copies no float4_e2m1fn_x2)."""
+    t = t.detach().cpu()
+    if t.element_size() == 1:
+        t = t.view(torch.uint8)
+    t = t.contiguous()
     if t.is_complex():
         t = torch.view_as_real(t)
     return t.view(INT_OF_SIZE[t.element_size()])

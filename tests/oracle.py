@@ -64,8 +64,12 @@ INTS_EVERY_BACKEND = (torch.int8, torch.uint8, torch.int32, torch.int64)  # in N
 INTS_NO_BACKEND = (torch.int16, torch.uint16, torch.uint32, torch.uint64)  # in none of them
 FLOAT8_OCP = (torch.float8_e4m3fn, torch.float8_e5m2)
 FLOAT8_OTHER = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu)
+# packed fp4 pairs (an MX tensor's data): no backend reduces them (NCCL's ncclDataType_t has no fp4 type; gloo's
+# GENERATE_ALL_TYPES and XCCL's xcclDatatypes have none either; intel/torch-xpu-ops#5240 maps it to uint8 "for
+# non-reduction ops")
+FLOAT4 = (torch.float4_e2m1fn_x2,)
 # every dtype the table decides for
-DTYPES = FLOATS + COMPLEX + INTS_EVERY_BACKEND + INTS_NO_BACKEND + (torch.bool,) + FLOAT8_OCP + FLOAT8_OTHER
+DTYPES = FLOATS + COMPLEX + INTS_EVERY_BACKEND + INTS_NO_BACKEND + (torch.bool,) + FLOAT8_OCP + FLOAT8_OTHER + FLOAT4
 
 Row = Tuple[str, torch.dtype, str]  # (collective, dtype, reduce op)
 

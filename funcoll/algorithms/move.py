@@ -1,6 +1,7 @@
 """The collectives that move data without reducing it: all_gather (tensor, coalesced and list forms), all_to_all
 (even, uneven, list form), broadcast, gather, scatter, send, recv and barrier, each filled from the primitives the
-transport has (:mod:`funcoll.algorithms.planner` lists the strategies); the even all_gather and all_to_all, and what
+transport has (:mod:`funcoll.algorithms.planner` lists the strategies), the halves of an MX tensor as their uint8 view
+(:func:`~funcoll.algorithms.tensors._mx_as_bytes`); the even all_gather and all_to_all, and what
 ``native_*_call`` answer, are in :mod:`funcoll.algorithms.reduce`."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from funcoll.algorithms.tensors import (
     _bits,
     _coalesced,
     _flat,
+    _mx_as_bytes,
     _offsets,
     _summable,
     _unflatten,
@@ -99,6 +101,7 @@ def native_barrier_call(tp: Transport) -> Optional[tuple]:
 
 # -- all_gather --------------------------------------------------------------------------------------------------------
 @_entry
+@_mx_as_bytes
 def all_gather_into_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:
     shape = semantics.check_all_gather("all_gather_into_tensor", out, inp, tp.size)
     if out.numel() == 0:
@@ -108,6 +111,7 @@ def all_gather_into_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor) 
 
 
 @_entry
+@_mx_as_bytes
 def all_gather_into_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor],
                                      inps: Sequence[torch.Tensor]) -> Pending:
     """One flat buffer per dtype, one all_gather each."""
@@ -232,6 +236,7 @@ def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> P
 
 
 @_entry
+@_mx_as_bytes
 def all_to_all_single(tp: Transport, out: torch.Tensor, inp: torch.Tensor, output_split_sizes=None,
                input_split_sizes=None) -> Pending:
     # whether split sizes are passed is part of the call every rank shares (as NCCL's and gloo's alltoall_base read
@@ -256,6 +261,7 @@ def _bc(tp: Transport, t: torch.Tensor, src: int) -> Pending:
 
 
 @_entry
+@_mx_as_bytes
 def broadcast(tp: Transport, tensor: torch.Tensor, src: int) -> Pending:
     semantics.check_root("broadcast", "src", src, tp.size)
     if tensor.numel() == 0:
@@ -264,6 +270,7 @@ def broadcast(tp: Transport, tensor: torch.Tensor, src: int) -> Pending:
 
 
 @_entry
+@_mx_as_bytes
 def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Tensor, dst: int) -> Pending:
     semantics.check_root("gather", "dst", dst, tp.size)
     if tp.rank == dst:
@@ -295,6 +302,7 @@ def gather(tp: Transport, outs: Optional[Sequence[torch.Tensor]], inp: torch.Ten
 
 
 @_entry
+@_mx_as_bytes
 def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tensor]], src: int) -> Pending:
     semantics.check_root("scatter", "src", src, tp.size)
     if tp.rank == src:
@@ -323,6 +331,7 @@ def scatter(tp: Transport, out: torch.Tensor, inps: Optional[Sequence[torch.Tens
 
 # -- point-to-point and barrier ----------------------------------------------------------------------------------------
 @_entry
+@_mx_as_bytes
 def send(tp: Transport, tensor: torch.Tensor, dst: int, tag: int = 0) -> Pending:
     semantics.check_root("send", "dst", dst, tp.size)
     if dst == tp.rank:
@@ -331,6 +340,7 @@ def send(tp: Transport, tensor: torch.Tensor, dst: int, tag: int = 0) -> Pending
 
 
 @_entry
+@_mx_as_bytes
 def recv(tp: Transport, tensor: torch.Tensor, src: int, tag: int = 0) -> Pending:
     semantics.check_root("recv", "src", src, tp.size)
     if src == tp.rank:
@@ -353,6 +363,7 @@ def barrier(tp: Transport) -> Pending:
 
 # -- list forms of the eager API (allgather, alltoall with tensor lists) -----------------------------------------------
 @_entry
+@_mx_as_bytes
 def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> Pending:
     """``dist.all_gather``: every rank's ``inp`` lands in ``outs[rank]``; ``outs[r]`` has rank r's input size, which may
     differ per rank (as NCCL and XCCL serve the list form)."""
@@ -383,6 +394,7 @@ def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -
 
 
 @_entry
+@_mx_as_bytes
 def all_to_all(tp: Transport, outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor]) -> Pending:
     """``dist.all_to_all``: ``inps[j]`` goes to rank j and lands in its ``outs[rank]``; sizes may differ."""
     n = tp.size

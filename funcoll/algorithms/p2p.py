@@ -50,9 +50,13 @@ def batch_isend_irecv(tp: Transport, ops: Sequence[P2P]) -> Pending:
     copies = []  # (a receive's tensor, its contiguous stand-in)
     issued = []
     for op in ops:
-        t = op.tensor.contiguous()
-        if not op.send and t is not op.tensor:
-            copies.append((op.tensor, t))
+        mine = op.tensor
+        if mine.dtype in semantics.MX:  # as move.send and move.recv: its uint8 view
+            _note(f"{mine.dtype} moved as {torch.uint8}")
+            mine = mine.view(torch.uint8)
+        t = mine.contiguous()
+        if not op.send and t is not mine:
+            copies.append((mine, t))
         issued.append(op._replace(tensor=_bits(t, tp.caps)))
     if not issued:
         return Pending()

@@ -11,7 +11,8 @@ Reductions (planned here):
                          matching op, else a count of the Trues (a narrow integer SUM) and one compare
 * AVG                 -> SUM then divide (fp16/bf16 summed in float32: as a float32 reduce_scatter and an all_gather
                          in the tensor's dtype where the transport has both, 1.5x the bytes of a native all_reduce
-                         instead of 2x; integers summed in int64, then divided with truncation, like NCCL)
+                         instead of 2x; integers summed exactly in int64, then divided with truncation toward
+                         zero: NCCL's rounding, not NCCL's sum, which wraps in an 8- to 32-bit dtype)
 * PREMUL_SUM          -> scale then SUM
 * unsigned 16/32/64   -> the signed dtype of the same width (MIN/MAX with the sign bit flipped)
 * narrow dtypes       -> widen (int8/uint8/int16 -> int32 or int64, fp16/bf16 -> float32), reduce, narrow
@@ -24,6 +25,8 @@ Reductions (planned here):
 Moves (filled without a plan, in :mod:`funcoll.algorithms.move`):
 
 * unmovable dtypes    -> moved as raw bits of a dtype the backend moves (fp8, uint16/32/64, complex as its real view)
+* MX halves           -> float8_e8m0fnu and float4_e2m1fn_x2 moved as their uint8 view from the first step (free; every
+                         local copy a uint8 one: torch 2.9 copies no float4), on every transport
 * uneven all_to_all   -> pairwise send/recv where the transport sends messages of any size; else every split padded
                          to a bound every rank promised or to the largest split (agreed on with a tiny all_gather),
                          one even all_to_all, unpad

@@ -1,9 +1,10 @@
-"""Local tensor steps the strategies share: contiguous staging, raw-bit views of dtypes a backend does not move, the
-integers of exact masked sums, in-place local reductions in rank order, integer division with truncation. Nothing
-here sends."""
+"""Local tensor steps the strategies share: contiguous staging, raw-bit views of dtypes a backend does not move (an MX
+tensor's halves as uint8 from a move's first step: :func:`_mx_as_bytes`), the integers of exact masked sums, in-place
+local reductions in rank order, integer division with truncation. Nothing here sends."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Callable, Dict, Sequence
@@ -11,7 +12,7 @@ from typing import Callable, Dict, Sequence
 import torch
 
 from funcoll.algorithms.pending import Pending, _note
-from funcoll.semantics import ReduceOp
+from funcoll.semantics import MX, ReduceOp
 
 R = ReduceOp
 
@@ -56,6 +57,50 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     _note(f"{t.dtype} moved as bytes")  # every backend moves bytes
     # rows of bytes, one per element of dim 0 (also of 0 elements, also of a 1-D tensor): split sizes still count rows
     return t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8)
+
+
+def _dtypes(x, seen: set) -> None:
+    """The dtypes of the tensors in ``x`` (a tensor, or lists, tuples and dicts of them), added to ``seen``."""
+    if isinstance(x, torch.Tensor):
+        seen.add(x.dtype)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _dtypes(y, seen)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _dtypes(y, seen)
+
+
+def _as_uint8(x):
+    """``x`` (as :func:`_dtypes` walks it) with every tensor its uint8 view (one byte per element: any layout views)."""
+    if isinstance(x, torch.Tensor):
+        return x.view(torch.uint8)
+    if isinstance(x, list):
+        return [_as_uint8(y) for y in x]
+    if isinstance(x, tuple):
+        return tuple(_as_uint8(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _as_uint8(y) for k, y in x.items()}
+    return x
+
+
+def _mx_as_bytes(fn):
+    """A collective that moves data (no reduction) run on uint8 views when every tensor it is handed is of one MX
+    dtype (``semantics.MX``: float8_e8m0fnu, float4_e2m1fn_x2): the same bytes on the wire, every local copy a uint8
+    copy (torch 2.9 copies no float4_e2m1fn_x2: '"copy_kernel" not implemented'), the backend handed uint8, as
+    ProcessGroupXCCL maps them from intel/torch-xpu-ops#5240 (onecclUint8). A call that mixes dtypes runs as it is,
+    for the validation to refuse with the dtypes it was given."""
+
+    @functools.wraps(fn)
+    def wrapper(tp, *args, **kwargs):
+        seen: set = set()
+        _dtypes((args, kwargs), seen)
+        if len(seen) == 1 and next(iter(seen)) in MX:
+            _note(f"{next(iter(seen))} moved as {torch.uint8}")
+            args, kwargs = _as_uint8(args), _as_uint8(kwargs)
+        return fn(tp, *args, **kwargs)
+
+    return wrapper
 
 
 _IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {

@@ -10,9 +10,9 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["ReduceOp", "Reduction", "parse_reduction", "check_reduction", "check_all_gather", "check_reduce_scatter",
-           "check_all_to_all", "check_root", "check_layout", "check_same_tensor", "check_rank_list", "dtype_kind",
-           "dtype_name", "ranks_text", "gathered_shape"]
+__all__ = ["ReduceOp", "Reduction", "FLOAT8", "FLOAT4", "MX", "parse_reduction", "check_reduction",
+           "check_all_gather", "check_reduce_scatter", "check_all_to_all", "check_root", "check_layout",
+           "check_same_tensor", "check_rank_list", "dtype_kind", "dtype_name", "ranks_text", "gathered_shape"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -35,6 +35,11 @@ _BY_NAME = {**{o.value: o for o in ReduceOp}, "mul": ReduceOp.PRODUCT, "prod": R
             "or": ReduceOp.BOR, "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
 FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
                                                "float8_e8m0fnu") if hasattr(torch, n))
+FLOAT4 = frozenset(getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n))  # two fp4 values per byte
+# the two halves of an MX tensor (torchao's MXTensor: packed fp4 pairs ``qdata`` and e8m0 ``scale``), one byte per
+# element: collectives move them as their uint8 view, from the first step (torch 2.9 has no copy kernel for
+# float4_e2m1fn_x2), and never reduce them
+MX = FLOAT4 | frozenset(getattr(torch, n) for n in ("float8_e8m0fnu",) if hasattr(torch, n))
 UNSIGNED = frozenset({torch.uint8, torch.uint16, torch.uint32, torch.uint64})
 
 
@@ -96,11 +101,13 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 
 def dtype_kind(dtype: torch.dtype) -> str:
-    """'bool', 'int', 'float', 'float8' or 'complex'."""
+    """'bool', 'int', 'float', 'float8', 'float4' or 'complex'."""
     if dtype == torch.bool:
         return "bool"
     if dtype in FLOAT8:
         return "float8"
+    if dtype in FLOAT4:
+        return "float4"
     if dtype.is_complex:
         return "complex"
     if dtype.is_floating_point:
@@ -111,6 +118,8 @@ def dtype_kind(dtype: torch.dtype) -> str:
 # A reduce op that makes no sense for a dtype: (the dtype kind or the dtype, the ops refused, the message)
 _REFUSED = (
     ("float8", tuple(ReduceOp), "{dtype} tensors cannot be reduced (float8 is supported by non-reducing ops only); "
+                                "upcast to bfloat16 or float32 before reducing"),
+    ("float4", tuple(ReduceOp), "{dtype} tensors cannot be reduced (float4 is supported by non-reducing ops only); "
                                 "upcast to bfloat16 or float32 before reducing"),
     ("float", (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR),
      "reduce op {op} needs an integer or bool tensor, got {dtype}; use sum/avg/product/min/max, or view the tensor as "

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequ
 
 import torch
 
-from funcoll.semantics import FLOAT8, ReduceOp, Reduction
+from funcoll.semantics import FLOAT4, FLOAT8, ReduceOp, Reduction
 
 __all__ = ["Capabilities", "Handle", "wait_quietly", "Done", "Transport", "NativeRefused", "Native", "PROFILES",
            "profile", "active_profile_name", "P2P"]
@@ -36,7 +36,7 @@ REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
 _INTS = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
                    torch.uint16, torch.uint32, torch.uint64})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-ALL_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8
+ALL_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8 | FLOAT4
 
 
 class NativeRefused(RuntimeError):
@@ -142,7 +142,7 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
                               "all_to_all", "send_recv"}),
         reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR}),
-        dtypes=_INTS | _FLOATS | {torch.bool},  # every dtype but float8
+        dtypes=_INTS | _FLOATS | {torch.bool},  # every dtype but float8 and float4
         reduce_dtypes=_INTS | _FLOATS | {torch.bool},
         refused_pairs=_pairs([R.BAND, R.BOR], _FLOATS | _INTS),
         uneven_all_to_all=False,

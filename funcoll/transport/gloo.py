@@ -5,6 +5,7 @@ sums (torch 2.12+), and point-to-point runs as oneCCL runs it (:class:`StrictC10
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from dataclasses import replace
@@ -62,8 +63,27 @@ class GlooTransport(C10dTransport):
 class StrictC10dTransport(GlooTransport):
     """A gloo backend whose point-to-point operations run as oneCCL's do (docs/xpu.md, "Point-to-point", has the
     sources): a group is replayed in the order given, a receive blocking until its data has arrived (up to the group's
-    timeout, past which gloo raises), a single receive too. Not emulated: the isend that busy-polls until its peer posts
+    timeout, past which gloo raises), a single receive too; and messages are paired as oneCCL pairs them, the k-th send
+    from a rank to a peer with the peer's k-th receive from that rank, whatever their tags (ProcessGroupXCCL ignores
+    tags). gloo pairs by tag, so each message goes under a tag of its own: its number among this rank's messages to
+    (or from) that peer, issued in order on both sides. Not emulated: the isend that busy-polls until its peer posts
     the receive (a single send outside any group, ProcessGroupXCCL before 2.12)."""
+
+    # the sequence tags start here: clear of the tags gloo's own monitored barrier takes from its collective counter
+    _SEQ_TAG = 0x46500000
+
+    def __init__(self, backend, caps: Capabilities, device_type: str = "cpu"):
+        super().__init__(backend, caps, device_type)
+        self._sent: collections.Counter = collections.Counter()  # peer -> messages sent to it
+        self._received: collections.Counter = collections.Counter()  # peer -> receives posted from it
+
+    def _seq(self, counts: collections.Counter, peer: int) -> int:
+        k = counts[peer]
+        counts[peer] = k + 1
+        return self._SEQ_TAG + k
+
+    def _send(self, t, dst, tag):
+        return super()._send(t, dst, self._seq(self._sent, dst))
 
     # FUNCOLL_XCCL_LIFECYCLE=oneccl: abort() and teardown as ProcessGroupXCCL's are today (docs/fault-tolerance.md).
     # Its abort() and shutdown() are Backend's empty defaults (intel/torch-xpu-ops#5071, open): an in-flight collective
@@ -87,7 +107,7 @@ class StrictC10dTransport(GlooTransport):
 
     def _recv(self, t, src, tag):  # a group (Transport._p2p_group: in the order given) waits here too
         # the group's timeout as it is now (dist.set_timeout changes it; gloo's own wait keeps the one it started with)
-        self.backend.recv([t], src, tag).wait(self.backend.options._timeout)
+        self.backend.recv([t], src, self._seq(self._received, src)).wait(self.backend.options._timeout)
         return DONE
 
 

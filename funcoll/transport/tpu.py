@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from funcoll.semantics import FLOAT8, ReduceOp
+from funcoll.semantics import FLOAT8, MX, ReduceOp
 from funcoll.transport import DONE, Capabilities, active_profile_name, promised_split_bound, static_split_bound
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.c10d import C10dTransport
@@ -61,7 +61,8 @@ TORCHTPU_FACTS = table(
          by_version=(("0.2", "summed in fp16/bf16 (not widened), then divided"),),
          unknown="how XLA:TPU accumulates a bf16 all-reduce internally; funcoll sums in float32 on every version"),
     Fact("avg_int", "ReduceOp.AVG on integer and bool dtypes",
-         strategy="int64 SUM, then truncating divide (NCCL semantics, no overflow in the dtype)",
+         strategy="the exact sum (int64), divided with truncation toward zero: where a sum in the dtype wraps "
+                  "(int8 AVG of [100, 100]: -28 there and on NCCL) funcoll gives the exact mean (100)",
          source="the AVG branch sums in the tensor's own dtype (int8 overflows at 2 ranks) and divides with "
                 "stablehlo.divide (truncating); inferred from the builders, not run",
          by_version=(("0.2", "summed in the dtype (overflows), then a truncating divide"),)),
@@ -132,10 +133,12 @@ TORCHTPU_FACTS = table(
          by_version=(("0.2", "refused; timeouts ignored"),)),
     # -- rules funcoll respects or reports on every version (they switch no plan) -----------------------------
     Fact("dtypes", "dtypes moved and reduced", native_since=_V02, info=True,
-         strategy="all of funcoll's dtypes are handed as they are (no dtype view: not verified under TorchTPU)",
+         strategy="all of funcoll's dtypes are handed as they are (no dtype view: not verified under TorchTPU), but "
+                  "the halves of an MX tensor (float8_e8m0fnu, float4_e2m1fn_x2), as everywhere as their uint8 view "
+                  "(a same-width bitcast, as TpuTransport.bits_as makes one)",
          source="internal::ToElementType (dtype.cc:214): bool, u8, i8, i16, i32, i64, u16, u32, u64, f16, bf16, "
-                "f32, f64, c64, c128, float8 e5m2/e4m3fn/e5m2fnuz/e4m3fnuz/e8m0fnu; 'TorchTPU does not yet support "
-                "dtype' for complex32, quantized, bits and int1-7/uint1-7",
+                "f32, f64, c64, c128, float8 e5m2/e4m3fn/e5m2fnuz/e4m3fnuz/e8m0fnu, float4_e2m1fn_x2; 'TorchTPU does "
+                "not yet support dtype' for complex32, quantized, bits and int1-7/uint1-7",
          by_version=(("0.2", "every dtype funcoll moves"),),
          unknown="whether the TPU runtime executes f64, complex, u64 or float8 collectives: no TPU to run them on"),
     Fact("same_ops_every_rank", "every rank dispatches the same op sequence", info=True,
@@ -199,7 +202,9 @@ def derive(torch_tpu_version) -> VersionedCapabilities:
         name=f"torchtpu[{vstr}]", versions={"torch_tpu": vstr, "row": row or "unknown"},
         sources={f"torchtpu.{k}": label(f, native(k)) for k, f in TORCHTPU_FACTS.items()},
         primitives=frozenset(primitives), reduce_ops=frozenset(reduce_ops), refused_pairs=frozenset(refused),
-        dtypes=_TPU_REDUCE_DTYPES | FLOAT8,  # every dtype funcoll knows (internal::ToElementType, dtype.cc:214)
+        # every dtype funcoll knows (internal::ToElementType, dtype.cc:214), the halves of an MX tensor as their uint8
+        # view (funcoll moves them so on every transport; f8e8m0fnu and float4 collectives are not run on a TPU here)
+        dtypes=(_TPU_REDUCE_DTYPES | FLOAT8) - MX,
         reduce_dtypes=_TPU_REDUCE_DTYPES, uneven_all_to_all=native("uneven_all_to_all"), is_async=True,
         p2p_any_shape=False)  # same_ops_every_rank: no per-pair message sizes
 

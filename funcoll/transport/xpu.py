@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import socket
+import warnings
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Callable, Dict, Mapping, Optional, Tuple
@@ -21,7 +22,7 @@ import torch
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
-from funcoll.semantics import FLOAT8, ReduceOp
+from funcoll.semantics import FLOAT8, MX, ReduceOp
 from funcoll.transport import PRIMITIVES, Capabilities, active_profile_name
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.c10d import C10dTransport
@@ -41,7 +42,8 @@ __all__ = ["XCCL_FACTS", "XCCL2_FACTS", "OPEN_REPORTS", "Report", "open_reports"
            "Fact", "XcclCapabilities", "XcclTransport", "derive", "capabilities",
            "stack_versions", "build_version", "parse_override", "parse_topology", "measure_topology", "torch_row",
            "ENV_OVERRIDE", "ENV_ONECCL_VERSION", "ENV_ONECCL_BUILD_VERSION", "ENV_TOPOLOGY", "SCALE_UP", "SCALE_OUT",
-           "TOPOLOGIES", "TORCH_ROWS", "KNOWN_UNTIL"]
+           "TOPOLOGIES", "TORCH_ROWS", "KNOWN_UNTIL", "ALLOC_CONF_VARS", "expandable_segments",
+           "warn_expandable_segments"]
 
 R = ReduceOp
 ENV_OVERRIDE = "FUNCOLL_XPU_OVERRIDE"
@@ -127,7 +129,9 @@ XCCL_FACTS = table(
          by_version=(("2.9", "AVG handed to ccl reduce unchecked"),),
          unknown="whether oneCCL 2022.x added AVG to Reduce: the strategy"),
     Fact("avg_int", "ReduceOp.AVG on integer dtypes",
-         strategy="int64 SUM, then truncating divide (NCCL semantics)",
+         strategy="the exact sum (int64), divided with truncation toward zero: NCCL truncates too but sums in the "
+                  "dtype (FuncSumPostDiv), so where an 8- to 32-bit sum wraps (int8 AVG of [100, 100]: NCCL -28) "
+                  "funcoll gives the exact mean (100); int64 sums wrap in both",
          source="the integer semantics of onecclAvg are undocumented (an enum value only, oneCCL 2022.2 "
                 "include/oneapi/ccl/v2/types.h:162); bool AVG is a TypeError (xccl.h:199-207)",
          by_version=(("2.9", "ccl avg with an integer datatype (builds against oneCCL < 2021.15: div_ on an integer "
@@ -198,8 +202,22 @@ XCCL_FACTS = table(
          strategy="moved as a uint8 view (no copy); reductions are a TypeError in funcoll's semantics",
          source="float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz map to ccl uint8 for non-reducing ops (xccl.h:106-110); "
                 "reductions raise 'Float8 dtypes are not currently supported for XCCL reductions' (:179-183); no "
-                "float8_e8m0fnu",
+                "float8_e8m0fnu (the mx fact)",
          by_version=(("2.9", "moved as uint8; reductions raise"),)),
+    Fact("mx", "the two halves of an MX tensor: float8_e8m0fnu (scales) and float4_e2m1fn_x2 (packed fp4 pairs)",
+         strategy="moved as their uint8 view from the first step, every local copy a uint8 one (torch 2.9 copies no "
+                  "float4_e2m1fn_x2); reductions are a TypeError in funcoll's semantics",
+         source="intel/torch-xpu-ops#5240 (merged 2026-09-18) maps both to onecclUint8 for non-reducing ops, as the "
+                "fp8 types already are; before it neither is in xcclDatatypes (xccl.h:96-111 at ab84f925, release/2.14 "
+                "at a4c530f0): TypeError 'Input tensor data type is not supported for XCCL process group' (:184-189); "
+                "funcoll hands XCCL their uint8 view on every version: the bytes and the one call #5240 makes",
+         by_version=(("2.9", "raises TypeError (not in xcclDatatypes)"),
+                     ("2.15", "unknown: onecclUint8 for moves if torch's torch-xpu-ops pin includes #5240, else "
+                              "TypeError")),
+         unknown="which torch first pins a torch-xpu-ops with #5240: it merged on 2026-09-18, the last pin updates "
+                 "found are of 2026-09-09 and 2026-09-14 (pytorch/pytorch#196387, #196932), torch 2.15's branch was "
+                 "cut on 2026-10-05 (pytorch/pytorch#196028); funcoll needs no answer: its uint8 view is what #5240 "
+                 "sends, on every version"),
     Fact("uneven_all_to_all", "all_to_all_single with split sizes", overridable=_BOTH,
          strategy="n-1 rounds of pairwise send/recv, each message exactly its split (no agreement, no padding)",
          source="uneven all_to_all_single has returned wrong results on some GPUs (docs/design.md section 1; "
@@ -337,6 +355,9 @@ XCCL2_FACTS = table(
                   "uint8) only, else 'Unsupported tensor data type for XCCL' (TCXU:14-37)"),
     _xccl2("float8", "raises std::runtime_error, also on moves",
            source="no float8 dtype in the map, for moves too (TCXU:14-37): funcoll moves float8 as uint8 itself"),
+    _xccl2("mx", "raises std::runtime_error, also on moves",
+           source="neither float8_e8m0fnu nor float4_e2m1fn_x2 is in the map (TCXU:14-37): funcoll moves both as "
+                  "uint8 itself"),
     _xccl2("uneven_all_to_all", "one group of send/recv", _BOTH,
            source="all_to_all_v_single: one onecclGroupStart/End of send/recv, the own block copied "
                   "(TCX:1548-1711), the grouped path of ProcessGroupXCCL 2.11+ (intel/torch-xpu-ops#3021 open)"),
@@ -542,9 +563,10 @@ def derive(torch_version, oneccl_version, override=None, topology=None, oneccl_b
 
 def conservative_profile(torch_version=None) -> Capabilities:
     """``PROFILES["xccl"]`` (what ``FUNCOLL_PROFILE=xccl`` imposes on another transport): :func:`derive`'s row for the
-    running torch (or ``torch_version``) with an unknown oneCCL on the scale-out path, plus float8 moved as bytes."""
+    running torch (or ``torch_version``) with an unknown oneCCL on the scale-out path, plus the float8 dtypes XCCL moves
+    as bytes (not float8_e8m0fnu: the mx fact)."""
     d = derive(torch.__version__ if torch_version is None else torch_version, None, "", None)
-    return d.plain(name="xccl", dtypes=d.dtypes | FLOAT8,
+    return d.plain(name="xccl", dtypes=d.dtypes | (FLOAT8 - MX),
                    sources={**d.sources,
                             "xccl.fp8": "fp8 reductions raise (docs/design.md section 1); fp8 is moved as bytes"})
 
@@ -646,14 +668,69 @@ def measure_topology(store, rank: int, size: int, timeout=None) -> str:
     return SCALE_UP if hosts == {host} else SCALE_OUT
 
 
+# -- what funcoll cannot fix, and warns about --------------------------------------------------------------------------
+# The variables torch's allocator configuration reads, in its order of precedence (the first one set wins): torch 2.9
+# reads PYTORCH_ALLOC_CONF, then PYTORCH_CUDA_ALLOC_CONF, then PYTORCH_HIP_ALLOC_CONF (c10/core/AllocatorConfig.cpp,
+# AcceleratorAllocatorConfig::instance; the names in 2.9.0's libc10.so); torch 2.15 reads PYTORCH_CUDA_ALLOC_CONF,
+# PYTORCH_HIP_ALLOC_CONF, then PYTORCH_ALLOC_CONF (measured with torch._C._accelerator_getAllocatorSettings). XPU's
+# caching allocator takes c10's shared configuration (c10/xpu/XPUCachingAllocator.h includes c10/core/
+# AllocatorConfig.h) and has expandable segments from torch 2.10 (pytorch/pytorch#166292); neither torch reads a
+# PYTORCH_XPU_ALLOC_CONF.
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+_EXPANDABLE = re.compile(r"expandable_segments\s*:\s*(True|False)")
+_warned_expandable = False
+
+
+def expandable_segments() -> Optional[Tuple[str, str]]:
+    """``(where, settings)`` when the XPU caching allocator runs with expandable segments: the allocator settings
+    torch itself read (``torch._C._accelerator_getAllocatorSettings()``, torch >= 2.10; the last
+    ``expandable_segments`` entry counts, as torch parses them) and the variable they came from (or "set at run time"
+    for ``torch._C._accelerator_setAllocatorSettings``); None when they are off, and on a torch without the call
+    (2.9, whose XPU allocator has no expandable segments). Reads the environment only through torch."""
+    read = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if read is None:
+        return None
+    try:
+        settings = read()
+    except Exception:
+        return None
+    found = _EXPANDABLE.findall(settings or "")
+    if not found or found[-1] != "True":
+        return None
+    where = " and ".join(v for v in ALLOC_CONF_VARS if os.environ.get(v) == settings) or "set at run time"
+    return where, settings
+
+
+def warn_expandable_segments() -> bool:
+    """Warns once per process when :func:`expandable_segments` is on (each XPU transport asks when it is made); whether
+    it warned now."""
+    global _warned_expandable
+    on = None if _warned_expandable else expandable_segments()
+    if on is None:
+        return False
+    _warned_expandable = True
+    where, settings = on
+    how = (f"torch._C._accelerator_setAllocatorSettings({settings!r})" if where == "set at run time" else
+           f"{where}={settings}")
+    warnings.warn(
+        f"funcoll: the XPU caching allocator runs with expandable segments ({how}); on Intel GPUs they "
+        f"have ended large XCCL all_reduces in UR_RESULT_ERROR_DEVICE_LOST and hung FSDP2 (intel/torch-xpu-ops#4427, "
+        f"open: Arc Pro B70 with the DLE 2026.1 runtime, not seen with DLE 2025.3). funcoll cannot fill this; if you "
+        f"see either, run without expandable_segments (docs/xpu.md, \"What funcoll cannot fix\")",
+        RuntimeWarning, stacklevel=3)
+    return True
+
+
 # -- the transport -----------------------------------------------------------------------------------------------------
 class XcclTransport(C10dTransport):
     """C10dTransport over a c10d XCCL backend, with small control tensors (e.g. uneven all_to_all's split sizes) on
-    the group's XPU device, never staged through the host, and the barrier bound to that device."""
+    the group's XPU device, never staged through the host, and the barrier bound to that device. The first one made in
+    a process warns when the XPU allocator runs with expandable segments (:func:`warn_expandable_segments`)."""
 
     def __init__(self, backend, caps: Capabilities, device=None, device_type: str = "xpu"):
         super().__init__(backend, caps, device_type)
         self._device = torch.device(device) if device is not None else None
+        warn_expandable_segments()
 
     @property
     def control_device(self) -> torch.device:

@@ -84,6 +84,8 @@ def test_the_gloo_column_is_what_the_installed_gloo_accepts():
 _MESSAGES = {
     "float8": "funcoll.{op}: {dt} tensors cannot be reduced (float8 is supported by non-reducing ops only); upcast "
               "to bfloat16 or float32 before reducing",
+    "float4": "funcoll.{op}: {dt} tensors cannot be reduced (float4 is supported by non-reducing ops only); upcast "
+              "to bfloat16 or float32 before reducing",
     "float": "funcoll.{op}: reduce op {r} needs an integer or bool tensor, got {dt}; use sum/avg/product/min/max, or "
              "view the tensor as an integer dtype",
     "complex": "funcoll.{op}: reduce op {r} is not defined for complex tensors ({dt}); only sum and avg are",
@@ -107,6 +109,8 @@ _ENTRIES = {"all_reduce": "all_reduce", "reduce": "reduce", "reduce_scatter_tens
 def _kind(dt: torch.dtype, op: str) -> str:
     if dt in oracle.FLOAT8_OCP + oracle.FLOAT8_OTHER:
         return "float8"
+    if dt in oracle.FLOAT4:
+        return "float4"
     if dt in oracle.FLOATS:
         return "float"
     if dt in oracle.COMPLEX:

@@ -1,10 +1,14 @@
 """Point-to-point on the xccl profile, run as oneCCL runs it (funcoll.transport.gloo.StrictC10dTransport): a group is
-replayed in the order given and a receive blocks until its send has arrived.
+replayed in the order given, a receive blocks until its send has arrived, and the k-th message from a rank to a peer
+meets the peer's k-th receive from it, whatever the tags (ProcessGroupXCCL ignores them; gloo pairs by tag).
 
 * A batch that lists its ``irecv`` before its ``isend`` on every rank of a ring (2, 3 and 4 ranks) deadlocks when the
   batch reaches the backend in the user's order (funcoll's ordering switched off by a test-only module flag): every
   rank is still blocked in its first receive when the group's timeout fires. With funcoll's ordering (sends first) the
-  same batch completes with the ring's data.
+  same batch completes with the ring's data, each of a rank's two messages to its peer paired as listed: reversing
+  the sends within ``deadlock_free`` would swap them on XCCL, and does on this profile.
+* Tags do not pair messages there: a receive tagged 7 gets the first message sent, tagged 8 (gloo would give it the
+  second); ``deadlock_free`` keeps the order of the sends and of the receives.
 * torch's pipeline schedules (every one the running torch has, of GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
   InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, that plain gloo runs: not torch 2.9's V-shaped ones, which send
   from a rank to itself) give the losses and gradients of plain gloo groups of the same ranks bit for bit on that
@@ -281,3 +285,57 @@ def test_detail_debug_makes_a_size_mismatch_a_clear_error_on_both_ranks():
             assert m.startswith("CollectiveMismatchError: funcoll: point-to-point message"), (how, msgs)
             assert "rank 0 sends int64[] (8 bytes), rank 1 receives into float32[1] (4 bytes)" in m, (how, msgs)
         assert msgs[0] == msgs[1], (how, msgs)  # the same words on both ranks
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# messages paired as oneCCL pairs them: per peer, in issue order, blind to tags
+# ---------------------------------------------------------------------------------------------------------------
+def test_deadlock_free_keeps_the_order_of_the_sends_and_of_the_receives():
+    """Sends first, each kind in the order given: the k-th message to a peer stays the k-th (XCCL pairs by order)."""
+    from funcoll.algorithms.p2p import deadlock_free
+    from funcoll.transport import P2P
+
+    t = torch.zeros(1)
+    ops = [P2P(False, t, 1, 7), P2P(True, t, 1, 7), P2P(False, t, 2, 8), P2P(True, t, 1, 8), P2P(True, t, 2, 9),
+           P2P(False, t, 1, 9)]
+    assert deadlock_free(ops) == [ops[1], ops[3], ops[4], ops[0], ops[2], ops[5]]
+
+
+def tag_blind(rank, n):
+    """Rank 0 sends rank 1 two messages, tags 8 then 7, in one batch; rank 1 receives two from rank 0, tags 7 then 8,
+    in one batch; then the same as single isend/irecv calls. What rank 1's receives hold."""
+    a, b = torch.full((3,), 1.0), torch.full((3,), 2.0)  # the first and the second message sent
+    out = {}
+    for how in ("batch", "single"):
+        if rank == 0:
+            if how == "batch":
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, a, 1, tag=8),
+                                                 dist.P2POp(dist.isend, b, 1, tag=7)]):
+                    w.wait()
+            else:
+                works = [dist.isend(a, 1, tag=8), dist.isend(b, 1, tag=7)]
+                for w in works:
+                    w.wait()
+        else:
+            tag7, tag8 = torch.zeros(3), torch.zeros(3)
+            if how == "batch":
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, tag7, 0, tag=7),
+                                                 dist.P2POp(dist.irecv, tag8, 0, tag=8)]):
+                    w.wait()
+            else:
+                works = [dist.irecv(tag7, 0, tag=7), dist.irecv(tag8, 0, tag=8)]
+                for w in works:
+                    w.wait()
+            out[how] = (tag7.tolist(), tag8.tolist())
+    return out
+
+
+@pytest.mark.parametrize("profile", [None, "xccl"], ids=["gloo", "xccl"])
+def test_the_xccl_profile_pairs_messages_per_peer_in_order_whatever_their_tags(profile):
+    """ProcessGroupXCCL takes the tag as an unused argument: the k-th send to a peer meets the peer's k-th receive
+    from it. gloo pairs by tag. So rank 1's receive tagged 7 gets the first message (sent tagged 8) on XCCL, and the
+    second (tagged 7) on gloo; the xccl profile's CPU transport gives XCCL's pairing, in a batch and in single calls."""
+    res = run_world("tests.xpu.test_xpu_p2p:tag_blind", 2, profile, timeout=60)
+    first, second = [1.0] * 3, [2.0] * 3
+    want = (first, second) if profile == "xccl" else (second, first)  # (receive tagged 7, receive tagged 8)
+    assert res[1] == {"batch": want, "single": want}, res[1]

@@ -323,3 +323,61 @@ def test_premul_sum_callable_and_factory_spellings_on_every_profile():
             want = total[2 * rank:2 * rank + 2] if path == "reduce_scatter_tensor" else total
             assert got == want, (prof, path, fname, got, want)
             assert inp_after is None or inp_after == ins[rank], (prof, path, fname, inp_after)
+
+
+def functional_premul(rank, n):
+    """Rank body. ``funcol.all_reduce(t, PREMUL_SUM(2.0), group)`` (a ReduceOp object handed to the functional
+    collective) on a funcoll group of the native and xccl profiles, spelled as each torch has it; what it gives, or what
+    it raises and whether the group saw anything (its flight recorder, its transport's calls)."""
+    import torch.distributed._functional_collectives as funcol
+
+    out = {}
+    x = torch.tensor([1.0, -2.0, 3.5, 0.25]) * (rank + 1)
+    try:
+        out["spelled"] = ("ReduceOp.PREMUL_SUM(2.0)", dist.ReduceOp.PREMUL_SUM(2.0))
+    except TypeError as e:  # torch 2.9: RedOpType members are not callable
+        out["PREMUL_SUM(2.0)"] = (type(e).__name__, str(e))
+        out["spelled"] = ("_make_nccl_premul_sum(2.0)", dist._make_nccl_premul_sum(2.0))
+    how, op = out.pop("spelled")
+    out["how"] = how
+    for prof in ("gloo", "xccl"):
+        g = dist.new_group(backend="funcoll", pg_options=funcoll.Options(profile=prof))
+        seen, calls = len(funcoll.flight_recorder.entries(g)), sum(g.transport("cpu").calls.values())
+        t = x.clone()
+        try:
+            out[(prof, "result")] = funcol.wait_tensor(funcol.all_reduce(t, op, g)).tolist()
+        except Exception as e:  # noqa: BLE001 - the upstream error is what the test pins
+            out[(prof, "result")] = (type(e).__name__, str(e))
+        out[(prof, "reached funcoll")] = (len(funcoll.flight_recorder.entries(g)) - seen,
+                                          sum(g.transport("cpu").calls.values()) - calls)
+        out[(prof, "input after")] = t.tolist()
+    return out
+
+
+def test_functional_all_reduce_with_a_premul_sum_object_per_torch_version():
+    """torch 2.15: ``ReduceOp.PREMUL_SUM(factor)`` is callable and the functional all_reduce takes the ReduceOp it
+    makes: 2 x the sum of the inputs (computed here), through torch's CPU kernel, which calls the funcoll group once.
+    torch 2.9: neither, and both raise inside torch before funcoll is reached: ``ReduceOp.PREMUL_SUM(2.0)`` is a
+    TypeError (its RedOpType is not callable), and the functional all_reduce calls ``reduceOp.lower()`` on the ReduceOp
+    that ``_make_nccl_premul_sum(2.0)`` makes, an AttributeError (pytorch/pytorch#190942 let it take a ReduceOp;
+    intel/torch-xpu-ops#4713 tracked the same error on XPU)."""
+    res = run_world("tests.xpu.test_xpu_profile:functional_premul", 2, None, timeout=120)
+    callable_op = callable(dist.ReduceOp.PREMUL_SUM)
+    ins = [[1.0, -2.0, 3.5, 0.25], [2.0, -4.0, 7.0, 0.5]]
+    want = [2.0 * (a + b) for a, b in zip(*ins)]
+    for rank, got in enumerate(res):
+        if callable_op:
+            assert got["how"] == "ReduceOp.PREMUL_SUM(2.0)"
+        else:
+            assert got["how"] == "_make_nccl_premul_sum(2.0)"
+            assert got["PREMUL_SUM(2.0)"] == ("TypeError", "'torch._C._distributed_c10d.RedOpType' object is not "
+                                                           "callable")
+        for prof in ("gloo", "xccl"):
+            if callable_op:
+                assert got[(prof, "result")] == want, (rank, prof, got)
+                assert got[(prof, "reached funcoll")][0] == 1, (rank, prof, got)  # one all_reduce on the group
+            else:
+                assert got[(prof, "result")] == (
+                    "AttributeError", "'torch._C._distributed_c10d.ReduceOp' object has no attribute 'lower'"), got
+                assert got[(prof, "reached funcoll")] == (0, 0), (rank, prof, got)
+            assert got[(prof, "input after")] == ins[rank], (rank, prof)
