@@ -151,7 +151,9 @@ def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
 
 
 def broadcast(input, src, group_name):
-    out = input.clone(memory_format=torch.contiguous_format)
+    # an MX tensor's half is copied as its bytes: torch 2.9 has no copy kernel for float4_e2m1fn_x2
+    raw = input.view(torch.uint8) if input.dtype in semantics.MX else input
+    out = raw.clone(memory_format=torch.contiguous_format).view(input.dtype)
     return broadcast_(out, src, group_name)
 
 
