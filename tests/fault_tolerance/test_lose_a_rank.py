@@ -89,7 +89,7 @@ def test_a_killed_rank_is_survived(agent_store, profile, chain, route):
     results, codes = _world("tests.fault_tolerance.chains:rank_chain", (agent_store.port, prefix, route, plan),
                             profile)
     victims = [v for _, v in plan]
-    assert [codes[v] for v in victims] == [-9, -9], codes
+    assert [codes[v] for v in victims] == [-9, -9], (codes, [r if r is None else r[1] for r in results])
     survivors = [r for r in range(4) if r not in victims]
     for r in survivors:
         assert codes[r] == 0 and results[r] is not None and results[r][0] == "ok", (r, codes, results[r])
