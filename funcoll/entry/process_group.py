@@ -539,8 +539,9 @@ class ProcessGroupFuncoll(ProcessGroup):
         peers of ``opts.handles`` (one :meth:`get_reconfigure_handle` per peer, each taken after the last
         reconfigure; a list assigns ranks by position, a set in sorted order), on the store prefix of ``opts.uuid``,
         which a group uses once. As gloo's: the new rank 0 claims the uuid, every collective is numbered from 0
-        again, and ``opts.timeout`` bounds the rendezvous (the group's timeout stays). The old transports are aborted;
-        on a failed rendezvous the group stays as it was."""
+        again, and ``opts.timeout`` bounds the rendezvous (the group's timeout stays). Refused handles change
+        nothing; past them the old transports are aborted first (what they had in flight ends, here and at their
+        peers), so a failed rendezvous leaves the group aborted until a reconfigure succeeds."""
         handles = sorted(opts.handles) if isinstance(opts.handles, (set, frozenset)) else list(opts.handles)
         if not handles:
             raise RuntimeError("funcoll: reconfigure requires at least one handle")
@@ -559,10 +560,11 @@ class ProcessGroupFuncoll(ProcessGroup):
                 raise RuntimeError(f"funcoll: reconfigure uuid {opts.uuid} was already used; each reconfigure() "
                                    "requires a unique uuid")
         timeout = opts.timeout if getattr(opts, "timeout", None) is not None else st.timeout
-        cpu = self._make("cpu", store, rank, size, timeout)  # the rendezvous: on failure nothing has changed
+        # the old transports first: their collectives in flight end, and so do their peers' (who then reconfigure too)
+        self._abort(f"group {st.trace.group!r} was reconfigured (uuid {opts.uuid}) on this rank")
+        cpu = self._make("cpu", store, rank, size, timeout)  # the rendezvous (failed: the group stays aborted)
         if timeout != st.timeout:
             cpu.backend._set_default_timeout(st.timeout)  # type: ignore[attr-defined]  # a gloo transport's
-        self._abort(f"group {st.trace.group!r} was reconfigured (uuid {opts.uuid}) on this rank")
         st.reconfigure(store, rank, size, stable)  # its global ranks: the peers' own, as gloo's (defaultRanks_)
         self._options.global_ranks_in_group = st.trace.global_ranks
         self._made("cpu", cpu)
