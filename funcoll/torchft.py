@@ -74,10 +74,10 @@ def _group(store, rank: int, world_size: int, timeout: timedelta, name: str = ""
 
 
 def _register_devices(pg, name: str) -> str:
-    """torchft's ``ProcessGroup._register`` with the device types funcoll serves: ``cpu``, and ``xpu`` when present
-    (torchft lists ``cuda`` first, which funcoll does not serve)."""
+    """torchft's ``ProcessGroup._register`` with the device types of :data:`DEVICE_TYPES` this machine has: ``cpu``,
+    and ``xpu`` when present (torchft lists ``cuda`` first, which funcoll does not serve)."""
     group_name = f"{pg.getBackendName()}:{name}"
-    devices = ["cpu"] + (["xpu"] if torch.xpu.is_available() else [])
+    devices = [d for d in DEVICE_TYPES if d == "cpu" or getattr(torch, d).is_available()]
     dist.Backend.register_backend(group_name, lambda *args: pg, devices=devices)
     return group_name
 

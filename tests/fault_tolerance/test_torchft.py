@@ -48,6 +48,8 @@ def outcomes(request):
 
 @pytest.mark.parametrize("test_id", suites.test_ids())
 def test_torchft_suite(outcomes, test_id):
+    """One of torchft's tests (or funcoll's additions in the same harness), run in the suites' interpreter: it
+    passed, or it skipped with its reason; its reruns after a lost lighthouse race are warnings here."""
     got = outcomes[test_id]
     for note in got["reruns"]:
         warnings.warn(note, stacklevel=1)
@@ -87,9 +89,9 @@ def _world(cls, n: int, fn, timeout: float = 30):
 
 
 def test_torchfts_gloo_class_refuses_what_funcolls_serves():
-    """The contrast to the gap filling above, on torchft's gloo class as it runs here: PREMUL_SUM, a BXOR of int16
-    and reduce_scatter raise (the messages are gloo's and torchft's); funcoll's class serves the same calls
-    (:func:`_gap_filling`, :func:`_reduce_scatter_on_cpu`)."""
+    """torchft's gloo class as it runs here: PREMUL_SUM, a BXOR of int16 and reduce_scatter raise (the messages are
+    gloo's and torchft's); funcoll's class serves the same calls (their results are checked in the suites' gap-filling
+    and reduce_scatter cases: ``torchft_suites._gap_filling``, ``_reduce_scatter_on_cpu``)."""
 
     def calls(pg, rank):
         out = []
@@ -132,7 +134,8 @@ def registered():
 def test_registered_for_cpu_and_xpu(registered, xpu):
     """``register(name)`` (functional collectives, DeviceMesh) registers the group's c10d backend for the device
     types a quorum serves: ``cpu``, and ``xpu`` when present. torchft's own ``_register`` lists ``cuda`` first
-    (torchft/process_group.py), which funcoll does not serve. No XPU here: its presence is what torch answers."""
+    (torchft/process_group.py), which funcoll does not serve. No XPU here: ``torch.xpu.is_available()`` answers True
+    by a patch for the xpu case."""
     with mock.patch("torch.xpu.is_available", return_value=xpu), \
             mock.patch("torch.cuda.is_available", return_value=True):
         for cls, name in ((ProcessGroupFuncoll, "ft_dev_a"), (ProcessGroupBabyFuncoll, "ft_dev_b"),
