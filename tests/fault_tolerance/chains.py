@@ -195,3 +195,81 @@ def rank_reference(rank, world, store_port, prefix, plan):
     """A rank of the gloo reference: the same job, each phase's victim leaving before the step it dies in."""
     dist.destroy_process_group()
     return _train(store_port, prefix, "leave", plan, rank, world, "gloo")
+
+
+# -- the torchft route: each rank a replica group of its own, its Manager's quorums over the live ones ---------------
+TORCHFT_STEPS = 6  # committed steps
+
+
+def rank_torchft(rank, world, store_port, prefix, lighthouse, kind, plan):
+    """A replica group (one rank) of a torchft job whose cross-replica group is ``kind`` ("funcoll":
+    funcoll.torchft.ProcessGroupFuncoll, or "gloo": torchft's ProcessGroupGloo, the reference); ``plan``: (scenario,
+    victim, step) per death, the victim killed right before its all_reduces of that step (eager: one all_reduce of a
+    gradient waited on after another; batch: all issued, then waited on). Returns the state after TORCHFT_STEPS
+    committed steps, the errors the Manager saw and the participants of each committed step."""
+    from torchft import Manager, Optimizer
+
+    if kind == "funcoll":
+        from funcoll.torchft import ProcessGroupFuncoll as PG
+    else:
+        from torchft.process_group import ProcessGroupGloo as PG
+
+    dist.destroy_process_group()  # funcoll.launch's
+    agent = dist.PrefixStore(f"{prefix}/", dist.TCPStore("127.0.0.1", store_port, is_master=False,
+                                                          timeout=timedelta(seconds=60)))
+    own = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)  # this replica group's store
+    model, opt = _model()
+
+    def state_dict():
+        return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+    def load_state_dict(sd):
+        model.load_state_dict(sd["model"])
+        opt.load_state_dict(sd["optim"])
+
+    agent.add("ready", 1)  # every replica starts its Manager at once: the first quorum has them all
+    while agent.add("ready", 0) < world:
+        time.sleep(0.01)
+    manager = Manager(pg=PG(timeout=timedelta(seconds=GROUP_TIMEOUT)), min_replica_size=1,
+                      load_state_dict=load_state_dict, state_dict=state_dict, replica_id=f"replica_{rank}",
+                      store_addr="localhost", store_port=own.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
+                      port=0, use_async_quorum=False, init_sync=False, timeout=timedelta(seconds=GROUP_TIMEOUT),
+                      quorum_timeout=timedelta(seconds=60))
+    optim = Optimizer(manager, opt)
+    deaths = {step: (scenario, victim) for scenario, victim, step in plan}
+    errors, participants, attempt, alive = [], [], 0, world
+    while manager.current_step() < TORCHFT_STEPS:
+        step = manager.current_step()
+        scenario, victim = deaths.get(step, ("eager", None))
+        # the live replicas ask for the step's quorum together, so that each quorum has them all (the lighthouse
+        # forms one once every healthy replica joined, or at its join timeout: a dead one is healthy for 3 s more)
+        key = f"quorum/{step}/{attempt}"
+        agent.add(key, 1)
+        while agent.add(key, 0) < alive:
+            time.sleep(0.01)
+        optim.zero_grad()  # the step's quorum
+        x, y = _data(step, rank)
+        ((model(x) - y) ** 2).mean().backward()
+        if victim == rank:
+            _die()
+        if scenario == "batch":
+            futures = [manager.allreduce(p.grad) for p in model.parameters()]
+            for f in futures:
+                f.wait()
+        else:
+            for p in model.parameters():
+                manager.allreduce(p.grad).wait()
+        err = manager.errored()
+        if err is not None:
+            errors.append({"step": step, "scenario": scenario, "type": type(err.original_exception).__name__,
+                           "msg": str(err.original_exception)})
+        n = manager.num_participants()
+        optim.step()  # only if every participant got through the step (Manager.should_commit)
+        if manager.current_step() > step:
+            participants.append(n)
+            attempt = 0
+        else:  # the step is tried again without the replica that died in it
+            attempt, alive = attempt + 1, alive - 1
+    out = {"stable": rank, "errors": errors, "participants": participants, "state": _snapshot(model, opt)}
+    manager.shutdown(wait=False)
+    return out

@@ -9,9 +9,11 @@ pipeline-style send/recv (tests/fault_tolerance/chains.py) -- and the survivors:
 - end with parameters and Adam's state equal, bit for bit, to a reference job on gloo whose ranks leave at the same
   steps instead of dying (the oracle: gloo's numbers for the same membership).
 
-Each chain kills two ranks, so the scenarios run once at world 4 and once at world 3; the routes alternate over the
-chains and the profiles (native gloo, ``FUNCOLL_PROFILE=xccl``, ``FUNCOLL_PROFILE=xla``). The job's store lives in
-this process, as torchrun's agent hosts it, so that any rank, rank 0 included, can die.
+Each chain kills two ranks, so the scenarios run once at world 4 and once at world 3 (CASES says which chains and
+routes each profile runs: native gloo, ``FUNCOLL_PROFILE=xccl``, ``FUNCOLL_PROFILE=xla``). On torch 2.9 and 2.15 the
+same deaths are also survived through torchft's quorums (each rank a replica group with funcoll.torchft's group),
+ending equal, bit for bit, to torchft on gloo with the same deaths. The job's store lives in this process, as
+torchrun's agent hosts it, so that any rank, rank 0 included, can die.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ needs_2_15 = pytest.mark.skipif(not hasattr(dist, "shrink_group"),
 # rank 0 of the first world among the victims
 PLANS = {"A": [("eager", 3), ("batch", 1)], "B": [("batch", 2), ("compiled", 0)],
          "C": [("compiled", 1), ("p2p", 3)], "D": [("p2p", 0), ("eager", 2)]}
-ROUTES = ("shrink", "reconfigure")
 PROFILES = (None, "xccl", "xla")
-CASES = [(profile, chain, ROUTES[(i + j) % 2]) for i, profile in enumerate(PROFILES) for j, chain in enumerate(PLANS)]
+# (profile, chain, route): the native profile runs every chain, the xccl and xla profiles two each, so that each sees
+# every scenario die, and between them at both worlds; each route takes every scenario at least once
+CASES = [(None, "A", "shrink"), (None, "B", "reconfigure"), (None, "C", "shrink"), (None, "D", "reconfigure"),
+         ("xccl", "A", "reconfigure"), ("xccl", "C", "shrink"), ("xla", "B", "shrink"), ("xla", "D", "reconfigure")]
 # the communication a scenario's error names
 OPS = {"eager": ("all_reduce",), "batch": ("all_reduce",), "compiled": ("all_reduce",),
        "p2p": ("send", "recv", "all_reduce")}
@@ -115,3 +119,50 @@ def test_a_killed_rank_is_survived(agent_store, profile, chain, route):
                              "exited\\.", err["msg"]), (who, err["msg"])
             members.remove(victim)
         _assert_same_state(out["state"], reference[r], f"stable {r}")
+
+
+# -- the torchft route (torch 2.9 and 2.15): each rank a replica group; torchft's Manager forms a quorum of the live
+# ones every step, a failed step is not committed, the next quorum leaves the dead replica out ---------------------
+TORCHFT_PLAN = [("eager", 3, 2), ("batch", 1, 4)]  # (scenario, victim, step): world 4, then 3
+TORCHFT_PARTICIPANTS = [4, 4, 3, 3, 2, 2]  # of each committed step
+
+
+@pytest.fixture
+def lighthouse():
+    torchft = pytest.importorskip("torchft._torchft", reason="needs torchft >= 0.2 (funcoll's test extra)")
+    # every replica joins the first quorum (they start together); a replica is dead 3 s after its last heartbeat
+    lh = torchft.LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=3000, heartbeat_timeout_ms=3000)
+    yield lh.address()
+    lh.shutdown()
+
+
+_torchft_references: dict = {}
+
+
+def _torchft_world(kind, profile, agent_store, lighthouse, prefix):
+    return _world("tests.fault_tolerance.chains:rank_torchft",
+                  (agent_store.port, prefix, lighthouse, kind, TORCHFT_PLAN), profile)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=[p or "native" for p in PROFILES])
+def test_a_killed_replica_is_survived_through_torchft_quorums(agent_store, lighthouse, profile):
+    results, codes = _torchft_world("funcoll", profile, agent_store, lighthouse, f"torchft-{profile}")
+    victims = [v for _, v, _ in TORCHFT_PLAN]
+    assert [codes[v] for v in victims] == [-9, -9], (codes, [r if r is None else r[1] for r in results])
+    survivors = [r for r in range(4) if r not in victims]
+    if not _torchft_references:  # torchft on gloo, the same deaths at the same steps: the oracle
+        ref, ref_codes = _torchft_world("gloo", None, agent_store, lighthouse, "torchft-reference")
+        assert [ref_codes[v] for v in victims] == [-9, -9], ref_codes
+        _torchft_references.update({r: ref[r][1] for r in survivors})
+    for r in survivors:
+        assert codes[r] == 0 and results[r][0] == "ok", (r, codes, results[r])
+        out, want = results[r][1], _torchft_references[r]
+        assert out["participants"] == want["participants"] == TORCHFT_PARTICIPANTS, (out["participants"], want)
+        assert [e["step"] for e in out["errors"]] == [step for _, _, step in TORCHFT_PLAN], out["errors"]
+        for err in out["errors"]:
+            assert err["type"] in ("CollectiveError", "CollectiveTimeoutError"), err
+            assert re.match(r"funcoll: all_reduce #\d+ on group 'torchft_quorum_\d+_rank_0' \(global ranks [\d,\-]+; "
+                            r"this is rank \d of [43]\) (?:failed|timed out)", err["msg"]), err["msg"]
+            assert re.search(r"Peer rank \d of the group \(global rank \d, pid \d+ on this host\) has exited\.",
+                             err["msg"]), err["msg"]
+        _assert_same_state(out["state"], want["state"], f"replica {r}")

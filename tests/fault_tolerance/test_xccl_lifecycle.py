@@ -105,3 +105,46 @@ def test_under_oneccl_shrink_group_waits_out_the_old_groups_teardown(lifecycle):
             assert out["recovered"] > GROUP_TIMEOUT - 0.5, out
         else:
             assert out["recovered"] < 2.0, out
+
+
+def stuck_then_aborted(cls_name: str) -> dict:
+    """Two replica groups of one funcoll.torchft class (``cls_name``) in this process, on one store: the first
+    all_reduces, the second never does; the first is aborted 1 s into its wait. How the wait ended, and when (run in a
+    fresh interpreter whose environment names the xccl profile and the oneCCL lifecycle, as the Baby group's
+    subprocesses then do too)."""
+    import concurrent.futures
+
+    import funcoll.torchft as ft
+    from tests.fault_tolerance.torchft_cases import PatientBaby  # the Baby group, its subprocess given time to start
+
+    store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    cls = PatientBaby if cls_name == "ProcessGroupBabyFuncoll" else getattr(ft, cls_name)
+    pgs = [cls(timeout=timedelta(seconds=GROUP_TIMEOUT)) for _ in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # a quorum of two: both configure at once
+        list(pool.map(lambda r: pgs[r].configure(f"localhost:{store.port}/q", f"replica_{r}", r, 2), range(2)))
+    t0 = time.monotonic()
+    threading.Timer(1.0, pgs[0].abort).start()
+    try:
+        pgs[0].allreduce([torch.ones(2)], dist.AllreduceOptions()).wait()
+        out = {"ended": "returned"}
+    except Exception as e:  # noqa: BLE001
+        out = {"ended": type(e).__name__, "msg": str(e)[:300]}
+    out["after_abort"] = time.monotonic() - t0 - 1.0
+    for pg in pgs:
+        pg.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("cls", ["ProcessGroupBabyFuncoll", "ProcessGroupFuncoll"])
+def test_under_oneccl_the_baby_group_is_the_route_an_abort_ends(cls):
+    pytest.importorskip("torchft", reason="needs torchft >= 0.2 (funcoll's test extra)")
+    from tests import fresh
+
+    out = fresh.run("tests.fault_tolerance.test_xccl_lifecycle:stuck_then_aborted", cls, timeout=180,
+                    env={"FUNCOLL_PROFILE": "xccl", **ONECCL})
+    if cls == "ProcessGroupBabyFuncoll":  # the subprocess holding the stuck collective is killed: the wait ends now
+        assert out["ended"] in ("OSError", "EOFError", "BrokenPipeError", "ConnectionResetError") and \
+            out["after_abort"] < 1.0, out
+    else:  # in the process: the abort interrupts nothing, the collective ends at the group's timeout
+        assert out["ended"] in ("CollectiveAbortedError", "CollectiveTimeoutError") and \
+            out["after_abort"] > GROUP_TIMEOUT - 1.5, out

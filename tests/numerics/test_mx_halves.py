@@ -12,8 +12,8 @@ the expected bytes are the senders' inputs, rebuilt on every rank from the seed,
 
 Torch's own limits, asserted as they are: torch 2.9 has no copy kernel for ``float4_e2m1fn_x2`` (``clone``,
 ``copy_`` and ``contiguous`` of a strided one raise NotImplementedError '"copy_kernel" not implemented for
-'Float4_e2m1fn_x2''; torch 2.15 has one), so torch's functional broadcast kernel, which begins with a clone of its input,
-raises there before any collective (funcoll's kernel copies the bytes); every other path moves float4 on both
+'Float4_e2m1fn_x2''; torch 2.15 has one), so torch's functional broadcast kernel, which begins with a clone of its
+input, raises there before any collective (funcoll's kernel copies the bytes); every other path moves float4 on both
 torches, strided tensors included, because funcoll moves both halves as their uint8 view from the first step.
 """
 
@@ -283,8 +283,8 @@ def results():
 
 def expected_cases(rank: int, n: int, profile) -> int:
     """How many comparisons a rank makes: per dtype 10 + 3n eager ones (the root of gather n more), 4 functional ones
-    per kernel and, where :func:`compiled`, 4 compiled ones per kernel (each way with a broadcast per kernel, but torch's
-    of float4 where torch has no copy for it), and 2 per dtype on the full path."""
+    per kernel and, where :func:`compiled`, 4 compiled ones per kernel (each way with a broadcast per kernel, but
+    torch's of float4 where torch has no copy for it), and 2 per dtype on the full path."""
     eager = 2 * (10 + 3 * n + (n if rank == 0 else 0))
     broadcasts = 3 + (1 if FLOAT4_COPIES else 0)  # per way of calling: two kernels (torch's cannot copy float4 on 2.9)
     functional = 2 * 2 * 4 + broadcasts
