@@ -152,8 +152,12 @@ def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
 
 def broadcast(input, src, group_name):
     # an MX tensor's half is copied as its bytes: torch 2.9 has no copy kernel for float4_e2m1fn_x2
-    raw = input.view(torch.uint8) if input.dtype in semantics.MX else input
-    out = raw.clone(memory_format=torch.contiguous_format).view(input.dtype)
+    # (never a same-dtype view of the clone: on torch_xla's functional tensors the broadcast would then write a view
+    # the returned tensor does not see, and the graph would lose its collective)
+    if input.dtype in semantics.MX:
+        out = input.view(torch.uint8).clone(memory_format=torch.contiguous_format).view(input.dtype)
+    else:
+        out = input.clone(memory_format=torch.contiguous_format)
     return broadcast_(out, src, group_name)
 
 
