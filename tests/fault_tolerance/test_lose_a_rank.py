@@ -9,11 +9,11 @@ pipeline-style send/recv (tests/fault_tolerance/chains.py) -- and the survivors:
 - end with parameters and Adam's state equal, bit for bit, to a reference job on gloo whose ranks leave at the same
   steps instead of dying (the oracle: gloo's numbers for the same membership).
 
-Each chain kills two ranks, so the scenarios run once at world 4 and once at world 3 (CASES says which chains and
-routes each profile runs: native gloo, ``FUNCOLL_PROFILE=xccl``, ``FUNCOLL_PROFILE=xla``). On torch 2.9 and 2.15 the
-same deaths are also survived through torchft's quorums (each rank a replica group with funcoll.torchft's group),
-ending equal, bit for bit, to torchft on gloo with the same deaths. The job's store lives in this process, as
-torchrun's agent hosts it, so that any rank, rank 0 included, can die.
+Each chain kills two ranks, one at world 4 and one at world 3 (CASES says which chains and routes each profile runs:
+native gloo, ``FUNCOLL_PROFILE=xccl``, ``FUNCOLL_PROFILE=xla``). On torch 2.9 and 2.15 the same deaths are also
+survived through torchft's quorums (each rank a replica group with funcoll.torchft's group), ending equal, bit for bit,
+to torchft on gloo with the same deaths (PROFILES says which profiles each torch runs). The job's store lives in this
+process, as torchrun's agent hosts it, so that any rank, rank 0 included, can die.
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ SLACK = 10.0
 needs_2_15 = pytest.mark.skipif(not hasattr(dist, "shrink_group"),
                                 reason="dist.shrink_group and c10d's _reconfigure are torch >= 2.15")
 
-# chain -> (scenario, stable id of its victim) per phase: each scenario dies once at world 4 and once at world 3,
-# rank 0 of the first world among the victims
-PLANS = {"A": [("eager", 3), ("batch", 1)], "B": [("batch", 2), ("compiled", 0)],
-         "C": [("compiled", 1), ("p2p", 3)], "D": [("p2p", 0), ("eager", 2)]}
-PROFILES = (None, "xccl", "xla")
-# (profile, chain, route): the native profile runs every chain, the xccl and xla profiles two each, so that each sees
-# every scenario die, and between them at both worlds; each route takes every scenario at least once
-CASES = [(None, "A", "shrink"), (None, "B", "reconfigure"), (None, "C", "shrink"), (None, "D", "reconfigure"),
-         ("xccl", "A", "reconfigure"), ("xccl", "C", "shrink"), ("xla", "B", "shrink"), ("xla", "D", "reconfigure")]
+# chain -> (scenario, stable id of its victim) per phase: between the two chains each scenario dies once, rank 0 of
+# the first world among the victims of each
+PLANS = {"B": [("batch", 2), ("compiled", 0)], "D": [("p2p", 0), ("eager", 2)]}
+# (profile, chain, route): chains B and D together kill every scenario once (rank 0 of the first world in each), and
+# every profile runs both, one per route, so that each profile sees every scenario die, and each route too
+CASES = [(None, "B", "shrink"), (None, "D", "reconfigure"), ("xccl", "B", "reconfigure"), ("xccl", "D", "shrink"),
+         ("xla", "B", "shrink"), ("xla", "D", "reconfigure")]
+# the torchft route: native on both torches, the xccl profile on the newest (what XPU users run), the xla profile on
+# torch_xla's torch
+PROFILES = (None, "xccl") if hasattr(dist, "shrink_group") else (None, "xla")
 # the communication a scenario's error names
 OPS = {"eager": ("all_reduce",), "batch": ("all_reduce",), "compiled": ("all_reduce",),
        "p2p": ("send", "recv", "all_reduce")}

@@ -1,13 +1,13 @@
 """The short run of the randomized differential test (tests/numerics/differential.py): seeded random collective programs
 on a funcoll group and a raw gloo group of the same world, on the native, xccl and xla profiles at worlds 2 and 3
-(sub-groups at 3), one seed of each, whose first cases are every kind once (compiled and functional collectives,
-uneven list collectives, mixed-evenness all_to_all_single splits, moves of random bit patterns among them). Every
-case's funcoll result equals the value rebuilt from the seed, and so does gloo's unless gloo's behaviour is a named,
-reproduced entry of ``differential.GLOO_KNOWN``; invalid requests raise on every rank and the ranks stay in step;
-nothing hangs (the watchdog). The entries' reproducers run on raw gloo here, and the oracle is shown to fail a case
-when the entry that covers it is taken away. The long run is one command per environment:
-``./dev python -m tests.numerics.differential --seeds 0-14 --world 2,3,4 --profile native,xccl,xla`` (see the
-module)."""
+(sub-groups at 3; the xla profile on torch_xla's torch only, tests/profiles.py), one seed of each, whose first cases
+are every kind once (compiled and functional collectives, uneven list collectives, mixed-evenness all_to_all_single
+splits, moves of random bit patterns among them). Every case's funcoll result equals the value rebuilt from the seed,
+and so does gloo's unless gloo's behaviour is a named, reproduced entry of ``differential.GLOO_KNOWN``; invalid
+requests raise on every rank and the ranks stay in step; nothing hangs (the watchdog). The entries' reproducers run
+on raw gloo here, and the oracle is shown to fail a case when the entry that covers it is taken away. The long run is
+one command per environment: ``./dev python -m tests.numerics.differential --seeds 0-14 --world 2,3,4 --profile
+native,xccl,xla`` (see the module)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from funcoll.launch import spawn_world
+from tests import profiles
 from tests.numerics import differential
 from tests.numerics.differential import _case
 
@@ -109,7 +110,8 @@ def _ok(results, codes, hung) -> list:
     return [res[1] for res in results]
 
 
-@pytest.mark.parametrize("profile,n", list(SEEDS), ids=[f"{p or 'native'}-{w}" for p, w in SEEDS])
+@pytest.mark.parametrize("profile,n", [pytest.param(p, w, id=f"{p or 'native'}-{w}", marks=profiles.mark(p))
+                                       for p, w in SEEDS])
 def test_random_programs_agree_with_the_seed_and_with_gloo(world, profile, n):
     seeds = SEEDS[(profile, n)]
     for res in _ok(*world(profile, n, (seeds, None, True))):

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from funcoll.launch import run_world
+from tests import profiles
 
 PROFILES = [None, "xccl", "xla", "torchtpu"]
 BITS = {"int8": 8, "int32": 32}
@@ -77,7 +78,7 @@ def averages(rank, n):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("profile", PROFILES, ids=["gloo", "xccl", "xla", "torchtpu"])
+@pytest.mark.parametrize("profile", profiles.params(PROFILES, ["gloo", "xccl", "xla", "torchtpu"]))
 def test_integer_avg_is_the_exact_mean_where_nccls_sum_in_the_dtype_wraps(world, profile):
     res = run_world("tests.numerics.test_int_avg_overflow:averages", world, profile, timeout=120)
     for name in BITS:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import funcoll
 from funcoll.launch import run_world
+from tests import profiles
 from tests.bit_patterns import differ, patterns
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
@@ -83,7 +84,7 @@ def results():
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("profile", PROFILES, ids=["gloo", "xccl", "xla", "torchtpu"])
+@pytest.mark.parametrize("profile", profiles.params(PROFILES, ["gloo", "xccl", "xla", "torchtpu"]))
 def test_broadcast_and_scatter_deliver_the_roots_bits(results, world, profile):
     got = results(world, profile)
     failures = [f for r in got for f in r["failures"]]

@@ -28,6 +28,7 @@ import torch.distributed._functional_collectives as funcol
 
 import funcoll
 from funcoll.launch import run_world
+from tests import profiles
 from tests.bit_patterns import differ, patterns
 
 MX = [torch.float8_e8m0fnu, torch.float4_e2m1fn_x2]
@@ -292,7 +293,7 @@ def expected_cases(rank: int, n: int, profile) -> int:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("profile", PROFILES, ids=["gloo", "xccl", "xla", "torchtpu"])
+@pytest.mark.parametrize("profile", profiles.params(PROFILES, ["gloo", "xccl", "xla", "torchtpu"]))
 def test_mx_halves_move_bit_for_bit_and_are_never_reduced(results, world, profile):
     got = results(world, profile)
     for rank, res in enumerate(got):

@@ -27,6 +27,7 @@ import torch.distributed._functional_collectives as fc
 
 import funcoll
 from funcoll.launch import run_world
+from tests import profiles
 from tests import reference as ref
 from tests.semantics.test_layouts import lay
 from tests.torchtpu.torchtpu_cases import check_torchtpu_strategies
@@ -479,7 +480,7 @@ def matrix(worlds):
 
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("profile", PROFILES, ids=["gloo", "xccl", "xla", "torchtpu"])
+@pytest.mark.parametrize("profile", profiles.params(PROFILES, ["gloo", "xccl", "xla", "torchtpu"]))
 def test_every_op_dtype_reduce_op(matrix, world, profile, path):
     results = matrix(world, profile, path)
     assert results[0]["count"] > 300
@@ -543,6 +544,7 @@ def test_torchtpu_profile_never_calls_what_processgrouptpu_lacks(matrix, world, 
     """Under FUNCOLL_PROFILE=torchtpu no request ProcessGroupTpu refuses or gets wrong reaches the backend: no
     PREMUL_SUM, no AVG on integers or fp16/bf16 (summed in the dtype), no reduce, no coalesced all_reduce, no uneven
     all_to_all (a store round trip per call), no broadcast or scatter (zeros + SUM: -0.0 lost)."""
+    profiles.require("torchtpu")
     for r in matrix(world, "torchtpu", path):
         for prim, op, dtype in r["calls"]:
             assert op != "premul_sum", (prim, op, dtype)
@@ -557,6 +559,7 @@ def test_torchtpu_profile_never_calls_what_processgrouptpu_lacks(matrix, world, 
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_xla_profile_fills_broadcast_and_bxor(matrix, path):
+    profiles.require("xla")
     s = matrix(2, "xla", path)[0]["strategies"]
     assert "broadcast=masked all_reduce" in s, s
     assert "all_to_all+local bxor+all_gather" in s and "gather=all_gather" in s and "scatter=broadcast+slice" in s

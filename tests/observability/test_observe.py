@@ -243,7 +243,7 @@ def test_torch_logs_funcoll_snapshot(capfd):
         assert got[rank] == [
             f"I group <world> created: rank {rank} of 2, global ranks 0,1, world size 2, store <store>, "
             "CPU transport now",
-            f"I group <world> rank {rank}/2: cpu transport C10dTransport, capabilities gloo (the running stack)",
+            f"I group <world> rank {rank}/2: cpu transport GlooTransport, capabilities gloo (the running stack)",
             f"I group <xccl> created: rank {rank} of 2, global ranks 0,1, world size 2, store <store>, "
             "CPU transport now",
             f"I group <xccl> rank {rank}/2: cpu transport StrictC10dTransport, capabilities gloo[xccl] "
