@@ -152,7 +152,7 @@ class _Job:
 
 
 def _train(store_port: int, prefix: str, route: str, plan, stable: int, world: int, backend: str):
-    agent = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
+    agent = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
     store = dist.PrefixStore(f"{prefix}/", agent)  # this job's keys
     job = _Job(store, stable, world, route, backend)
     model, opt = _model()

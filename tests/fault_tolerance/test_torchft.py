@@ -49,7 +49,7 @@ def outcomes(request):
 @pytest.mark.parametrize("test_id", suites.test_ids())
 def test_torchft_suite(outcomes, test_id):
     """One of torchft's tests (or funcoll's additions in the same harness), run in the suites' interpreter: it
-    passed, or it skipped with its reason; its reruns after a lost lighthouse race are warnings here."""
+    passed, or it skipped with its reason; its reruns after a lost race (torchft_suites.RACES) are warnings here."""
     got = outcomes[test_id]
     for note in got["reruns"]:
         warnings.warn(note, stacklevel=1)

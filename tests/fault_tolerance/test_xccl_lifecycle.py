@@ -99,6 +99,7 @@ def test_under_oneccl_shrink_group_waits_out_the_old_groups_teardown(lifecycle):
                                        "xccl", deadline=120, coll_timeout=GROUP_TIMEOUT, env=env)
     assert not hung and codes[:2] == [0, 0] and codes[2] == -9, (codes, results)
     for r in (0, 1):
+        assert results[r][0] == "ok", results[r]
         out = results[r][1]
         assert out["failed"] in ("CollectiveError", "CollectiveTimeoutError") and out["sum"] == [3.0, 3.0], out
         if lifecycle == "oneccl":  # the dead rank never tears the old group down: its teardown waits the timeout
