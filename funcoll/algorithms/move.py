@@ -261,7 +261,7 @@ def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pendi
     mine = planner.split_stats(in_splits)
     if stats is None and bound is None:
         _note("uneven all_to_all=agree on split statistics")
-        stats = tuple(tuple(int(x) for x in row) for row in _agree(tp, mine).tolist())
+        stats = tuple(map(tuple, _agree(tp, mine).tolist()))
     p = planner.a2a_plan(n, stats, row_bytes, bound)
     _note(p.note())
     pending, read = _carried_a2a(tp, out, inp, out_splits, in_splits, p.chunk, mine, row_bytes)
@@ -283,12 +283,14 @@ def _carried_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int, min
     ob = out.reshape(out.shape[0], rest).view(torch.uint8)
     ioff, ooff = _offsets(in_splits), _offsets(out_splits)
     width = head + chunk * row_bytes
-    send = ib.new_zeros((n, width))
-    send[:, :head] = torch.tensor(list(mine), dtype=torch.int64).view(torch.uint8).to(send.device)
+    header = torch.tensor(mine, dtype=torch.int64).view(torch.uint8).to(ib.device)
+    zeros = ib.new_zeros((chunk * row_bytes,))
+    flat = ib.view(-1)
+    pieces = []  # one cat: chunk j is the header, the first rows this rank sends rank j, zeros (none to itself)
     for j, s in enumerate(in_splits):
-        k = min(s, chunk)
-        if k and j != r:
-            send[j, head:head + k * row_bytes] = ib[ioff[j]:ioff[j] + k].reshape(-1)
+        k = min(s, chunk) if j != r else 0
+        pieces += [header, flat[ioff[j] * row_bytes:(ioff[j] + k) * row_bytes], zeros[k * row_bytes:]]
+    send = torch.cat(pieces).view(n, width)
     if in_splits[r] and row_bytes:
         ob[ooff[r]:ooff[r] + out_splits[r]].copy_(ib[ioff[r]:ioff[r] + in_splits[r]])
     recv = send.new_empty((n, width))
@@ -300,7 +302,7 @@ def _carried_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int, min
         ops += [P2P(False, ob[ooff[j] + chunk:ooff[j] + s], j, _A2A_TAG) for j, s in enumerate(out_splits)
                 if j != r and s > chunk]
     handles = [a2a] + (tp.p2p_group(ops) if ops else [])
-    box = {"recv": recv, "heads": None}  # the headers alone are kept once the exchange is complete
+    box: dict = {"recv": recv, "heads": None}  # the headers alone are kept once the exchange is complete
 
     def read():
         heads = box["heads"]
@@ -308,7 +310,7 @@ def _carried_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int, min
             wait_quietly(a2a)
             heads = box["recv"][:, :head]
         got = heads.contiguous().view(torch.int64).cpu()  # the one host read: 9 int64 per rank
-        return tuple(tuple(int(x) for x in row) for row in got.tolist())
+        return tuple(map(tuple, got.tolist()))
 
     def unpad():
         for j, s in enumerate(out_splits):
