@@ -155,8 +155,9 @@ def write(text: str) -> None:
     page = open(path).read()
     if MARK in page:
         page = page[:page.index(MARK)] + MARK + "\n" + text + "\n" + END + page[page.index(END) + len(END):]
-    else:
-        page = page.rstrip("\n") + "\n\n" + MARK + "\n" + text + "\n" + END + "\n"
+    else:  # above the bench marker, below which ./dev bench rewrites the page
+        cut = page.index("<!-- bench -->") if "<!-- bench -->" in page else len(page)
+        page = page[:cut] + MARK + "\n" + text + "\n" + END + "\n\n" + page[cut:]
     with open(path, "w") as f:
         f.write(page)
 

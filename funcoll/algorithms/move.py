@@ -244,8 +244,8 @@ def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pendi
     """Uneven all_to_all on a transport with point-to-point messages of any size and an even all_to_all, by the
     planner's :func:`~funcoll.algorithms.planner.a2a_plan`: pairwise in the smallest worlds, else the carried exchange,
     planned from every rank's split statistics as the previous exchange of the same row size carried them (no
-    agreement), or as one small all_gather agrees them when there is none (the first call, or a promised
-    ``static_split_bound``: no agreement, the bound is the chunk)."""
+    agreement), or as one small all_gather agrees them when there is none (the first call); under a promised
+    ``static_split_bound`` the bound is the chunk: no agreement, no host read."""
     n, r = tp.size, tp.rank
     row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
     if n <= planner.PAIRWISE_WORLD:
@@ -257,7 +257,9 @@ def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pendi
     state = _carried_state(tp)
     key = (row_bytes, str(inp.device))
     known = state.get(key)
-    stats = known.stats() if known is not None else None
+    # under a promised bound nothing is read on the host (an XPU graph capture can hold the call): the bound is the
+    # chunk; else the statistics the previous exchange carried, or the agreement
+    stats = known.stats() if known is not None and bound is None else None
     mine = planner.split_stats(in_splits)
     if stats is None and bound is None:
         _note("uneven all_to_all=agree on split statistics")

@@ -27,9 +27,13 @@ Moves (filled without a plan, in :mod:`funcoll.algorithms.move`):
 * unmovable dtypes    -> moved as raw bits of a dtype the backend moves (fp8, uint16/32/64, complex as its real view)
 * MX halves           -> float8_e8m0fnu and float4_e2m1fn_x2 moved as their uint8 view from the first step (free; every
                          local copy a uint8 one: torch 2.9 copies no float4), on every transport
-* uneven all_to_all   -> pairwise send/recv where the transport sends messages of any size; else every split padded
-                         to a bound every rank promised or to the largest split (agreed on with a tiny all_gather),
-                         one even all_to_all, unpad
+* uneven all_to_all   -> where the transport sends messages of any size (XCCL): at world 2 one pairwise round; above
+                         it the carried exchange (a2a_plan, below): one even all_to_all of byte chunks, each headed by
+                         its sender's split statistics, the rows above the chunk as one group of send/recv, the chunk
+                         chosen from the statistics the previous exchange of that row size carried (no agreement; one
+                         tiny all_gather of them on the first call, none under a promised static_split_bound); else
+                         (XLA, TorchTPU: one program on every rank) every split padded to a bound every rank promised
+                         or to the largest split (agreed on with a tiny all_gather), one even all_to_all, unpad
 * coalesced           -> one tuple op where native, else one flat buffer per dtype, one collective each
 * list reduce_scatter / all_gather (a size per rank, as NCCL serves them)
                       -> the backend's own list form where it serves the request (gloo's list reduce_scatter: one

@@ -246,7 +246,10 @@ XCCL_FACTS = table(
          by_version=(("2.9", "identical dtypes only"),)),
     # -- facts funcoll's strategies respect on every version (they switch no plan) ------------------------
     Fact("graph_capture", "XPU graph capture of XCCL collectives", info=True,
-         strategy="every strategy runs on the device with no host synchronisation, so a captured graph can hold it",
+         strategy="every strategy runs on the device with no host synchronisation, so a captured graph can hold it, "
+                  "but the carried uneven all_to_all above world 2, which reads 9 int64 per rank of the previous "
+                  "exchange's headers on the host to plan the next: under funcoll.xla.static_split_bound it reads "
+                  "nothing",
          source="#2992: capturing is allowed only with oneCCL >= 2022.0.0 found at run time (onecclGetVersion), "
                 "else NotImplementedError 'Capturing XCCL collectives is only allowed with oneCCL >= 2022.0.0' "
                 "(PGX:150-168, checked in collective() at :786, :937)",
