@@ -1,8 +1,8 @@
 """The short run of the randomized differential test (tests/numerics/differential.py): seeded random collective programs
 on a funcoll group and a raw gloo group of the same world, on the native, xccl and xla profiles at worlds 2 and 3
-(sub-groups at 3), one seed of each, and six uneven all_to_all cases on the xccl profile at world 4 (the carried
-exchange), whose first cases are every kind once (compiled and functional collectives,
-uneven list collectives, mixed-evenness all_to_all_single splits, moves of random bit patterns among them). Every
+(sub-groups at 3), one seed of each, whose first cases are every kind once (compiled and functional collectives,
+uneven list collectives, mixed-evenness all_to_all_single splits, moves of random bit patterns among them), and six
+uneven all_to_all cases on the xccl profile at world 4 (the carried exchange, each planned from the one before). Every
 case's funcoll result equals the value rebuilt from the seed, and so does gloo's unless gloo's behaviour is a named,
 reproduced entry of ``differential.GLOO_KNOWN``; invalid requests raise on every rank and the ranks stay in step;
 nothing hangs (the watchdog). The entries' reproducers run on raw gloo here, and the oracle is shown to fail a case
