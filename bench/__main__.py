@@ -6,7 +6,8 @@ gap-filling strategies at 16 MiB with their peak memory and bytes sent), bench/t
 steps: DDP, FSDP2, tensor + sequence parallel, a ZeRO-like loop, funcoll vs gloo, losses compared), then, where
 torch_xla is installed, bench/xla.py (the cost of building one functional all_reduce on virtual worlds of 4, 64 and
 256 ranks, and the compiled-step table). Prints one table and writes docs/performance.md (bench/report.py).
-Progress goes to stderr.
+Progress goes to stderr. ``./dev bench scale`` runs bench/scale.py instead: each call's cost from world 2 to 8 (16)
+and the cost model of bench/model.py from 8 to 1024 ranks.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def run(blocks: int = BLOCKS, write_docs: bool = True) -> list:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["scale"]:  # ./dev bench scale: how each call's cost grows with the world (bench/scale.py)
+        from bench import scale
+
+        return scale.main(argv[1:])
     write_docs = "--no-docs" not in argv
     argv = [a for a in argv if a != "--no-docs"]
     run(int(argv[0]) if argv else BLOCKS, write_docs)

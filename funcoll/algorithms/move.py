@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import torch
 
 from funcoll import semantics
+from funcoll.algorithms import planner
 from funcoll.algorithms.pending import Pending, _entry, _note
 from funcoll.algorithms.reduce import _a2a_even, _ag, _ar, _masked_sum
 from funcoll.algorithms.tensors import (
@@ -28,7 +29,7 @@ from funcoll.algorithms.tensors import (
     _write_bits,
 )
 from funcoll.semantics import ReduceOp, Reduction
-from funcoll.transport import Transport
+from funcoll.transport import P2P, Transport, wait_quietly
 
 
 # -- is the plan native? (the eager fast path) -------------------------------------------------------------------------
@@ -150,14 +151,16 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
     # split sizes given, no uneven all_to_all: every rank takes this path, whatever its own splits (a rank whose splits
     # are all equal cannot know that its peers' are)
     bound = tp.split_bound()
+    local = out_splits + in_splits
+    if bound is not None and max(local) > bound:
+        raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
+                         f"bound {bound} promised by funcoll.xla.static_split_bound; raise the bound")
+    if caps.has("send_recv") and caps.p2p_any_shape and caps.has("all_to_all") and caps.moves(torch.uint8):
+        return _planned_a2a(tp, out, inp, out_splits, in_splits, bound)
     if caps.has("send_recv") and caps.p2p_any_shape and bound is None:
         _note("uneven all_to_all=pairwise send/recv")
         return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
-    local = out_splits + in_splits
     if bound is not None:
-        if max(local) > bound:
-            raise ValueError(f"funcoll.all_to_all_single: a split size ({max(local)}) exceeds the static split "
-                             f"bound {bound} promised by funcoll.xla.static_split_bound; raise the bound")
         _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
         return _padded_a2a(tp, out, inp, out_splits, in_splits, bound)
     values = [max(local), -min(local)]
@@ -209,6 +212,116 @@ def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
             if rows.shape[0]:  # nothing to send or receive: no message
                 handles.append(issue(_bits(rows, caps), peer, _A2A_TAG))
     return Pending(handles)
+
+
+class _Carried:
+    """The split statistics of every rank, as the last carried exchange of a key left them in its chunk headers (read
+    once that exchange is complete): what the next exchange of the key plans with, the same on every rank."""
+
+    __slots__ = ("_read", "_stats")
+
+    def __init__(self, read=None, stats=None):
+        self._read, self._stats = read, stats
+
+    def stats(self) -> tuple:
+        if self._read is not None:
+            read, self._read = self._read, None
+            self._stats = read()
+        return self._stats
+
+
+_CARRIED_KEYS = 64  # keys (row bytes) a transport remembers statistics for
+
+
+def _carried_state(tp: Transport) -> dict:
+    state = tp.__dict__.get("_funcoll_carried")
+    if state is None:
+        state = tp.__dict__["_funcoll_carried"] = {}
+    return state
+
+
+def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pending:
+    """Uneven all_to_all on a transport with point-to-point messages of any size and an even all_to_all, by the
+    planner's :func:`~funcoll.algorithms.planner.a2a_plan`: pairwise in the smallest worlds, else the carried exchange,
+    planned from every rank's split statistics as the previous exchange of the same row size carried them (no
+    agreement), or as one small all_gather agrees them when there is none (the first call); under a promised
+    ``static_split_bound`` the bound is the chunk: no agreement, no host read."""
+    n, r = tp.size, tp.rank
+    row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
+    if n <= planner.PAIRWISE_WORLD:
+        _note(planner.A2aPlan(planner.PAIRWISE).note())
+        return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
+    if out_splits[r] != in_splits[r]:
+        raise ValueError(f"funcoll.all_to_all_single: this rank sends itself {in_splits[r]} rows "
+                         f"(input_split_sizes[{r}]) but expects {out_splits[r]} (output_split_sizes[{r}])")
+    state = _carried_state(tp)
+    key = (row_bytes, str(inp.device))
+    known = state.get(key)
+    # under a promised bound nothing is read on the host (an XPU graph capture can hold the call): the bound is the
+    # chunk; else the statistics the previous exchange carried, or the agreement
+    stats = known.stats() if known is not None and bound is None else None
+    mine = planner.split_stats(in_splits)
+    if stats is None and bound is None:
+        _note("uneven all_to_all=agree on split statistics")
+        stats = tuple(map(tuple, _agree(tp, mine).tolist()))
+    p = planner.a2a_plan(n, stats, row_bytes, bound)
+    _note(p.note())
+    pending, read = _carried_a2a(tp, out, inp, out_splits, in_splits, p.chunk, mine, row_bytes)
+    if len(state) >= _CARRIED_KEYS and key not in state:
+        state.pop(next(iter(state)))
+    state[key] = _Carried(read)
+    return pending
+
+
+def _carried_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int, mine, row_bytes: int):
+    """One even all_to_all of byte chunks, chunk j headed by this rank's split statistics ``mine`` and holding the
+    first ``chunk`` rows it sends rank j (zeros after them), and the rows above ``chunk`` of every split as one group of
+    send/recv, sends first, each received straight into its place; returns the Pending and the reader of every
+    rank's statistics from the received headers (which waits for the exchange)."""
+    n, r = tp.size, tp.rank
+    head = planner.A2A_HEADER
+    rest = math.prod(inp.shape[1:])
+    ib = inp.reshape(inp.shape[0], rest).view(torch.uint8)
+    ob = out.reshape(out.shape[0], rest).view(torch.uint8)
+    ioff, ooff = _offsets(in_splits), _offsets(out_splits)
+    width = head + chunk * row_bytes
+    header = torch.tensor(mine, dtype=torch.int64).view(torch.uint8).to(ib.device)
+    zeros = ib.new_zeros((chunk * row_bytes,))
+    flat = ib.view(-1)
+    pieces = []  # one cat: chunk j is the header, the first rows this rank sends rank j, zeros (none to itself)
+    for j, s in enumerate(in_splits):
+        k = min(s, chunk) if j != r else 0
+        pieces += [header, flat[ioff[j] * row_bytes:(ioff[j] + k) * row_bytes], zeros[k * row_bytes:]]
+    send = torch.cat(pieces).view(n, width)
+    if in_splits[r] and row_bytes:
+        ob[ooff[r]:ooff[r] + out_splits[r]].copy_(ib[ioff[r]:ioff[r] + in_splits[r]])
+    recv = send.new_empty((n, width))
+    a2a = tp.all_to_all(recv.view(-1), send.view(-1), None, None)
+    ops = []
+    if row_bytes:
+        ops = [P2P(True, ib[ioff[j] + chunk:ioff[j] + s], j, _A2A_TAG) for j, s in enumerate(in_splits)
+               if j != r and s > chunk]
+        ops += [P2P(False, ob[ooff[j] + chunk:ooff[j] + s], j, _A2A_TAG) for j, s in enumerate(out_splits)
+                if j != r and s > chunk]
+    handles = [a2a] + (tp.p2p_group(ops) if ops else [])
+    box: dict = {"recv": recv, "heads": None}  # the headers alone are kept once the exchange is complete
+
+    def read():
+        heads = box["heads"]
+        if heads is None:
+            wait_quietly(a2a)
+            heads = box["recv"][:, :head]
+        got = heads.contiguous().view(torch.int64).cpu()  # the one host read: 9 int64 per rank
+        return tuple(map(tuple, got.tolist()))
+
+    def unpad():
+        for j, s in enumerate(out_splits):
+            k = min(s, chunk)
+            if k and j != r and row_bytes:
+                ob[ooff[j]:ooff[j] + k].copy_(recv[j, head:head + k * row_bytes].view(k, row_bytes))
+        box["heads"], box["recv"] = recv[:, :head].clone(), None
+
+    return Pending(handles).and_then(unpad), read
 
 
 def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> Pending:

@@ -27,9 +27,13 @@ Moves (filled without a plan, in :mod:`funcoll.algorithms.move`):
 * unmovable dtypes    -> moved as raw bits of a dtype the backend moves (fp8, uint16/32/64, complex as its real view)
 * MX halves           -> float8_e8m0fnu and float4_e2m1fn_x2 moved as their uint8 view from the first step (free; every
                          local copy a uint8 one: torch 2.9 copies no float4), on every transport
-* uneven all_to_all   -> pairwise send/recv where the transport sends messages of any size; else every split padded
-                         to a bound every rank promised or to the largest split (agreed on with a tiny all_gather),
-                         one even all_to_all, unpad
+* uneven all_to_all   -> where the transport sends messages of any size (XCCL): at world 2 one pairwise round; above
+                         it the carried exchange (a2a_plan, below): one even all_to_all of byte chunks, each headed by
+                         its sender's split statistics, the rows above the chunk as one group of send/recv, the chunk
+                         chosen from the statistics the previous exchange of that row size carried (no agreement; one
+                         tiny all_gather of them on the first call, none under a promised static_split_bound); else
+                         (XLA, TorchTPU: one program on every rank) every split padded to a bound every rank promised
+                         or to the largest split (agreed on with a tiny all_gather), one even all_to_all, unpad
 * coalesced           -> one tuple op where native, else one flat buffer per dtype, one collective each
 * list reduce_scatter / all_gather (a size per rank, as NCCL serves them)
                       -> the backend's own list form where it serves the request (gloo's list reduce_scatter: one
@@ -60,7 +64,7 @@ import torch
 
 from funcoll.semantics import ReduceOp
 
-__all__ = ["Step", "Plan", "plan", "REDUCING"]
+__all__ = ["Step", "Plan", "plan", "REDUCING", "A2aPlan", "a2a_plan", "a2a_estimate", "split_stats"]
 
 R = ReduceOp
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
@@ -233,3 +237,107 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
             steps.append(Step(ALL_REDUCE_SLICE, op, dtype, "all_reduce+slice"))
         break
     return Plan(primitive, tuple(steps))
+
+
+# -- uneven all_to_all without a native alltoallv ----------------------------------------------------------------------
+# Planned here, run in funcoll.algorithms.move (_carried_a2a). Every rank reports the same few numbers of its split
+# sizes (split_stats); the plan is a function of every rank's numbers (what all ranks hold alike: from the previous
+# exchange's chunk headers, or from one small agreement when there is none), of the world and of the row size, never of
+# this rank's own splits. The model's constants are orders of magnitude of a GPU fabric (microseconds, bytes per
+# microsecond), not measurements: they only rank the candidates against each other.
+A2A_QUANTILES = 8  # a rank's sorted split sizes at 8 evenly spaced positions (its smallest and largest among them)
+A2A_STATS = A2A_QUANTILES + 1  # + the rank's total rows
+A2A_HEADER = 8 * A2A_STATS  # bytes heading each chunk of the carried exchange (int64 statistics)
+COLLECTIVE_US = 20.0  # one collective's latency, plus COLLECTIVE_PEER_US per peer it posts messages to
+COLLECTIVE_PEER_US = 2.0
+P2P_ROUND_US = 20.0  # one round of pairwise send/recv (one message each way, waited before the next round)
+GROUP_US = 20.0  # one group of point-to-point messages, plus MESSAGE_US per message of the busiest rank
+MESSAGE_US = 2.0
+BYTES_PER_US = 10_000.0  # 10 GB/s per rank
+BYTES_SLACK = 1.3  # the carried exchange moves at most this many times the exact bytes (+ its headers)
+_CANDIDATES = 32  # chunk sizes tried: 0, and up to this many of the reported split sizes
+
+
+def split_stats(splits) -> Tuple[int, ...]:
+    """The numbers a rank reports of its split sizes (input_split_sizes, one per destination): the sorted sizes at
+    A2A_QUANTILES evenly spaced positions, then their total."""
+    s = sorted(int(x) for x in splits)
+    n = len(s)
+    q = A2A_QUANTILES
+    return tuple(s[(i * (n - 1)) // (q - 1)] for i in range(q)) + (sum(s),)
+
+
+@dataclass(frozen=True)
+class A2aPlan:
+    """How an uneven all_to_all runs: ``kind`` PAIRWISE (n-1 rounds of one send and one receive) or CARRIED (one even
+    all_to_all of ``chunk``-row chunks, each headed by its sender's split statistics, the rows above ``chunk`` as one
+    group of send/recv; chunk 0: the headers' all_to_all and every row as messages)."""
+
+    kind: str
+    chunk: int = 0
+
+    def note(self) -> str:
+        if self.kind == PAIRWISE:
+            return "uneven all_to_all=pairwise send/recv"
+        if self.chunk == 0:
+            return "uneven all_to_all=split statistics all_to_all+one group of send/recv"
+        return (f"uneven all_to_all=carried: chunks of {self.chunk} rows headed by split statistics+even "
+                "all_to_all+rows above as one group of send/recv")
+
+
+PAIRWISE, CARRIED = "pairwise", "carried"
+
+
+def _pairwise_world() -> int:
+    """The largest world where n-1 pairwise rounds cost less than the carried exchange's floor (its one collective),
+    whatever the splits: the only worlds where the plan needs no statistics."""
+    n = 1
+    while n * P2P_ROUND_US <= COLLECTIVE_US + COLLECTIVE_PEER_US * n:  # the world n + 1: n rounds, n peers
+        n += 1
+    return n
+
+
+PAIRWISE_WORLD = _pairwise_world()
+
+
+def a2a_estimate(chunk: int, stats: Tuple[Tuple[int, ...], ...], row_bytes: int) -> dict:
+    """The carried exchange with ``chunk`` rows per chunk, estimated from every rank's statistics: ``time_us`` (the
+    busiest rank), ``bytes`` (the world's, headers included), ``exact`` (the world's rows, every split once),
+    ``messages`` (the busiest rank's sends above the chunk)."""
+    n = len(stats)
+    w = n / A2A_QUANTILES  # the splits each reported size stands for
+    per_chunk = A2A_HEADER + chunk * row_bytes
+    over = [w * sum(max(0, p - chunk) for p in st[:A2A_QUANTILES]) * row_bytes for st in stats]
+    msgs = [w * sum(1 for p in st[:A2A_QUANTILES] if p > chunk) for st in stats]
+    t = COLLECTIVE_US + COLLECTIVE_PEER_US * (n - 1) + (n - 1) * per_chunk / BYTES_PER_US
+    busiest = max(m * MESSAGE_US + b / BYTES_PER_US for m, b in zip(msgs, over))
+    if max(msgs) > 0:
+        t += GROUP_US + busiest
+    return {"time_us": t, "bytes": n * n * per_chunk + sum(over), "exact": sum(st[-1] for st in stats) * row_bytes,
+            "messages": max(msgs)}
+
+
+@functools.lru_cache(maxsize=1024)
+def a2a_plan(n: int, stats: Optional[Tuple[Tuple[int, ...], ...]], row_bytes: int,
+             bound: Optional[int] = None) -> A2aPlan:
+    """The plan of an uneven all_to_all in a group of ``n`` ranks with no native alltoallv but point-to-point messages
+    of any size: pairwise at worlds up to PAIRWISE_WORLD; else the carried exchange, its chunk the fastest by the
+    model among those that move at most BYTES_SLACK times the exact bytes (plus headers; chunk 0 always does).
+    ``stats``: every rank's split_stats (None: none known; ``bound``, a promised largest split, is then the chunk)."""
+    if n <= PAIRWISE_WORLD:
+        return A2aPlan(PAIRWISE)
+    if stats is None:
+        return A2aPlan(CARRIED, int(bound or 0))
+    sizes = sorted({p for st in stats for p in st[:A2A_QUANTILES] if p > 0})
+    if bound is not None:
+        sizes = [s for s in sizes if s <= bound]
+    step = max(1, len(sizes) // _CANDIDATES)
+    candidates = [0] + sizes[::step] + sizes[-1:]
+    best, best_t = 0, None
+    for c in candidates:
+        e = a2a_estimate(c, stats, row_bytes)
+        if c and e["bytes"] - n * n * A2A_HEADER > BYTES_SLACK * e["exact"]:
+            continue
+        if best_t is None or e["time_us"] < best_t:
+            best, best_t = c, e["time_us"]
+    return A2aPlan(CARRIED, best)

@@ -517,8 +517,8 @@ class Transport:
 
     def split_bound(self) -> Optional[int]:
         """A bound on every split size of an uneven all_to_all that every rank has promised (XLA's
-        ``static_split_bound``), or None: the ranks agree on the largest split first."""
-        return None
+        ``static_split_bound``; on every transport), or None: the ranks agree on their splits first."""
+        return promised_split_bound()
 
     def retain(self, t: torch.Tensor) -> None:
         """Keeps a result nobody reads (a non-root rank's share of reduce/gather) alive until the collective has run: a

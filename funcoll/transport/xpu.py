@@ -219,16 +219,26 @@ XCCL_FACTS = table(
                  "cut on 2026-10-05 (pytorch/pytorch#196028); funcoll needs no answer: its uint8 view is what #5240 "
                  "sends, on every version"),
     Fact("uneven_all_to_all", "all_to_all_single with split sizes", overridable=_BOTH,
-         strategy="n-1 rounds of pairwise send/recv, each message exactly its split (no agreement, no padding)",
-         source="uneven all_to_all_single has returned wrong results on some GPUs (docs/design.md section 1; "
-                "intel/torch-xpu-ops#3021 on B60, torch 2.9, open); torch 2.9/2.10 call ccl::alltoallv (release/2.10 "
-                "PGX:2295,2387); from 2.11 (#2803, merged 2026-02-06) non-uniform splits are one group of send/recv "
-                "on the v1 and v2 paths (xccl.cpp:211-282); onecclAllToAllV (#5057) is an open PR as of 2026-08-20",
+         strategy="world 2: one pairwise round; above it one carried exchange: an even all_to_all of chunks headed "
+                  "by every rank's split statistics, the rows above the chunk as one group of send/recv "
+                  "(funcoll/algorithms/planner.py a2a_plan; one small agreement only on a row size's first call)",
+         source="torch 2.9/2.10 call ccl::alltoallv (release/2.10 PGX:2295,2387); from 2.11 "
+                "(https://github.com/intel/torch-xpu-ops/pull/2803, merged 2026-02-06) non-uniform splits are one "
+                "group of send/recv per rank on the v1 and v2 paths (xccl.cpp:211-282): n-1 messages each way, no "
+                "collective; onecclAllToAllV (https://github.com/intel/torch-xpu-ops/pull/5057, oneCCL 2022.2) is "
+                "an open PR as of 2026-08-21, used only where torch was built against headers that declare it and "
+                "only for contiguous displacements. https://github.com/intel/torch-xpu-ops/issues/3021 (open, Arc "
+                "Pro B60, torch 2.9): the eager dist.all_to_all_single without split sizes corrupted data while "
+                "the functional one (which passes split sizes: ccl::alltoallv on 2.9) was right",
          by_version=(("2.9", "ccl::alltoallv"),
-                     ("2.11", "one grouped send/recv (uniform splits: native all_to_all)")),
+                     ("2.11", "one grouped send/recv (uniform splits: native all_to_all)"),
+                     ("2.15", "one grouped send/recv; onecclAllToAllV if the torch-xpu-ops pin includes #5057 and "
+                              "the build's oneCCL headers declare it (XCCL_HAS_ALLTOALLV)")),
          build="#5057 would use onecclAllToAllV only when torch is built against oneCCL headers that declare it "
                "(XCCL_HAS_ALLTOALLV, oneCCL 2022.2) and only for contiguous displacements",
-         unknown="whether torch 2.15 includes #5057"),
+         unknown="whether torch 2.15 includes #5057 (native only by the override until a release is cited); "
+                 "whether #3021's corruption of the even all_to_all, which the carried exchange uses, persists past "
+                 "torch 2.9 on B60: no maintainer statement found"),
     Fact("all_reduce_coalesced", "one tuple all_reduce of several tensors",
          strategy="one flat buffer per dtype, one all_reduce each",
          source="allreduce_coalesced requires identical dtypes ('Tensors must have identical type', "
@@ -236,7 +246,10 @@ XCCL_FACTS = table(
          by_version=(("2.9", "identical dtypes only"),)),
     # -- facts funcoll's strategies respect on every version (they switch no plan) ------------------------
     Fact("graph_capture", "XPU graph capture of XCCL collectives", info=True,
-         strategy="every strategy runs on the device with no host synchronisation, so a captured graph can hold it",
+         strategy="every strategy runs on the device with no host synchronisation, so a captured graph can hold it, "
+                  "but the carried uneven all_to_all above world 2, which reads 9 int64 per rank of the previous "
+                  "exchange's headers on the host to plan the next: under funcoll.xla.static_split_bound it reads "
+                  "nothing",
          source="#2992: capturing is allowed only with oneCCL >= 2022.0.0 found at run time (onecclGetVersion), "
                 "else NotImplementedError 'Capturing XCCL collectives is only allowed with oneCCL >= 2022.0.0' "
                 "(PGX:150-168, checked in collective() at :786, :937)",

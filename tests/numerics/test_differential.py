@@ -2,8 +2,9 @@
 on a funcoll group and a raw gloo group of the same world, on the native, xccl and xla profiles at worlds 2 and 3
 (sub-groups at 3; the xla profile on torch_xla's torch only, tests/profiles.py), one seed of each, whose first cases
 are every kind once (compiled and functional collectives, uneven list collectives, mixed-evenness all_to_all_single
-splits, moves of random bit patterns among them). Every case's funcoll result equals the value rebuilt from the seed,
-and so does gloo's unless gloo's behaviour is a named, reproduced entry of ``differential.GLOO_KNOWN``; invalid
+splits, moves of random bit patterns among them), and six uneven all_to_all cases on the xccl profile at world 4 (the
+carried exchange, each planned from the one before). Every case's funcoll result equals the value rebuilt from the
+seed, and so does gloo's unless gloo's behaviour is a named, reproduced entry of ``differential.GLOO_KNOWN``; invalid
 requests raise on every rank and the ranks stay in step; nothing hangs (the watchdog). The entries' reproducers run
 on raw gloo here, and the oracle is shown to fail a case when the entry that covers it is taken away. The long run is
 one command per environment: ``./dev python -m tests.numerics.differential --seeds 0-14 --world 2,3,4 --profile
@@ -73,12 +74,27 @@ UNCOVERED = [
      "gloo raised RuntimeError: Invalid scalar type (no known gloo refusal matches)"),
 ]
 
+# the carried uneven all_to_all at world 4 under the xccl profile (worlds 2 and 3 draw it in their seeds): mixed
+# evenness, uneven splits with zero splits, the list form, bit patterns, async with a timeout, in a row (each call
+# plans from the statistics the one before carried)
+_L4 = ["contiguous", "strided", "transposed", "offset"]
+CARRIED = [_case(700, i, kind, dtype, "sum", (2, 3), _L4, async_=i % 2 == 1, wait="timeout" if i % 2 else "wait",
+                 rng=rng, bits=bits)
+           for i, (kind, dtype, rng, bits) in enumerate([
+               ("all_to_all_single_mixed", torch.float32, 0.3, False),
+               ("all_to_all_single", torch.bfloat16, 0.05, False),
+               ("all_to_all_single", torch.int64, 0.45, False),
+               ("all_to_all", torch.uint8, 0.2, False),
+               ("all_to_all_single", torch.float8_e4m3fn, 0.1, True),
+               ("all_to_all_single_mixed", torch.bool, 0.7, False)])]
+
 # one world per (profile, world size) runs every job of that pair, one after the other (a world's start is much of
 # a short job's time): the found cases first (each list of cases in order), then the seed
 JOBS: dict = {}
 for _p, _w, _cases in FOUND:
     JOBS.setdefault((_p, _w), []).append(_cases)
 JOBS.setdefault((None, 2), []).append([c for c, _ in UNCOVERED])
+JOBS.setdefault(("xccl", 4), []).append(CARRIED)
 for (_p, _w), _s in SEEDS.items():
     JOBS.setdefault((_p, _w), []).append((_s, None, True))
 
@@ -161,3 +177,9 @@ def test_known_gloo_behaviour_shows_on_raw_gloo():
             assert shown == ["raised", "raised"], (k.name, shown)
         else:
             assert True in shown and all(isinstance(s, bool) for s in shown), (k.name, shown)
+
+
+def test_the_carried_all_to_all_at_world_4_agrees_with_the_seed_and_with_gloo(world):
+    for res in _ok(*world("xccl", 4, CARRIED)):
+        assert res["failures"] == [], "\n".join(res["failures"])
+        assert res["counts"]["cases"] == len(CARRIED)

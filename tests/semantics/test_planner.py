@@ -101,3 +101,38 @@ def test_bool_counts_are_exact_at_any_group_size():
     assert planner.plan(xccl, "all_reduce", R.MAX, T.bool, 256).steps[0].dtype == T.int32
     assert planner.plan(xccl, "all_reduce", R.MIN, T.bool, 1024).steps[0].dtype == T.int32
     assert planner.plan(xccl, "all_reduce", R.BXOR, T.bool, 1024).steps[0].dtype == T.uint8
+
+
+def test_uneven_all_to_all_plan_bounds_rounds_and_bytes():
+    """The uneven all_to_all plan without a native alltoallv: pairwise only at world 2; above it the carried exchange,
+    whose bytes, counted here from the split matrix itself (every split padded to the chunk, the rows above it once),
+    stay within 1.3x the exact exchange (+ the headers) for splits up to 2x apart, at worlds 3 to 1024; the plan is
+    the same for any order of a rank's splits (it reads only the shared statistics)."""
+    import random
+
+    from funcoll.algorithms import planner as P
+
+    assert P.a2a_plan(2, None, 256).kind == P.PAIRWISE
+    for n in (3, 4, 8, 64, 1024):
+        rng = random.Random(n)
+        sp = [[rng.randint(50, 100) for _ in range(n)] for _ in range(n)]
+        stats = tuple(P.split_stats(row) for row in sp)
+        p = P.a2a_plan(n, stats, 256)
+        assert p.kind == P.CARRIED
+        assert P.a2a_plan(n, tuple(P.split_stats(sorted(row)) for row in sp), 256) == p
+        exact = sum(sum(row) for row in sp)
+        moved = sum(max(s, p.chunk) for row in sp for s in row)
+        assert moved <= 1.3 * exact * 1.02, (n, p, moved / exact)  # 2%: the statistics are 8 sizes per rank
+        assert P.a2a_plan(n, None, 256, bound=100) == P.A2aPlan(P.CARRIED, 100)  # a promised bound: the chunk
+
+
+def test_the_scale_model_has_a_row_for_every_strategy():
+    from bench import model
+
+    text = model.markdown()
+    for call in ("uneven all_to_all (2x)", "uneven all_to_all (one sender)", "uneven list all_gather",
+                 "uneven list reduce_scatter", "gather", "scatter", "size guard (per call)", "debug check (per call)"):
+        assert f"| {call} |" in text, call
+    # no planned strategy's sequential rounds grow with the world: the carried exchange's are 2 at 8 and at 1024
+    row = next(line for line in text.splitlines() if line.startswith("| uneven all_to_all (2x) | carried (planned)"))
+    assert row.count(" / 2 / ") == len(model.WORLDS), row
