@@ -79,6 +79,21 @@ def _apply(environ: MutableMapping[str, str], env: Mapping[str, Optional[str]]) 
             environ[k] = v
 
 
+def _all_connected(world: int, timeout: float) -> None:
+    """Returns once every rank's default group is made (a store counter, no collective: the targets' sequence numbers
+    start at 1). A target may destroy the group or exit at once, and a gloo peer still making its full mesh fails
+    ("Connection closed by peer") when a rank it already reached closes its side meanwhile."""
+    import torch.distributed.distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    store.add("funcoll-launch/connected", 1)
+    deadline = time.monotonic() + timeout
+    while int(store.add("funcoll-launch/connected", 0)) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"funcoll.launch: not every rank of {world} made its default group within {timeout}s")
+        time.sleep(0.005)
+
+
 def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=None):
     import faulthandler
 
@@ -97,6 +112,7 @@ def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=Non
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 init_method=f"tcp://127.0.0.1:{port}",
                                 timeout=timedelta(seconds=coll_timeout))
+        _all_connected(world, coll_timeout)
         mod, fn = target.split(":")
         res = getattr(importlib.import_module(mod), fn)(rank, world, *args)
         q.put((rank, "ok", pickle.dumps(res)))  # plain pickle: tensors travel by value

@@ -67,7 +67,7 @@ def _reference(chain, agent_store):
     if chain not in _references:
         results, codes = _world("tests.fault_tolerance.chains:rank_reference",
                                 (agent_store.port, f"reference-{chain}", PLANS[chain]))
-        assert codes == [0, 0, 0, 0], codes
+        assert codes == [0, 0, 0, 0] and all(r is None or r[0] == "ok" for r in results), (codes, results)
         _references[chain] = {r[1]["stable"]: r[1]["state"] for r in results if r[1] is not None}
     return _references[chain]
 

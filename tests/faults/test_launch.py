@@ -27,6 +27,32 @@ def test_a_rank_that_dies_in_the_teardown_is_reported_with_its_result_and_exit_c
         assert status == "ok" and value == {"rank": rank, "payload": b"x" * PAYLOAD}
 
 
+def _rank_leaves_at_once(rank, n):
+    """Rank 0 closes its group the moment its target starts; every other rank then runs an all_reduce on the
+    default group's gloo backend it made (each counting what it sees of the store's keys first)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    if rank == 0:
+        dist.destroy_process_group()
+        return "left"
+    # every rank, rank 0 included, had made its group before any target ran: none is still connecting to rank 0
+    made = int(c10d._get_default_store().add("funcoll-launch/connected", 0))
+    sub = dist.new_group([r for r in range(1, n)], backend="gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t, group=sub)
+    return made, t.item()
+
+
+def test_every_rank_has_made_its_group_before_any_target_runs():
+    """A target may destroy its group (or exit) at once: a gloo peer still making its full mesh would fail with
+    "Connection closed by peer" when a rank it reached closes its side; the launcher starts no target before every
+    rank's default group is made."""
+    results = run_world("tests.faults.test_launch:_rank_leaves_at_once", 4, timeout=120, coll_timeout=20)
+    assert results == ["left"] + [(4, 3.0)] * 3, results
+
+
 def _rank_reports(rank, n, keys):
     """What a rank sees: its parent process, the environment variables ``keys``, torch's distributed debug level
     (read when torch.distributed is imported); it prints a line to stdout and one to stderr."""
