@@ -109,17 +109,20 @@ def _look(state, error: BaseException) -> Tuple[str, List[int]]:
         if dead or time.monotonic() >= end:
             break
         time.sleep(0.02)
-    for r, _ in dead:
-        state.store.set(_EXITED.format(rank=r), host)
-    if not dead and remote:  # a rank on another host may have seen it: read what they wrote
-        end = time.monotonic() + _REMOTE_WAIT_S
-        keys = {r: _EXITED.format(rank=r) for r in remote}
-        while not dead:
-            dead = [(r, f"on host {where[r][0]!r}, seen by a rank on its host") for r, k in keys.items()
-                    if state.store.check([k])]
-            if dead or time.monotonic() >= end:
-                break
-            time.sleep(0.05)
+    try:  # best effort: the store's host may be the process that is gone (the sentence is then this host's alone)
+        for r, _ in dead:
+            state.store.set(_EXITED.format(rank=r), host)
+        if not dead and remote:  # a rank on another host may have seen it: read what they wrote
+            end = time.monotonic() + _REMOTE_WAIT_S
+            keys = {r: _EXITED.format(rank=r) for r in remote}
+            while not dead:
+                dead = [(r, f"on host {where[r][0]!r}, seen by a rank on its host") for r, k in keys.items()
+                        if state.store.check([k])]
+                if dead or time.monotonic() >= end:
+                    break
+                time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - the collective's own error is what the caller gets
+        pass
     if dead:
         return " " + " ".join(f"Peer rank {r} of the group (global rank {ranks[r]}, {how}) has exited."
                               for r, how in sorted(dead)), sorted(r for r, _ in dead)
