@@ -84,6 +84,13 @@ def _rank_shrink_after_a_loss(rank, world):
         dist.all_reduce(torch.ones(2))
     except Exception as e:  # noqa: BLE001
         failed = type(e).__name__
+    # the survivors learn of the loss together, as a job's control plane tells them (without it, under the oneCCL
+    # lifecycle the survivor whose collective ran on to the timeout would reach the new group's connect one timeout
+    # after the other, whose connect waits one timeout)
+    store = c10d._get_default_store()
+    store.add("survivors", 1)
+    while int(store.add("survivors", 0)) < 2:
+        time.sleep(0.01)
     t0 = time.monotonic()
     dist.shrink_group([2], shrink_flags=c10d.SHRINK_ABORT)
     t = torch.ones(2) * (rank + 1)
