@@ -276,50 +276,43 @@ def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pendi
 def _carried_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int, mine, row_bytes: int):
     """One even all_to_all of byte chunks, chunk j headed by this rank's split statistics ``mine`` and holding the
     first ``chunk`` rows it sends rank j (zeros after them), and the rows above ``chunk`` of every split as one group of
-    send/recv, sends first, each received straight into its place; returns the Pending and the reader of every
-    rank's statistics from the received headers (which waits for the exchange)."""
+    send/recv, sends first; returns the Pending and the reader of every rank's statistics from the received headers
+    (which waits for the exchange). Each side is a fixed number of tensor calls whatever the world: the pieces are
+    views from one ``split`` each, joined by one ``cat`` (the output's, in place: the chunks received, this rank's own
+    rows and the rows above the chunk, received beside it)."""
     n, r = tp.size, tp.rank
     head = planner.A2A_HEADER
-    rest = math.prod(inp.shape[1:])
-    ib = inp.reshape(inp.shape[0], rest).view(torch.uint8)
-    ob = out.reshape(out.shape[0], rest).view(torch.uint8)
-    ioff, ooff = _offsets(in_splits), _offsets(out_splits)
+    ib, ob = inp.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
     width = head + chunk * row_bytes
+    # the rows this rank sends rank j, cut in two: the first ``chunk`` (none of its own) and the rest
+    cut_in = [min(s, chunk) if j != r else 0 for j, s in enumerate(in_splits)]
+    cut_out = [min(s, chunk) if j != r else 0 for j, s in enumerate(out_splits)]
+    sent = ib.split([b * row_bytes for k, s in zip(cut_in, in_splits) for b in (k, s - k)])
+    pads = ib.new_zeros((sum(chunk - k for k in cut_in) * row_bytes,)).split([(chunk - k) * row_bytes for k in cut_in])
     header = torch.tensor(mine, dtype=torch.int64).view(torch.uint8).to(ib.device)
-    zeros = ib.new_zeros((chunk * row_bytes,))
-    flat = ib.view(-1)
-    pieces = []  # one cat: chunk j is the header, the first rows this rank sends rank j, zeros (none to itself)
-    for j, s in enumerate(in_splits):
-        k = min(s, chunk) if j != r else 0
-        pieces += [header, flat[ioff[j] * row_bytes:(ioff[j] + k) * row_bytes], zeros[k * row_bytes:]]
-    send = torch.cat(pieces).view(n, width)
-    if in_splits[r] and row_bytes:
-        ob[ooff[r]:ooff[r] + out_splits[r]].copy_(ib[ioff[r]:ioff[r] + in_splits[r]])
-    recv = send.new_empty((n, width))
-    a2a = tp.all_to_all(recv.view(-1), send.view(-1), None, None)
-    ops = []
-    if row_bytes:
-        ops = [P2P(True, ib[ioff[j] + chunk:ioff[j] + s], j, _A2A_TAG) for j, s in enumerate(in_splits)
-               if j != r and s > chunk]
-        ops += [P2P(False, ob[ooff[j] + chunk:ooff[j] + s], j, _A2A_TAG) for j, s in enumerate(out_splits)
-                if j != r and s > chunk]
-    handles = [a2a] + (tp.p2p_group(ops) if ops else [])
+    send = torch.cat([x for j in range(n) for x in (header, sent[2 * j], pads[j])])
+    recv = send.new_empty((n * width,))
+    a2a = tp.all_to_all(recv, send, None, None)
+    got = recv.split([b for k in cut_out for b in (head, k * row_bytes, width - head - k * row_bytes)])
+    over_sizes = [(s - k) * row_bytes if j != r else 0 for j, (k, s) in enumerate(zip(cut_out, out_splits))]
+    over = ob.new_empty((sum(over_sizes),)).split(over_sizes)
+    ops = [P2P(True, sent[2 * j + 1], j, _A2A_TAG) for j in range(n) if j != r and in_splits[j] > chunk]
+    ops += [P2P(False, over[j], j, _A2A_TAG) for j in range(n) if j != r and out_splits[j] > chunk]
+    handles = [a2a] + (tp.p2p_group(ops) if ops and row_bytes else [])
     box: dict = {"recv": recv, "heads": None}  # the headers alone are kept once the exchange is complete
 
     def read():
         heads = box["heads"]
         if heads is None:
             wait_quietly(a2a)
-            heads = box["recv"][:, :head]
-        got = heads.contiguous().view(torch.int64).cpu()  # the one host read: 9 int64 per rank
-        return tuple(map(tuple, got.tolist()))
+            heads = box["recv"].view(n, width)[:, :head]
+        return tuple(map(tuple, heads.contiguous().view(torch.int64).cpu().tolist()))  # the one host read
 
     def unpad():
-        for j, s in enumerate(out_splits):
-            k = min(s, chunk)
-            if k and j != r and row_bytes:
-                ob[ooff[j]:ooff[j] + k].copy_(recv[j, head:head + k * row_bytes].view(k, row_bytes))
-        box["heads"], box["recv"] = recv[:, :head].clone(), None
+        pieces = [x for j in range(n) for x in ((got[3 * j + 1], over[j]) if j != r else (sent[2 * r + 1],))]
+        if ob.numel():
+            torch.cat(pieces, out=ob)
+        box["heads"], box["recv"] = recv.view(n, width)[:, :head].clone(), None
 
     return Pending(handles).and_then(unpad), read
 

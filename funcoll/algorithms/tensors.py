@@ -61,13 +61,10 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
 
 def _dtypes(x, seen: set) -> None:
     """The dtypes of the tensors in ``x`` (a tensor, or lists, tuples and dicts of them), added to ``seen``."""
-    if isinstance(x, torch.Tensor):
-        seen.add(x.dtype)
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            _dtypes(y, seen)
-    elif isinstance(x, dict):
-        for y in x.values():
+    for y in x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else (x,):
+        if isinstance(y, torch.Tensor):
+            seen.add(y.dtype)
+        elif isinstance(y, (list, tuple, dict)):  # (split sizes and other numbers: passed over in the loop)
             _dtypes(y, seen)
 
 

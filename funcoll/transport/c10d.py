@@ -286,8 +286,10 @@ class BackendWait(C.Work):
 
 
 class WaitedWork(BackendWait):
-    """A backend Work without a future of its own (:func:`waited`), waited on by a background waiter from the moment
-    it is made: its future completes with ``result`` (the Work's own ``result()`` when None)."""
+    """A backend Work whose own future funcoll does not use (it has none: :func:`waited`; or a send's or receive's,
+    whose future c10d's Works may lack: not asked), waited on by whoever waits, or by a background waiter from the
+    first ``get_future()`` or ``is_completed()`` poll on: its future completes with ``result`` (the Work's own
+    ``result()`` when None)."""
 
     _nofut = True
 
@@ -295,7 +297,6 @@ class WaitedWork(BackendWait):
         super().__init__()
         self._h = work
         self._res = result
-        self._in_background()
 
     def _value(self):
         return self._res if self._res is not None else super()._value()
@@ -404,11 +405,11 @@ class C10dTransport(Transport):
         o = _options(C.ScatterOptions, rootRank=src)
         return self.backend.scatter([out], [list(inps)] if inps is not None else [], o)
 
-    def _send(self, t, dst, tag):
-        return waited(self.backend.send([t], dst, tag), [t])
+    def _send(self, t, dst, tag):  # (not asked for a future: gloo's raises, and an exception costs more than the send)
+        return WaitedWork(self.backend.send([t], dst, tag), [t])
 
     def _recv(self, t, src, tag):
-        return waited(self.backend.recv([t], src, tag), [t])
+        return WaitedWork(self.backend.recv([t], src, tag), [t])
 
     def _p2p_group(self, ops: Sequence[P2P]) -> list:
         """A backend that coalesces (ProcessGroupXCCL) gets the group between its ``_start_coalescing`` and

@@ -2,8 +2,8 @@
 inputs in the same world: under the xccl profile at worlds 2 (pairwise), 3 and 4 (the carried exchange: the first call
 of a row size agrees on the split statistics, the later ones plan from the statistics the previous exchange carried,
 with no agreement), with mixed-evenness splits, zero splits, one rank sending everything, splits that change from call
-to call (rows above the chunk), several dtypes and row shapes, two calls in flight before either is waited, and a
-promised ``static_split_bound`` (no agreement). One world per size runs every case."""
+to call (rows above the chunk), several dtypes and row shapes (rows of no bytes too), two calls in flight before
+either is waited, and a promised ``static_split_bound`` (no agreement). One world per size runs every case."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def rank_main(rank: int, n: int, *_) -> dict:
 
     ours, raw = dist.group.WORLD, dist.new_group(backend="gloo")
     failures, notes = [], []
-    for dtype, rest in ((torch.float32, ()), (torch.bfloat16, (3,)), (torch.int64, (2, 2)), (torch.bool, (5,))):
+    for dtype, rest in ((torch.float32, ()), (torch.bfloat16, (3,)), (torch.int64, (2, 2)), (torch.bool, (5,)),
+                        (torch.float32, (0,))):  # rows of no bytes: nothing moves, the splits still count
         for name, sp in _patterns(n):
             ins, outs = sp[rank], [sp[i][rank] for i in range(n)]
             x = _inp(dtype, sum(ins), rest, rank, name)
