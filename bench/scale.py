@@ -4,7 +4,8 @@ backend (:func:`bench.overhead.stock_group`), in the same world, blocks alternat
 of the per-block ratios with its quartiles. The calls are 4 KiB-class: uneven all_to_all_single (rows of 256 B, 8 to
 16 rows per split, the same splits every call: the steady state of a MoE layer; and two patterns alternating call by
 call, so each call is planned from the other's statistics), even all_to_all_single, all_reduce SUM and AVG,
-broadcast, all_gather_into_tensor, and the uneven list all_gather and reduce_scatter (1 to 2 KiB per rank). Then the
+broadcast, all_gather_into_tensor, and the uneven list all_gather and reduce_scatter (1 to 2 KiB per rank); on the
+xccl profile also the carried exchange alone (its algorithm's body on the transport, nothing around it). Then the
 cost model (bench/model.py) at worlds 8 to 1024; docs/performance.md gets both below its scale marker.
 
     ./dev bench scale [blocks] [--16] [--no-docs]
@@ -18,6 +19,7 @@ import sys
 import torch
 
 from bench.overhead import forget_stock, paired, progress, stock_group
+from funcoll.algorithms.planner import PAIRWISE_WORLD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKS = 12
@@ -109,9 +111,43 @@ def rank_main(rank: int, n: int, blocks: int) -> list:
             for key in ("ratios", "deltas", "cpu_deltas"):
                 r.pop(key, None)
             rows.append({"case": name, "world": n, "profile": profile, "strategy": "; ".join(strategies), **r})
+        if profile == "xccl" and n > PAIRWISE_WORLD:  # the carried exchange without funcoll's entry and planning
+            r = paired(a2a_raw(stock), carried_alone(ours, n, rank), blocks)
+            for key in ("ratios", "deltas", "cpu_deltas"):
+                r.pop(key, None)
+            rows.append({"case": ALONE, "world": n, "profile": profile, "strategy": "carried exchange alone", **r})
         forget_stock(stock)
         dist.barrier()
     return rows
+
+
+ALONE = "uneven all_to_all_single: the carried exchange alone"
+
+
+def a2a_raw(group):
+    import torch.distributed as dist
+
+    rank, n = group.rank(), group.size()
+    sp = splits(n)
+    ins, outs = sp[rank], [sp[i][rank] for i in range(n)]
+    inp, out = torch.ones(sum(ins), ROW), torch.empty(sum(outs), ROW)
+    return lambda: dist.all_to_all_single(out, inp, outs, ins, group=group)
+
+
+def carried_alone(group, n: int, rank: int):
+    """The xccl profile's uneven all_to_all of the first row as ``funcoll.algorithms.move._carried_a2a`` runs it on the
+    group's transport (the chunk the planner picks from every rank's statistics, known here), waited: no c10d entry,
+    pipeline, validation or planning."""
+    from funcoll.algorithms import move, planner
+
+    tp = group.transport("cpu")
+    sp = splits(n)
+    ins, outs = sp[rank], [sp[i][rank] for i in range(n)]
+    inp, out = torch.ones(sum(ins), ROW), torch.empty(sum(outs), ROW)
+    row_bytes = ROW * inp.element_size()
+    chunk = planner.a2a_plan(n, tuple(planner.split_stats(s) for s in sp), row_bytes).chunk
+    mine = planner.split_stats(ins)
+    return lambda: move._carried_a2a(tp, out, inp, outs, ins, chunk, mine, row_bytes)[0].wait()
 
 
 def run(blocks: int = BLOCKS, worlds=(2, 4, 8)) -> list:
