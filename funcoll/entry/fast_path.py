@@ -53,14 +53,25 @@ def _plan(pg, st, row, args, tp, key: tuple, plan, request: tuple):
     return got
 
 
-def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request):
+def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request, changed=None):
     """Issues the request ``args`` (its options last) as one native call when its signature ``key`` is one on
-    transport ``tp`` (``plan(tp, *request)``: the algorithms' answer, asked once per key), else :data:`FULL`."""
+    transport ``tp`` (``plan(tp, *request)``: the algorithms' answer, asked once per key), else :data:`FULL`.
+    ``changed``: the key leaves out values the answer does not depend on once they are valid (an uneven
+    all_to_all's split sizes, new at every MoE step); ``changed(description)`` tells whether this call's differ from
+    the ones the cached description holds: then the request is checked and described again, and kept as the key's."""
     if tp is None:
         return FULL
     got = st.native.get(key)
     if got is None or (got[0] is not None and (got[0].caps is not tp.caps or got[0].cls is not type(tp))):
         got = _plan(pg, st, row, args, tp, key, plan, request)
+    elif changed is not None and got[0] is not None and changed(got[1]):
+        try:
+            valid = plan(tp, *request) is not None
+        except Exception:  # noqa: BLE001 - an invalid request: the full path names the problem
+            valid = False
+        if not valid:
+            return FULL
+        st.native[key] = got = (got[0], fingerprint(pg, row.method, args, {}))
     nat, description = got
     if nat is None:
         return FULL
@@ -158,8 +169,16 @@ def _alltoall_base(pg, st, row, args, kwargs):
     if not (_dense(out) and _dense(inp)) or type(osz) is not list or type(isz) is not list:
         return FULL
     osz, isz = tuple(osz), tuple(isz)
-    key = ("alltoall_base", out.dtype, out.shape, out.get_device(), inp.dtype, inp.shape, inp.get_device(), osz, isz)
-    return _take(pg, st, row, args, _transport(pg, inp), key, algorithms.native_all_to_all_call, out, inp, osz, isz)
+    # split sizes: whether each list is given is the signature, not the sizes (checked and described anew when they
+    # differ from the last call's)
+    key = ("alltoall_base", out.dtype, out.shape, out.get_device(), inp.dtype, inp.shape, inp.get_device(), bool(osz),
+           bool(isz))
+
+    def changed(description) -> bool:
+        return description["output_split_sizes"] != list(osz) or description["input_split_sizes"] != list(isz)
+
+    return _take(pg, st, row, args, _transport(pg, inp), key, algorithms.native_all_to_all_call, out, inp, osz, isz,
+                 changed=changed if osz or isz else None)
 
 
 def _broadcast(pg, st, row, args, kwargs):

@@ -397,6 +397,36 @@ def _rank_failure_p2p(rank, n):
     return out
 
 
+def _rank_changing_splits(rank, n):
+    """Uneven all_to_all_single with new split sizes at every call (a MoE layer's), the shapes fixed: each against
+    gloo's own, which path ran, the signatures the group caches, each record's splits; then bad splits on that very
+    signature."""
+    import funcoll
+
+    g = dist.group.WORLD
+    funcoll.debug.set_guard(g, False)
+    gloo = dist.new_group(backend="gloo")
+    dist.all_reduce(torch.ones(1))
+    counts = _spy()
+    same, splits = [], []
+    for k in range(7):
+        ins = [k, 6 - k] if rank == 0 else [6 - k, k]  # rank 0 receives k + (6 - k) rows, rank 1 (6 - k) + k
+        x = torch.arange(6.0) + 10 * rank + 100 * k
+        got, want = torch.empty(6), torch.empty(6)
+        dist.all_to_all_single(got, x, ins, ins)
+        dist.all_to_all_single(want, x, ins, ins, group=gloo)
+        same.append(torch.equal(got, want))
+        fp = funcoll.flight_recorder.entries()[-1].fingerprint
+        splits.append(fp["input_split_sizes"] == ins and fp["output_split_sizes"] == ins)
+    keys, ran = [k for k in g._state.native if k[0] == "alltoall_base"], dict(counts)
+    try:
+        dist.all_to_all_single(torch.empty(6), torch.ones(6), [7, -1], [3, 3])
+        bad = "no error"
+    except ValueError as e:
+        bad = str(e)
+    return {"same": same, "splits": splits, "counts": ran, "keys": len(keys), "bad": bad}
+
+
 # ---------------------------------------------------------------------------------------------------
 # tests
 # ---------------------------------------------------------------------------------------------------
@@ -417,6 +447,13 @@ def test_native_requests_take_the_fast_path_with_right_results_and_records(n):
                                                                          "reduce_scatter_tensor"]
         assert r["describe"] == "all_reduce(reduce_op=sum, float32[6])"
         assert r["dump"] == {"op": "broadcast", "root": 0, "tensors": [["float32", [8]]], "device": "cpu"}
+
+
+def test_uneven_all_to_all_with_new_splits_every_call_stays_one_native_signature():
+    for r in run_world("tests.work.test_fast_path:_rank_changing_splits", 2, None, timeout=120, coll_timeout=30):
+        assert r["same"] == [True] * 7 and r["splits"] == [True] * 7, r
+        assert r["counts"] == {name: 0 for name in FULL_PATH} and r["keys"] == 1, r
+        assert r["bad"] == "funcoll.all_to_all_single: output_split_sizes [7, -1] has a negative entry", r
 
 
 @pytest.mark.parametrize("n", [1, 2])
