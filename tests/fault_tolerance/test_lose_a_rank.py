@@ -54,7 +54,9 @@ def agent_store():
 
 
 def _world(target, args, profile=None):
-    results, codes, hung = spawn_world(target, 4, profile, args, deadline=240, coll_timeout=GROUP_TIMEOUT)
+    # coll_timeout is the launcher's default group's, which every chain target leaves at once (its own groups carry
+    # GROUP_TIMEOUT): its connect gets the time a loaded machine needs to start four ranks (5 s ran out once)
+    results, codes, hung = spawn_world(target, 4, profile, args, deadline=240, coll_timeout=60)
     assert not hung, f"ranks {hung} still running past the deadline (exit codes {codes})"
     return results, codes
 
