@@ -107,15 +107,12 @@ def rank_main(rank: int, n: int, blocks: int) -> list:
             with funcoll.record() as log:
                 make(ours)()
             strategies = sorted({s for _, ss in log for s in ss}) or ["native"]
-            r = paired(make_raw(stock), make(ours), blocks)
-            for key in ("ratios", "deltas", "cpu_deltas"):
-                r.pop(key, None)
-            rows.append({"case": name, "world": n, "profile": profile, "strategy": "; ".join(strategies), **r})
+            rows.append({"case": name, "world": n, "profile": profile, "strategy": "; ".join(strategies),
+                         **_summary(paired(make_raw(stock), make(ours), blocks))})
         if profile == "xccl" and n > PAIRWISE_WORLD:  # the carried exchange without funcoll's entry and planning
-            r = paired(a2a_raw(stock), carried_alone(ours, n, rank), blocks)
-            for key in ("ratios", "deltas", "cpu_deltas"):
-                r.pop(key, None)
-            rows.append({"case": ALONE, "world": n, "profile": profile, "strategy": "carried exchange alone", **r})
+            raw = _calls(n, rank)[0][1](stock)  # the first call's raw side: the same splits
+            rows.append({"case": ALONE, "world": n, "profile": profile, "strategy": "carried exchange alone",
+                         **_summary(paired(raw, carried_alone(ours, n, rank), blocks))})
         forget_stock(stock)
         dist.barrier()
     return rows
@@ -124,14 +121,9 @@ def rank_main(rank: int, n: int, blocks: int) -> list:
 ALONE = "uneven all_to_all_single: the carried exchange alone"
 
 
-def a2a_raw(group):
-    import torch.distributed as dist
-
-    rank, n = group.rank(), group.size()
-    sp = splits(n)
-    ins, outs = sp[rank], [sp[i][rank] for i in range(n)]
-    inp, out = torch.ones(sum(ins), ROW), torch.empty(sum(outs), ROW)
-    return lambda: dist.all_to_all_single(out, inp, outs, ins, group=group)
+def _summary(r: dict) -> dict:
+    """A paired result without its per-block lists (the table reads the medians and quartiles)."""
+    return {k: v for k, v in r.items() if k not in ("ratios", "deltas", "cpu_deltas")}
 
 
 def carried_alone(group, n: int, rank: int):
