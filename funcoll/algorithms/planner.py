@@ -254,7 +254,10 @@ P2P_ROUND_US = 20.0  # one round of pairwise send/recv (one message each way, wa
 GROUP_US = 20.0  # one group of point-to-point messages, plus MESSAGE_US per message of the busiest rank
 MESSAGE_US = 2.0
 BYTES_PER_US = 10_000.0  # 10 GB/s per rank
-BYTES_SLACK = 1.3  # the carried exchange moves at most this many times the exact bytes (+ its headers)
+BYTES_SLACK = 1.3  # the carried exchange moves at most this many times the exact bytes (+ its headers), ...
+# ... unless its bytes above the exact exchange are at most this many per rank: what the model's bandwidth moves in
+# one message group's latency, so padding that small costs less than the messages it saves (and its memory is small)
+PAD_FREE_BYTES = GROUP_US * BYTES_PER_US
 _CANDIDATES = 32  # chunk sizes tried: 0, and up to this many of the reported split sizes
 
 
@@ -322,7 +325,8 @@ def a2a_plan(n: int, stats: Optional[Tuple[Tuple[int, ...], ...]], row_bytes: in
              bound: Optional[int] = None) -> A2aPlan:
     """The plan of an uneven all_to_all in a group of ``n`` ranks with no native alltoallv but point-to-point messages
     of any size: pairwise at worlds up to PAIRWISE_WORLD; else the carried exchange, its chunk the fastest by the
-    model among those that move at most BYTES_SLACK times the exact bytes (plus headers; chunk 0 always does).
+    model among those that move at most BYTES_SLACK times the exact bytes (plus headers; chunk 0 always does) or at
+    most PAD_FREE_BYTES per rank more than the exact bytes (a latency-bound exchange: padding beats a message group).
     ``stats``: every rank's split_stats (None: none known; ``bound``, a promised largest split, is then the chunk)."""
     if n <= PAIRWISE_WORLD:
         return A2aPlan(PAIRWISE)
@@ -336,7 +340,8 @@ def a2a_plan(n: int, stats: Optional[Tuple[Tuple[int, ...], ...]], row_bytes: in
     best, best_t = 0, None
     for c in candidates:
         e = a2a_estimate(c, stats, row_bytes)
-        if c and e["bytes"] - n * n * A2A_HEADER > BYTES_SLACK * e["exact"]:
+        padded = e["bytes"] - n * n * A2A_HEADER
+        if c and padded > BYTES_SLACK * e["exact"] and padded - e["exact"] > PAD_FREE_BYTES * n:
             continue
         if best_t is None or e["time_us"] < best_t:
             best, best_t = c, e["time_us"]
