@@ -31,7 +31,8 @@ Moves (filled without a plan, in :mod:`funcoll.algorithms.move`):
                          it the carried exchange (a2a_plan, below): one even all_to_all of byte chunks, each headed by
                          its sender's split statistics, the rows above the chunk as one group of send/recv, the chunk
                          chosen from the statistics the previous exchange of that row size carried (no agreement; one
-                         tiny all_gather of them on the first call, none under a promised static_split_bound); else
+                         tiny all_gather of them on the first call, none under a promised static_split_bound; a
+                         latency-bound exchange's chunk holds every split: one collective, no message); else
                          (XLA, TorchTPU: one program on every rank) every split padded to a bound every rank promised
                          or to the largest split (agreed on with a tiny all_gather), one even all_to_all, unpad
 * coalesced           -> one tuple op where native, else one flat buffer per dtype, one collective each
