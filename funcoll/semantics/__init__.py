@@ -10,9 +10,10 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["ReduceOp", "Reduction", "FLOAT8", "FLOAT4", "MX", "parse_reduction", "check_reduction",
-           "check_all_gather", "check_reduce_scatter", "check_all_to_all", "check_root", "check_layout",
-           "check_same_tensor", "check_rank_list", "dtype_kind", "dtype_name", "ranks_text", "gathered_shape"]
+__all__ = ["ReduceOp", "Reduction", "FLOAT8", "FLOAT4", "MX", "UNSIGNED", "INTEGER_DTYPES", "FLOAT_DTYPES",
+           "parse_reduction", "check_reduction", "check_all_gather", "check_reduce_scatter", "check_all_to_all",
+           "check_root", "check_layout", "check_same_tensor", "check_rank_list", "dtype_kind", "dtype_name",
+           "ranks_text", "gathered_shape"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -41,6 +42,8 @@ FLOAT4 = frozenset(getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(t
 # float4_e2m1fn_x2), and never reduce them
 MX = FLOAT4 | frozenset(getattr(torch, n) for n in ("float8_e8m0fnu",) if hasattr(torch, n))
 UNSIGNED = frozenset({torch.uint8, torch.uint16, torch.uint32, torch.uint64})
+INTEGER_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64}) | UNSIGNED
+FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})  # no float8/float4: see above
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequ
 
 import torch
 
-from funcoll.semantics import FLOAT4, FLOAT8, ReduceOp, Reduction
+from funcoll.semantics import FLOAT4, FLOAT8, FLOAT_DTYPES, INTEGER_DTYPES, ReduceOp, Reduction
 
 __all__ = ["Capabilities", "Handle", "wait_quietly", "Done", "Transport", "NativeRefused", "Native", "PROFILES",
            "profile", "active_profile_name", "P2P"]
@@ -33,10 +33,7 @@ PRIMITIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatte
               "broadcast", "reduce", "gather", "scatter", "send_recv", "barrier")
 REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce")
 
-_INTS = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                   torch.uint16, torch.uint32, torch.uint64})
-_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-ALL_DTYPES = _INTS | _FLOATS | {torch.bool} | FLOAT8 | FLOAT4
+ALL_DTYPES = INTEGER_DTYPES | FLOAT_DTYPES | {torch.bool} | FLOAT8 | FLOAT4
 
 
 class NativeRefused(RuntimeError):
@@ -120,7 +117,7 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         reduce_ops=frozenset({R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR}),
         dtypes=_GLOO_DTYPES,
         reduce_dtypes=_GLOO_DTYPES,
-        refused_pairs=_pairs([R.AVG], _INTS | {torch.bool}) | _pairs([R.BAND, R.BOR, R.BXOR], _FLOATS),
+        refused_pairs=_pairs([R.AVG], INTEGER_DTYPES | {torch.bool}) | _pairs([R.BAND, R.BOR, R.BXOR], FLOAT_DTYPES),
         uneven_all_to_all=True,
         uneven_reduce_scatter=True,
         sources={
@@ -142,9 +139,9 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
                               "all_to_all", "send_recv"}),
         reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR}),
-        dtypes=_INTS | _FLOATS | {torch.bool},  # every dtype but float8 and float4
-        reduce_dtypes=_INTS | _FLOATS | {torch.bool},
-        refused_pairs=_pairs([R.BAND, R.BOR], _FLOATS | _INTS),
+        dtypes=INTEGER_DTYPES | FLOAT_DTYPES | {torch.bool},  # every dtype but float8 and float4
+        reduce_dtypes=INTEGER_DTYPES | FLOAT_DTYPES | {torch.bool},
+        refused_pairs=_pairs([R.BAND, R.BOR], FLOAT_DTYPES | INTEGER_DTYPES),
         uneven_all_to_all=False,
         is_async=False,
         p2p_any_shape=False,

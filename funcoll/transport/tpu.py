@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from funcoll.semantics import FLOAT8, MX, ReduceOp
+from funcoll.semantics import FLOAT8, FLOAT_DTYPES, INTEGER_DTYPES, MX, ReduceOp
 from funcoll.transport import DONE, Capabilities, active_profile_name, promised_split_bound, static_split_bound
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.c10d import C10dTransport
@@ -37,10 +37,7 @@ KNOWN_UNTIL = "torch_tpu 0.2.0 wheel, torch-2.15 glue (read 2026-11)"
 # (ProcessGroupTpu); vt[n] = slot n of ProcessGroupTpu's vtable (a c10d default there means "not overridden"); RUN =
 # executed without a TPU; M = the public mirror github.com/jonathan1920/torch_tpu (csrc/distributed/
 # process_group_tpu.{h,cc}; version unknown: corroboration only).
-_INTS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
-                   torch.uint64})
-_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-_TPU_REDUCE_DTYPES = _INTS | _FLOATS | {torch.bool}
+_TPU_REDUCE_DTYPES = INTEGER_DTYPES | FLOAT_DTYPES | {torch.bool}
 _V02 = (0, 2)  # native_since: the torch_tpu row from which funcoll hands the request to ProcessGroupTpu
 
 # THE TORCHTPU FACT TABLE: every ProcessGroupTpu capability funcoll relies on, with its evidence (derive() reads
@@ -196,7 +193,7 @@ def derive(torch_tpu_version) -> VersionedCapabilities:
         refused |= {(R.AVG, d) for d in _TPU_REDUCE_DTYPES - {torch.float32, torch.float64}}
     if native("bitwise"):
         reduce_ops |= {R.BAND, R.BOR, R.BXOR}
-        refused |= {(op, d) for op in (R.BAND, R.BOR, R.BXOR) for d in _FLOATS}
+        refused |= {(op, d) for op in (R.BAND, R.BOR, R.BXOR) for d in FLOAT_DTYPES}
     vstr = version_text(_version(torch_tpu_version))
     return VersionedCapabilities(
         name=f"torchtpu[{vstr}]", versions={"torch_tpu": vstr, "row": row or "unknown"},

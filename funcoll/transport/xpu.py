@@ -22,7 +22,7 @@ import torch
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
-from funcoll.semantics import FLOAT8, MX, ReduceOp
+from funcoll.semantics import FLOAT8, FLOAT_DTYPES, MX, ReduceOp
 from funcoll.transport import PRIMITIVES, Capabilities, active_profile_name
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.c10d import C10dTransport
@@ -56,7 +56,6 @@ ENV_TOPOLOGY = "FUNCOLL_XPU_TOPOLOGY"
 # as a uint8 view itself (the float8 fact).
 _XCCL_DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.float32,
                           torch.float64, torch.bfloat16, torch.bool})
-_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 SCALE_UP, SCALE_OUT = "scale-up", "scale-out"
 TOPOLOGIES = (SCALE_UP, SCALE_OUT)
@@ -493,7 +492,7 @@ def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], ve
     serve a size per rank (ProcessGroupXCCL::allgather / ::reduce_scatter: one _broadcast_oop / _reduce_oop per rank
     when the sizes differ; intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14 and main ab84f925)."""
     reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
-    refused = {(R.AVG, d) for d in _XCCL_DTYPES - _FLOATS}  # avg_int (integers and bool)
+    refused = {(R.AVG, d) for d in _XCCL_DTYPES - FLOAT_DTYPES}  # avg_int (integers and bool)
     refused_on = set()
     # AVG and PREMUL_SUM: native per primitive, each by its own facts
     for op, on_ar, on_rs, on_reduce in (
@@ -505,11 +504,11 @@ def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], ve
             refused_on |= {(p, op) for p, ok in (("all_reduce", on_ar), ("reduce_scatter", on_rs),
                                                  ("reduce", on_reduce)) if not ok}
             if op is R.PREMUL_SUM:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12)
-                refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - _FLOATS}
+                refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - FLOAT_DTYPES}
         elif op is R.AVG:
             refused_on.add(("reduce", R.AVG))
     if not native("int_minmax"):
-        refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_DTYPES - _FLOATS}
+        refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_DTYPES - FLOAT_DTYPES}
     return XcclCapabilities(
         name=name, sources=sources, versions=versions, unverified=unverified,
         primitives=frozenset(set(PRIMITIVES) - {"all_reduce_coalesced"}), reduce_ops=frozenset(reduce_ops),
