@@ -404,8 +404,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     device_type = str(device_type or getattr(tp, "device_type", "cpu"))
     group = str(group) if group is not None else group_label(tp)
     dev = torch.device(getattr(tp, "control_device", None) or "cpu")
-    # XLA's ``caps`` is a property over the table in ``_caps``: the probe replaces the table, not the property's view
-    caps = tp.__dict__["_caps"] if "_caps" in tp.__dict__ else tp.caps
+    caps = tp.table  # the probe replaces the table; a group may read less of it (XLA's, by its replica groups)
     n, rank = tp.size, tp.rank
     reqs = requests(tp.caps, n)
     # requests only an open report keeps off the native path (XCCL's AVG on scale-up): checked too, at more sizes
@@ -436,11 +435,11 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
         cases = [_Case(reqs[j], n, k) for j, k in sizes]
         per = max(1, _BATCH_BYTES // max([max(c.numel) * 8 for c in cases], default=1))  # cases per batch
         if extra:  # the transport is asked for the extra requests natively: it runs under that table meanwhile
-            tp.caps = unverified
+            tp.use_table(unverified)
         try:
             verdicts = [v for i in range(0, len(cases), per) for v in _run_batch(tp, cases[i:i + per], dev)]
         finally:
-            tp.caps = caps
+            tp.use_table(caps)
         errors = [[v for (i, _), v in zip(sizes, verdicts) if i == j and v] for j in range(len(reqs))]  # this rank's
         # 3. every rank's verdicts: the union, so that every rank demotes the same requests
         every = _all_gather_bytes(tp, bytes(bool(e) for e in errors), dev)
@@ -459,7 +458,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
             **new.sources, **{f"probe.{name}": "verified on this group by funcoll.probe (an open report keeps it "
                               "off the native path by default)" for name in verified}})
     if demoted or verified:
-        tp.caps = new
+        tp.use_table(new)
     res = ProbeResult(group, device_type, key, names, wrong, demoted, unfixable, cached, time.monotonic() - t0,
                       tp.caps.name, verified)
     _results.append(res)

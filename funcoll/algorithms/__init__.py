@@ -31,7 +31,6 @@ from funcoll.algorithms.move import (
 from funcoll.algorithms.p2p import P2P, Batch, batch_isend_irecv, p2p_op
 from funcoll.algorithms.pending import Pending, record, watched
 from funcoll.algorithms.reduce import (
-    R,
     all_reduce,
     all_reduce_coalesced,
     native_all_reduce,
@@ -43,6 +42,7 @@ from funcoll.algorithms.reduce import (
     reduce_scatter_tensor,
     reduce_scatter_tensor_coalesced,
 )
+from funcoll.semantics import ReduceOp as R  # noqa: N814  (to be removed with report.py's use)
 
 __all__ = [  # one function per op, named as the op
     "Pending", "record", "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",

@@ -31,8 +31,6 @@ from funcoll.algorithms.tensors import (
 from funcoll.semantics import ReduceOp, Reduction
 from funcoll.transport import Transport
 
-R = ReduceOp
-
 
 # -- is the plan native? (the fast paths) ------------------------------------------------------------------------------
 def _native_reduction(caps, size: int, op, dtype: torch.dtype) -> Optional[Reduction]:
@@ -40,7 +38,7 @@ def _native_reduction(caps, size: int, op, dtype: torch.dtype) -> Optional[Reduc
     semantics (the planner's plan), else None; raises as the algorithm does for an invalid request."""
     red = semantics.parse_reduction(op, "all_reduce")
     semantics.check_reduction("all_reduce", red, dtype)
-    native = red.op is not R.PREMUL_SUM and planner.plan(caps, "all_reduce", red.op, dtype, size).native
+    native = red.op is not ReduceOp.PREMUL_SUM and planner.plan(caps, "all_reduce", red.op, dtype, size).native
     return red if native else None
 
 
@@ -76,7 +74,7 @@ def native_reduce_scatter_call(tp: Transport, op, out: torch.Tensor, inp: torch.
     semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
     semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
     caps = tp.caps
-    if (out.numel() == 0 or red.op is R.PREMUL_SUM or out.dim() == 0
+    if (out.numel() == 0 or red.op is ReduceOp.PREMUL_SUM or out.dim() == 0
             or tuple(inp.shape) != (tp.size * out.shape[0],) + tuple(out.shape[1:])
             or not caps.moves(inp.dtype)
             or not planner.plan(caps, "reduce_scatter", red.op, inp.dtype, tp.size).native):
@@ -89,7 +87,7 @@ def _rs_list_native(tp: Transport, red: Reduction, dtype: torch.dtype, sizes: Se
     every rank shares (the transport, the reduce op, the dtype, every destination's size), so that every rank of a
     call issues the same exchange, whatever its tensors' layouts and whether the fast path took it."""
     caps = tp.caps
-    if (red.op is R.PREMUL_SUM or "reduce_scatter" not in tp.list_forms or not caps.moves(dtype)
+    if (red.op is ReduceOp.PREMUL_SUM or "reduce_scatter" not in tp.list_forms or not caps.moves(dtype)
             or not planner.plan(caps, "reduce_scatter", red.op, dtype, tp.size).native):
         return False
     # uneven: XCCL and NCCL send one reduce per destination (the reduce plan must be native too); gloo one all_reduce
@@ -137,74 +135,132 @@ def _alike(f: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor,
 def _run(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction, steps) -> Pending:
     """Runs the plan ``steps``: an all_reduce of ``out`` in place (``inp is out``) or a reduce_scatter of ``inp`` into
     ``out`` (contiguous, validated). A transform step changes the request (its tensors, its op) and runs the rest of
-    the plan on it, then its finishing step; a terminal step sends."""
-    step, rest, n, ar = steps[0], steps[1:], tp.size, inp is out
+    the plan on it, then its finishing step; a terminal step sends. Each step kind's code is its row of ``_STEPS``."""
+    step = steps[0]
     if step.note:
         _note(step.note)
-    kind = step.kind
-    r = red if step.op is red.op else Reduction(step.op)
-    if kind == planner.NATIVE:
-        return Pending([tp.all_reduce(out, r) if ar else tp.reduce_scatter(out, inp, r)])
-    if kind == planner.REAL_VIEW:
-        return _run(tp, *_alike(lambda x: torch.view_as_real(_flat(x)), out, inp), r, rest)
-    if kind == planner.BOOL_OP:
-        return _run(tp, out, inp, r, rest)
-    if kind in (planner.BOOL_UINT8, planner.SIGNED):
-        return _run(tp, *_alike(lambda x: x.view(step.dtype), out, inp), r, rest)
-    if kind == planner.AVG_FLOAT:
-        return _run(tp, out, inp, r, rest).and_then(lambda: out.div_(n))
-    if kind == planner.PREMUL:
-        f = red.factor_like(out)  # a reduce_scatter's input is the caller's: scaled as a copy
-        return _run(tp, out, out.mul_(f) if ar else inp * f, r, rest)
-    if kind == planner.SIGNED_FLIP:
-        wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
-        wi = wo.bitwise_xor_(bit) if ar else inp.view(step.dtype) ^ bit
-        return _run(tp, wo, wi, r, rest).and_then(lambda: wo.bitwise_xor_(bit))
-    if kind in _COUNT_TO_BOOL_ and ar and step.dtype == torch.uint8 and out.is_contiguous() and tp.dtype_views:
+    return _STEPS[step.kind](tp, out, inp, red if step.op is red.op else Reduction(step.op), step, red, steps[1:])
+
+
+# Each step kind, run: (transport, out, inp, the reduction after the step, the step, the reduction before it, the rest
+# of the plan) -> Pending. ``inp is out``: an all_reduce in place, else a reduce_scatter.
+def _native_step(tp, out, inp, r, step, red, rest) -> Pending:
+    return Pending([tp.all_reduce(out, r) if inp is out else tp.reduce_scatter(out, inp, r)])
+
+
+def _same_step(tp, out, inp, r, step, red, rest) -> Pending:  # the op changed, the tensors did not (bool's or/and)
+    return _run(tp, out, inp, r, rest)
+
+
+def _view_step(tp, out, inp, r, step, red, rest) -> Pending:  # the same bytes as another dtype (bool, unsigned)
+    return _run(tp, *_alike(lambda x: x.view(step.dtype), out, inp), r, rest)
+
+
+def _real_view_step(tp, out, inp, r, step, red, rest) -> Pending:
+    return _run(tp, *_alike(lambda x: torch.view_as_real(_flat(x)), out, inp), r, rest)
+
+
+def _avg_step(tp, out, inp, r, step, red, rest) -> Pending:  # SUM, then divide
+    return _run(tp, out, inp, r, rest).and_then(lambda: out.div_(tp.size))
+
+
+def _premul_step(tp, out, inp, r, step, red, rest) -> Pending:
+    f = red.factor_like(out)  # a reduce_scatter's input is the caller's: scaled as a copy
+    return _run(tp, out, out.mul_(f) if inp is out else inp * f, r, rest)
+
+
+def _signed_flip_step(tp, out, inp, r, step, red, rest) -> Pending:
+    wo, bit = out.view(step.dtype), planner.SIGN_BIT[step.dtype]
+    wi = wo.bitwise_xor_(bit) if inp is out else inp.view(step.dtype) ^ bit
+    return _run(tp, wo, wi, r, rest).and_then(lambda: wo.bitwise_xor_(bit))
+
+
+def _narrow_step(tp, out, inp, r, step, red, rest) -> Pending:
+    """A step that reduces in another dtype: its result back in the request's dtype (``_NARROW``)."""
+    n = tp.size
+    if step.kind in _COUNT_TO_BOOL_ and inp is out and step.dtype == torch.uint8 and out.is_contiguous() \
+            and tp.dtype_views:
         # bools are 0/1 bytes: count in the tensor itself, then turn the count back into 0/1 in place (no temporary:
-        # a bool result copied back costs ~2x the in-place op at 16 MiB)
+        # docs/performance.md's "any (MAX) 16 MiB bool" row)
         w = out.view(torch.uint8)
-        return _run(tp, w, w, r, rest).and_then(lambda: _COUNT_TO_BOOL_[kind](w, n))
-    if kind in _NARROW:
-        wo, wi = _alike(lambda x: x.to(step.dtype), out, inp)
-        return _run(tp, wo, wi, r, rest).and_then(lambda: out.copy_(_NARROW[kind](wo, n)))
-    if kind in (planner.RS_AG_LOCAL, planner.AVG_RS_AG):
-        flat = _padded_flat(out, n)
-        if kind == planner.RS_AG_LOCAL:
-            # this rank's block of every rank, reduced in rank order, the blocks gathered straight into the result
-            recv = torch.empty_like(flat)
-            _a2a_even(tp, recv, flat).wait()
-            p = _ag(tp, flat, _local_reduce(recv.view(n, -1), step.op))
-        else:
-            # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and
-            # rounds its block to out's dtype, all_gather in out's dtype; in pieces of tp.staging_bytes of float32,
-            # each gathered back into itself: the float32 copy and the transport's own temporaries stay bounded
-            piece = flat.numel() if tp.staging_bytes is None else max(n, tp.staging_bytes // 4 // n * n)
-            for lo in range(0, flat.numel(), piece):
-                part = flat[lo:lo + piece]
-                wide = part.float()
-                block = wide.new_empty((part.numel() // n,))
-                _rs(tp, block, wide, Reduction(R.SUM)).wait()
-                del wide
-                p = _ag(tp, part, block.div_(n).to(out.dtype))
-                if lo + piece < flat.numel():
-                    p.wait()
-        if flat.numel() == out.numel():  # no padding: flat is a view of out, the all_gather wrote into out itself
-            return p
-        return p.and_then(lambda: out.view(-1).copy_(flat[:out.numel()]))
-    if kind == planner.GATHER_LOCAL:
-        flat = out.reshape(-1)
-        g = flat.new_empty((n * flat.numel(),))
-        return _ag(tp, g, flat).and_then(lambda: flat.copy_(_local_reduce(g.view(n, -1), step.op)))
-    if kind == planner.A2A_LOCAL:
-        buf = torch.empty_like(inp)
-        return _a2a_even(tp, buf, inp).and_then(lambda: out.reshape(-1).copy_(_local_reduce(buf.view(n, -1), step.op)))
-    if kind == planner.ALL_REDUCE_SLICE:  # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
-        w = inp.clone()
-        return _ar(tp, w, r).and_then(lambda: out.copy_(
-            w.view((n,) + tuple(out.shape)).index_select(0, tp.rank_index(w)).view(out.shape)))
-    raise NotImplementedError(f"funcoll.{'all_reduce' if ar else 'reduce_scatter_tensor'}: the {tp.caps.name} "
-                              f"transport cannot reduce {inp.dtype}")
+        return _run(tp, w, w, r, rest).and_then(lambda: _COUNT_TO_BOOL_[step.kind](w, n))
+    wo, wi = _alike(lambda x: x.to(step.dtype), out, inp)
+    return _run(tp, wo, wi, r, rest).and_then(lambda: out.copy_(_NARROW[step.kind](wo, n)))
+
+
+def _rs_ag_local_step(tp, out, inp, r, step, red, rest) -> Pending:
+    # this rank's block of every rank, reduced in rank order, the blocks gathered straight into the result
+    n, flat = tp.size, _padded_flat(out, tp.size)
+    recv = torch.empty_like(flat)
+    _a2a_even(tp, recv, flat).wait()
+    return _unpad(out, flat, _ag(tp, flat, _local_reduce(recv.view(n, -1), step.op)))
+
+
+def _avg_rs_ag_step(tp, out, inp, r, step, red, rest) -> Pending:
+    # float32 reduce_scatter (the sum rounds once, as a float32 all_reduce would), each rank divides and rounds its
+    # block to out's dtype, all_gather in out's dtype; in pieces of tp.staging_bytes of float32, each gathered back
+    # into itself: the float32 copy and the transport's own temporaries stay bounded
+    n, flat = tp.size, _padded_flat(out, tp.size)
+    piece = flat.numel() if tp.staging_bytes is None else max(n, tp.staging_bytes // 4 // n * n)
+    for lo in range(0, flat.numel(), piece):
+        part = flat[lo:lo + piece]
+        wide = part.float()
+        block = wide.new_empty((part.numel() // n,))
+        _rs(tp, block, wide, Reduction(ReduceOp.SUM)).wait()
+        del wide
+        p = _ag(tp, part, block.div_(n).to(out.dtype))
+        if lo + piece < flat.numel():
+            p.wait()
+    return _unpad(out, flat, p)
+
+
+def _unpad(out: torch.Tensor, flat: torch.Tensor, p: Pending) -> Pending:
+    if flat.numel() == out.numel():  # no padding: flat is a view of out, the all_gather wrote into out itself
+        return p
+    return p.and_then(lambda: out.view(-1).copy_(flat[:out.numel()]))
+
+
+def _gather_local_step(tp, out, inp, r, step, red, rest) -> Pending:
+    flat = out.reshape(-1)
+    g = flat.new_empty((tp.size * flat.numel(),))
+    return _ag(tp, g, flat).and_then(lambda: flat.copy_(_local_reduce(g.view(tp.size, -1), step.op)))
+
+
+def _a2a_local_step(tp, out, inp, r, step, red, rest) -> Pending:
+    buf = torch.empty_like(inp)
+    return _a2a_even(tp, buf, inp).and_then(
+        lambda: out.reshape(-1).copy_(_local_reduce(buf.view(tp.size, -1), step.op)))
+
+
+def _all_reduce_slice_step(tp, out, inp, r, step, red, rest) -> Pending:
+    # XLA, replica groups of mixed sizes: no reduce_scatter, no all_to_all
+    w = inp.clone()
+    return _ar(tp, w, r).and_then(lambda: out.copy_(
+        w.view((tp.size,) + tuple(out.shape)).index_select(0, tp.rank_index(w)).view(out.shape)))
+
+
+def _unreducible_step(tp, out, inp, r, step, red, rest) -> Pending:
+    raise NotImplementedError(f"funcoll.{'all_reduce' if inp is out else 'reduce_scatter_tensor'}: the "
+                              f"{tp.caps.name} transport cannot reduce {inp.dtype}")
+
+
+_STEPS: dict[str, Callable[..., Pending]] = {
+    planner.NATIVE: _native_step,
+    planner.REAL_VIEW: _real_view_step,
+    planner.BOOL_OP: _same_step,
+    planner.BOOL_UINT8: _view_step,
+    planner.SIGNED: _view_step,
+    planner.AVG_FLOAT: _avg_step,
+    planner.PREMUL: _premul_step,
+    planner.SIGNED_FLIP: _signed_flip_step,
+    **{kind: _narrow_step for kind in _NARROW},
+    planner.RS_AG_LOCAL: _rs_ag_local_step,
+    planner.AVG_RS_AG: _avg_rs_ag_step,
+    planner.GATHER_LOCAL: _gather_local_step,
+    planner.A2A_LOCAL: _a2a_local_step,
+    planner.ALL_REDUCE_SLICE: _all_reduce_slice_step,
+    planner.UNREDUCIBLE: _unreducible_step,
+}
 
 
 @_entry
@@ -245,7 +301,7 @@ def _masked_sum(tp: Transport, bits: torch.Tensor, keep: torch.Tensor,
     rank), 0 elsewhere, summed as integers in one all_reduce, every bit pattern unchanged; ``write(sum)`` then gets the
     flat sum (selected in the integers where needed: XLA's CPU runtime selects bfloat16 through float32)."""
     masked = torch.where(keep, bits, False if bits.dtype == torch.bool else 0).reshape(-1)  # bool stays bool
-    return _ar(tp, masked, Reduction(R.SUM)).and_then(lambda: write(masked))
+    return _ar(tp, masked, Reduction(ReduceOp.SUM)).and_then(lambda: write(masked))
 
 
 def _ag(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Pending:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupInfo", "register", "unregister", "lookup", "register_partition", "register_mesh",
-           "regular_partition", "blocks_for", "partitions_version", "to_global", "to_group", "new_subgroups",
-           "split_group", "clear"]
+           "regular_partition", "blocks_for", "to_global", "to_group", "new_subgroups",
+           "split_group", "clear", "watch_partitions"]
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,19 @@ _lock = threading.Lock()
 _groups: Dict[str, GroupInfo] = {}
 # frozenset(block) -> the whole partition (tuple of blocks, each a tuple of global ranks)
 _partitions: Dict[frozenset, Tuple[Tuple[int, ...], ...]] = {}
-_version = [0]  # bumped whenever _partitions changes: replica groups computed before are stale
+_version = [0]  # bumped whenever _partitions changes: blocks computed before are stale
+_watchers: "weakref.WeakSet" = weakref.WeakSet()  # what watch_partitions() registered
 
 
-def partitions_version() -> int:
-    """A number that changes whenever a partition is registered or the registry is cleared."""
-    return _version[0]
+def watch_partitions(watcher) -> None:
+    """``watcher.partitions_changed()`` runs whenever a partition is registered or the registry is cleared, as long as
+    ``watcher`` lives (an XLA transport's replica groups are read from the partitions)."""
+    _watchers.add(watcher)
+
+
+def _partitions_changed() -> None:
+    for watcher in list(_watchers):
+        watcher.partitions_changed()
 
 
 def register(name: str, ranks: Sequence[int], world_size: int) -> GroupInfo:
@@ -60,6 +68,7 @@ def clear() -> None:
         _groups.clear()
         _partitions.clear()
         _version[0] += 1
+    _partitions_changed()
 
 
 def lookup(name: str) -> GroupInfo:
@@ -103,6 +112,7 @@ def register_partition(blocks: Iterable[Sequence[int]]) -> Tuple[Tuple[int, ...]
         for b in part:
             _partitions[frozenset(b)] = part
         _version[0] += 1
+    _partitions_changed()
     return part
 
 

@@ -346,7 +346,7 @@ class Transport:
     def __init__(self, rank: int, size: int, caps: Capabilities):
         self.rank = rank
         self.size = size
-        self.caps = caps
+        self.table = self.caps = caps  # the table it was made with, and what this group reads of it (the same here)
         self._calls: collections.Counter = collections.Counter()
         self._tallies: Dict[tuple, Tally] = {}
         self._ar_forms: Dict[tuple, tuple] = {}  # (op, dtype) -> (tally, the backend's form of the op)
@@ -374,6 +374,11 @@ class Transport:
         if got is None:
             got = self._ar_forms[key] = (self.tally(("all_reduce", str(red.op), dtype)), form(red))
         return got
+
+    def use_table(self, table: Capabilities) -> None:
+        """Replaces the capabilities table (the probe's verified one); a transport whose group narrows the table
+        (XLA's, by its replica groups) narrows the new one."""
+        self.table = self.caps = table
 
     def abort(self) -> None:
         """Ends the transport's in-flight primitives at once (each fails), for good: the group is aborted. A transport

@@ -47,7 +47,7 @@ _XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "m
 
 def capabilities(profile_name: Optional[str] = None) -> Capabilities:
     """The ``xla`` profile (torch_xla 2.9's lazy collectives), intersected with ``profile_name``'s (or
-    ``FUNCOLL_PROFILE``'s); :attr:`XlaTransport.caps` narrows it per group."""
+    ``FUNCOLL_PROFILE``'s); :meth:`XlaTransport.partitions_changed` narrows it per group."""
     name = profile_name if profile_name is not None else active_profile_name()
     return profile("xla").restrict(profile(name)) if name and name != "xla" else profile("xla")
 
@@ -123,7 +123,6 @@ class XlaTransport(Transport):
     # and NaN payloads; as integers (a free bitcast-convert) every backend moves the bits
     floats_as_integers = True
     staging_bytes = None  # one collective per request: XLA's compiler plans the temporaries
-    _cache: Optional[tuple] = None  # (partitions version, replica groups, uniform replica groups or None, caps)
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
                  device=None, caps: Optional[Capabilities] = None, pin_layout: bool = True):
@@ -140,38 +139,36 @@ class XlaTransport(Transport):
         # may compile slightly different programs around a collective, and a pinned layout keeps them agreeing.
         self.pin_layout = pin_layout
         self.virtual = self.world_size > xr.world_size()  # more funcoll ranks than the runtime has replicas
+        self.partitions_changed()
+        groups.watch_partitions(self)  # a partition registered later (the group's siblings) changes the above
 
     def __repr__(self) -> str:
         return (f"XlaTransport(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
                 f"ranks={list(self.global_ranks)}, world={self.world_size}, device={self.control_device})")
 
     # -- replica groups, and the capabilities they allow ----------------------------------------------
-    def _by_partition(self) -> tuple:
-        """(:meth:`replica_groups`, the same when all of one size else None, capabilities), cached until a partition is
-        registered. XLA's all-gather, reduce-scatter and all-to-all need replica groups of one size: a group that has
-        none (a lone sub-group padded with singletons) has capabilities without them."""
-        key = groups.partitions_version()
-        if self._cache is None or self._cache[0] != key:
-            replica: List[List[int]] = []
-            if self.global_ranks != tuple(range(self.world_size)):
-                # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
-                mine = set(self.global_ranks)
-                replica = [list(self.global_ranks) if set(b) == mine else list(b)
-                           for b in groups.blocks_for(self.global_ranks, self.world_size)]
-            uniform = _uniform(replica, self.size, self.world_size)
-            caps = self._caps if uniform is not None else replace(
-                self._caps, primitives=self._caps.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
-            self._cache = (key, replica, uniform, caps)
-        return self._cache[1:]
+    def partitions_changed(self) -> None:
+        """Sets :attr:`replica_groups`, ``_uniform_groups`` (the same when all of one size, else None) and
+        :attr:`caps` from the registered partitions: at creation and whenever a partition is registered. XLA's
+        all-gather, reduce-scatter and all-to-all need replica groups of one size: a group that has none (a lone
+        sub-group padded with singletons) has capabilities without them.
 
-    def replica_groups(self) -> List[List[int]]:
-        """The replica groups of a collective over this group, as every rank of the world emits them
-        (:func:`funcoll.groups.blocks_for`), this group's block in group-rank order; ``[]`` (``replica_groups={}``)
-        for the whole world in rank order, as torch_xla's kernels emit it."""
-        return self._by_partition()[0]
+        ``replica_groups``: the replica groups of a collective over this group, as every rank of the world emits them
+        (:func:`funcoll.groups.blocks_for`), this group's block in group-rank order; ``[]`` (``replica_groups={}``) for
+        the whole world in rank order, as torch_xla's kernels emit it."""
+        replica: List[List[int]] = []
+        if self.global_ranks != tuple(range(self.world_size)):
+            # this group's block in group-rank order: all-gather concatenates in the order the block lists ranks
+            mine = set(self.global_ranks)
+            replica = [list(self.global_ranks) if set(b) == mine else list(b)
+                       for b in groups.blocks_for(self.global_ranks, self.world_size)]
+        self.replica_groups, self._uniform_groups = replica, _uniform(replica, self.size, self.world_size)
+        self.caps = self.table if self._uniform_groups is not None else replace(
+            self.table, primitives=self.table.primitives - {"all_gather", "reduce_scatter", "all_to_all"})
 
-    def _uniform_groups(self) -> Optional[List[List[int]]]:
-        return self._by_partition()[1]
+    def use_table(self, table: Capabilities) -> None:
+        self.table = table
+        self.partitions_changed()
 
     # -- helpers -------------------------------------------------------------------------------------
     def _token(self):
@@ -216,7 +213,7 @@ class XlaTransport(Transport):
 
     # -- the primitives ------------------------------------------------------------------------------
     def _all_reduce(self, t, red: Reduction):
-        t.copy_(self._reduce_all(t, _XLA_OP[red.op], self.replica_groups()))
+        t.copy_(self._reduce_all(t, _XLA_OP[red.op], self.replica_groups))
         return DONE
 
     def all_reduce_functional(self, t, red: Reduction):
@@ -224,32 +221,32 @@ class XlaTransport(Transport):
         # only called with a request the planner found native (algorithms.native_all_reduce): no second check
         tally, op = self._all_reduce_form(red, t.dtype, lambda r: _XLA_OP[r.op])
         tally.n += 1
-        return self._reduce_all(t, op, self.replica_groups()), DONE
+        return self._reduce_all(t, op, self.replica_groups), DONE
 
     def _all_reduce_coalesced(self, ts, red: Reduction):
         # one tuple all-reduce per dtype (torch_xla's BuildAllReduce groups operands by element type). Fresh
         # clones are reduced in place (they are no views), then copied back through copy_.
         work = [_operand(t).clone() for t in ts]
-        _X._xla_all_reduce_inplace(_XLA_OP[red.op], work, 1.0, self.replica_groups(), self.pin_layout)
+        _X._xla_all_reduce_inplace(_XLA_OP[red.op], work, 1.0, self.replica_groups, self.pin_layout)
         for t, w in zip(ts, work):
             t.copy_(w)
         return DONE
 
     def _all_gather(self, out, inp):
         inp = _operand(inp.reshape((1,) if inp.dim() == 0 else tuple(inp.shape)))
-        res = _X._xla_all_gather(inp, 0, self.size, self._uniform_groups(), self.pin_layout, None, None)
+        res = _X._xla_all_gather(inp, 0, self.size, self._uniform_groups, self.pin_layout, None, None)
         out.copy_(res.view(out.shape))
         return DONE
 
     def _reduce_scatter(self, out, inp, red: Reduction):
         res, token = _X._xla_reduce_scatter(_XLA_OP[red.op], _operand(inp), self._token(), 1.0, 0, self.size,
-                                            self._uniform_groups(), self.pin_layout, None, None)
+                                            self._uniform_groups, self.pin_layout, None, None)
         self._set_token(token)
         out.copy_(res.view(out.shape))
         return DONE
 
     def _all_to_all(self, out, inp, out_splits, in_splits):
-        res, token = _X._xla_all_to_all(_operand(inp), self._token(), 0, 0, self.size, self._uniform_groups(),
+        res, token = _X._xla_all_to_all(_operand(inp), self._token(), 0, 0, self.size, self._uniform_groups,
                                         self.pin_layout)
         self._set_token(token)
         out.copy_(res.view(out.shape))
@@ -276,14 +273,6 @@ class XlaTransport(Transport):
 
     # No _broadcast/_reduce/_gather/_scatter/_barrier: the xla profile lists none of them, and
     # the algorithms build them from all_reduce / all_gather, without a graph sync.
-
-    @property
-    def caps(self) -> Capabilities:
-        return self._by_partition()[2]
-
-    @caps.setter
-    def caps(self, value: Capabilities) -> None:
-        self._caps, self._cache = value, None
 
 
 def _operand(t: torch.Tensor) -> torch.Tensor:
