@@ -22,6 +22,9 @@ SUITE_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "TPU_SKIP_MDS_QUERY": "1", "P
              "PYTHONUNBUFFERED": "1"}
 for _k, _v in SUITE_ENV.items():
     os.environ.setdefault(_k, _v)
+# the suite's own switch (not ./dev's: the demo and the bench run the transports as users do): every primitive is
+# checked against the transport's capabilities and counted in Transport.calls, in this process and those it starts
+os.environ.setdefault("FUNCOLL_COUNT_CALLS", "1")
 # this checkout first on the path of every process the tests start (pytest puts it on this process's path itself)
 if ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))

@@ -29,7 +29,7 @@ from funcoll.algorithms.move import (
     send,
 )
 from funcoll.algorithms.p2p import P2P, Batch, batch_isend_irecv, p2p_op
-from funcoll.algorithms.pending import Pending, record, watched
+from funcoll.algorithms.pending import Pending, record, this_call, watched
 from funcoll.algorithms.reduce import (
     all_reduce,
     all_reduce_coalesced,
@@ -54,5 +54,5 @@ __all__ = [  # one function per op, named as the op
     # the fast paths: is this request's plan one native call? (None: no; else the call, for Transport.native_method)
     "native_all_reduce", "native_all_reduce_call", "native_all_gather_call", "native_reduce_scatter_call",
     "native_all_to_all_call", "native_broadcast_call", "native_all_gather_list_call", "native_reduce_scatter_list_call",
-    "native_p2p_call", "native_rooted_call", "native_barrier_call", "watched",
+    "native_p2p_call", "native_rooted_call", "native_barrier_call", "watched", "this_call",
 ]

@@ -108,30 +108,31 @@ class Pending(Handle):
         return self._source
 
 
-_recorders: List[tuple] = []  # (log, thread id or None: every thread) per open record() block
+_recorders: List[list] = []  # the log of every open record() block
 
 
 class _Current(threading.local):
-    """The strategy notes of the collective running on this thread (None outside one): each thread notes its own."""
+    """The collective running on this thread: the strategy notes of its algorithm (None outside one), and ``log``,
+    where the entry pipeline collects ``(op, [strategies])`` of the one call it runs (None outside one)."""
 
     notes: Optional[list] = None
+    log: Optional[list] = None
 
 
-_current = _Current()
+this_call = _current = _Current()
 
 
 @contextlib.contextmanager
-def record(thread: Optional[int] = None):
-    """Collects, for every collective started inside the block (by the thread ``thread`` only, when given: the entry
-    pipeline's log of one call), ``(op, [strategies])``.
+def record():
+    """Collects, for every collective started inside the block (by any thread), ``(op, [strategies])``.
 
     >>> with funcoll.algorithms.record() as calls: dist.all_reduce(t, op=dist.ReduceOp.AVG)
     >>> calls   # [("all_reduce", ["avg=sum+scale"])] under FUNCOLL_PROFILE=xccl
     """
-    mine: tuple = ([], thread)
+    mine: list = []
     _recorders.append(mine)
     try:
-        yield mine[0]
+        yield mine
     finally:  # removed by identity: another block's log may hold equal contents
         del _recorders[next(i for i, other in enumerate(_recorders) if other is mine)]
 
@@ -151,7 +152,8 @@ def _entry(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         observed = bool(_profiler._is_profiler_enabled) or _LOG.isEnabledFor(10)
-        if _current.notes is not None or not (_recorders or observed):  # nested, or nobody listens
+        listened = _recorders or observed or _current.log is not None
+        if _current.notes is not None or not listened:  # nested, or nobody listens
             with torch.no_grad():
                 return fn(*args, **kwargs)
         scope = Scope(op, fn, args, kwargs) if observed else None
@@ -164,10 +166,10 @@ def _entry(fn):
             if scope is not None:
                 scope.close(args)
             strategies = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
-            tid = threading.get_ident()
-            for log, thread in _recorders:
-                if thread is None or thread == tid:
-                    log.append((op, strategies))
+            for log in _recorders:
+                log.append((op, strategies))
+            if _current.log is not None:
+                _current.log.append((op, strategies))
 
     return wrapper
 

@@ -1,12 +1,14 @@
 """The eager fast path (docs/design.md, "The eager pipeline"; its Works: docs/work.md): one function per c10d method
 (:data:`FAST`) reads the request as c10d passes it (positional arguments, options last; one dense tensor of a plain
 class per argument) and builds its signature key; :func:`_take` asks ``funcoll.algorithms.native_*_call`` about a new
-key once per group and issues the native call, or answers :data:`FULL`: the full path serves the request.
+key once per group and issues the native call, or answers a :class:`Full`: the full path serves the request, with
+the key's description (its fingerprint, made once per key) when the fast path read the request.
 """
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -17,9 +19,17 @@ from funcoll.entry.fingerprint import ALIASES, fingerprint
 from funcoll.entry.work import ERROR, NativeWork, failure
 from funcoll.transport import wait_quietly
 
-__all__ = ["FAST", "FULL", "issuing_error"]
+__all__ = ["FAST", "Full", "FULL", "issuing_error"]
 
-FULL = object()  # the request is not one native call: the full path serves it
+
+class Full(NamedTuple):
+    """The answer "not one native call": the full path serves the request. ``description``: its fingerprint, when the
+    fast path read the request (every tensor dense and strided, no keyword argument) and its key determines it."""
+
+    description: Optional[dict]
+
+
+FULL = Full(None)  # a request the fast path did not read
 _CACHE_MAX = 4096  # signatures per group; the cache starts over past it
 _now = time.time
 _STRIDED = torch.strided
@@ -38,6 +48,13 @@ def issuing_error(call, e: Exception, state) -> CollectiveError:
     return CollectiveError(f"funcoll: {call.label()} failed: {str(e).strip()}{gone}")
 
 
+def _described(pg, row, args) -> Optional[dict]:
+    """The fingerprint a signature key keeps: None when it holds a value the key leaves out (a premul_sum factor: the
+    key has the op's kind only), so that the full path describes each such call itself."""
+    fp = fingerprint(pg, row.method, args, {})
+    return None if str(fp.get("reduce_op")).startswith("premul_sum") else fp
+
+
 def _plan(pg, st, row, args, tp, key: tuple, plan, request: tuple):
     """A new signature (or one answered under other capabilities or transport class: funcoll.probe's demotion):
     ``(Native or None, its fingerprint)``, cached; ``(None, None)`` uncached for an invalid request."""
@@ -49,13 +66,14 @@ def _plan(pg, st, row, args, tp, key: tuple, plan, request: tuple):
     except Exception:  # noqa: BLE001 - an invalid request: the full path names the problem
         return None, None
     nat = tp.native_method(*call) if call is not None else None
-    cache[key] = got = (nat, fingerprint(pg, row.method, args, {}) if nat is not None else None)
+    cache[key] = got = (nat, _described(pg, row, args))
     return got
 
 
 def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request, changed=None):
     """Issues the request ``args`` (its options last) as one native call when its signature ``key`` is one on
-    transport ``tp`` (``plan(tp, *request)``: the algorithms' answer, asked once per key), else :data:`FULL`.
+    transport ``tp`` (``plan(tp, *request)``: the algorithms' answer, asked once per key), else a :class:`Full` with
+    the key's description.
     ``changed``: the key leaves out values the answer does not depend on once they are valid (an uneven
     all_to_all's split sizes, new at every MoE step); ``changed(description)`` tells whether this call's differ from
     the ones the cached description holds: then the request is checked and described again, and kept as the key's."""
@@ -64,21 +82,20 @@ def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request, changed=None
     got = st.native.get(key)
     if got is None or (got[0] is not None and (got[0].caps is not tp.caps or got[0].cls is not type(tp))):
         got = _plan(pg, st, row, args, tp, key, plan, request)
-    elif changed is not None and got[0] is not None and changed(got[1]):
+    elif changed is not None and got[1] is not None and changed(got[1]):
         try:
             valid = plan(tp, *request) is not None
         except Exception:  # noqa: BLE001 - an invalid request: the full path names the problem
             valid = False
         if not valid:
             return FULL
-        st.native[key] = got = (got[0], fingerprint(pg, row.method, args, {}))
+        st.native[key] = got = (got[0], _described(pg, row, args))
     nat, description = got
     if nat is None:
-        return FULL
+        return Full(description)
     blocking = not row.p2p and not args[-1].asyncOp  # point-to-point calls are always asynchronous (c10d waits)
     if blocking and nat.cpu and st.guard:
-        return FULL  # the full path runs the size guard
-    nat.tally.n += 1
+        return Full(description)  # the full path runs the size guard
     rec = st.trace.native_record(row.op, row.method, description, row.p2p)
     try:
         work = nat.issue(*args)

@@ -5,7 +5,6 @@ pipeline") lists them.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 from typing import Callable
@@ -13,7 +12,7 @@ from typing import Callable
 from funcoll import algorithms
 from funcoll.entry.checks import size_guard, store_check
 from funcoll.entry.errors import CollectiveError
-from funcoll.entry.fast_path import FAST, FULL, issuing_error
+from funcoll.entry.fast_path import FAST, FULL, Full, issuing_error
 from funcoll.entry.fingerprint import METHODS, check_nan, fingerprint, flat
 from funcoll.entry.flight_recorder import INVALID
 from funcoll.entry.work import FuncollWork
@@ -22,8 +21,8 @@ from funcoll.transport import before_send
 
 __all__ = ["collective"]
 
-_NO_LOG = contextlib.nullcontext()
 _watched = algorithms.watched
+_this_call = algorithms.this_call  # this thread's collective: the strategies its algorithms take are logged there
 _VALIDATION = (ValueError, TypeError, NotImplementedError)  # funcoll's own refusals of a request
 
 
@@ -44,13 +43,14 @@ def collective(method: str) -> Callable:
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
             st = self._state
-            # 1. the native fast path, when nobody observes: issued, and returned
+            # 1. the native fast path, when nobody observes: issued, and returned (else its description of the call)
+            full = FULL
             if (fast is not None and not st.debug and not st.nan_check and self._coalesced is None and not _tls.depth
-                    and not _watched() and (work := fast(self, st, row, args, kwargs)) is not FULL):
-                return work
+                    and not _watched() and type(full := fast(self, st, row, args, kwargs)) is not Full):
+                return full
             if _tls.depth:  # a method delegating to another: the outer call is the one recorded
                 return fn(self, *args, **kwargs)
-            call = _recorded(self, st, row, args, kwargs)  # 2. fingerprint and record; 3. layout and NaN
+            call = _recorded(self, st, row, args, kwargs, full.description)  # 2. describe, record; 3. layout, NaN
             numbered = []
 
             def start():  # 4. number and check, right before the first primitive sends: everything is validated
@@ -64,10 +64,12 @@ def collective(method: str) -> Callable:
 
             _tls.depth = 1  # 5. the body
             before_send(start)
+            log = _this_call.log = [] if st.trace.enabled else None  # its strategies, for its flight-recorder entry
             try:
-                # the strategies of this thread's call, for its flight-recorder entry
-                with algorithms.record(threading.get_ident()) if st.trace.enabled else _NO_LOG as log:
+                try:
                     work = fn(self, *args, **kwargs)
+                finally:
+                    _this_call.log = None
                 if not numbered:  # nothing to send on this rank (empty tensors, a lazy transport): counted all the same
                     start()
             except Exception as e:
@@ -85,11 +87,13 @@ def collective(method: str) -> Callable:
     return decorate
 
 
-def _recorded(pg, st, row, args, kwargs):
-    """Steps 2 and 3: the call's flight-recorder Call, kept unnumbered when its layout or a NaN refuses it."""
-    call = st.trace.call(row.op, row.method, fingerprint(pg, row.method, args, kwargs))
+def _recorded(pg, st, row, args, kwargs, description):
+    """Steps 2 and 3: the call's flight-recorder Call, kept unnumbered when its layout or a NaN refuses it.
+    ``description``: the fast path's (it read every tensor dense and strided), else None."""
+    call = st.trace.call(row.op, row.method, description or fingerprint(pg, row.method, args, kwargs))
     try:
-        check_layout(row.op, flat(list(args) + list(kwargs.values())))
+        if description is None:
+            check_layout(row.op, flat(list(args) + list(kwargs.values())))
     except TypeError as e:  # a sparse tensor (semantics.check_layout)
         refused: Exception = e
     else:

@@ -2,7 +2,9 @@
 which of them are native.
 
 A transport never fills a gap: when the algorithms ask it for something its capabilities do not list, that
-is a bug in funcoll, and the transport raises :class:`NativeRefused` instead of sending anything.
+is a bug in funcoll. Under ``FUNCOLL_COUNT_CALLS=1`` (the test suite's switch, docs/testing.md) a transport checks
+every primitive against its capabilities, raising :class:`NativeRefused` instead of sending anything, and counts the
+native calls it makes in :attr:`Transport.calls`; without it a primitive goes to the backend with neither.
 
 Capability facts live in one table per device, each with its source: gloo's and XLA's here (``PROFILES``), XCCL's
 in :mod:`funcoll.transport.xpu` (``PROFILES["xccl"]`` is derived from it), TorchTPU's in :mod:`funcoll.transport.tpu`
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import threading
 from dataclasses import dataclass, field, replace
@@ -310,26 +313,27 @@ class Done(Handle):
 DONE = Done()
 
 
-class Tally:
-    """A count of native calls under one :attr:`Transport.calls` key, kept apart until ``calls`` is read."""
-
-    __slots__ = ("key", "n")
-
-    def __init__(self, key: tuple):
-        self.key, self.n = key, 0
+def _counted(issue: Callable, calls: collections.Counter, key: tuple) -> Callable:
+    """``issue``, each call counted under ``key`` in ``calls`` (under FUNCOLL_COUNT_CALLS=1)."""
+    @functools.wraps(issue)  # __wrapped__: the backend's own method
+    def counted(*args):
+        calls[key] += 1
+        return issue(*args)
+    return counted
 
 
 class Native:
     """A request the transport's backend serves natively and unchanged (the eager fast path): ``issue`` is the
-    backend's own method of the same name as the eager ProcessGroup method (called with the caller's arguments);
-    ``tally.n += 1`` counts a call in :attr:`Transport.calls`; ``cpu``: the request's tensors are CPU tensors; ``caps``
-    and ``cls``: the capabilities and transport class it was made under (an answer under others is stale)."""
+    backend's own method of the same name as the eager ProcessGroup method (called with the caller's arguments;
+    counted in :attr:`Transport.calls` under ``calls_key`` when the transport counts); ``cpu``: the request's tensors
+    are CPU tensors; ``caps`` and ``cls``: the capabilities and transport class it was made under (an answer under
+    others is stale)."""
 
-    __slots__ = ("tp", "caps", "cls", "issue", "tally", "cpu")
+    __slots__ = ("tp", "caps", "cls", "issue", "cpu")
 
     def __init__(self, tp: "Transport", issue: Callable, calls_key: tuple):
-        self.tp, self.caps, self.cls, self.issue = tp, tp.caps, type(tp), issue
-        self.tally = tp.tally(calls_key)
+        self.tp, self.caps, self.cls = tp, tp.caps, type(tp)
+        self.issue = _counted(issue, tp.calls, calls_key) if tp.counting else issue
         self.cpu = tp.device_type == "cpu"
 
 
@@ -347,32 +351,21 @@ class Transport:
         self.rank = rank
         self.size = size
         self.table = self.caps = caps  # the table it was made with, and what this group reads of it (the same here)
-        self._calls: collections.Counter = collections.Counter()
-        self._tallies: Dict[tuple, Tally] = {}
-        self._ar_forms: Dict[tuple, tuple] = {}  # (op, dtype) -> (tally, the backend's form of the op)
+        # (primitive, reduce op or "", dtype) -> the native calls made, under FUNCOLL_COUNT_CALLS=1 (else empty):
+        # tests read it to prove which path ran (docs/testing.md); read when the transport is made
+        self.counting = os.environ.get("FUNCOLL_COUNT_CALLS") == "1"
+        self.calls: collections.Counter = collections.Counter()
+        self._ar_forms: Dict[tuple, object] = {}  # (op, dtype) -> the backend's form of the op
 
-    @property
-    def calls(self) -> collections.Counter:
-        """(primitive, reduce op or "", dtype) -> count of the native calls made. Tests read this to prove which path
-        ran. Calls the layers above make on the backend directly count in a :meth:`tally`, added here when read."""
-        for t in self._tallies.values():
-            if t.n:
-                self._calls[t.key] += t.n
-                t.n = 0
-        return self._calls
-
-    def tally(self, key: tuple) -> "Tally":
-        """The counter of native calls under ``key`` (as :attr:`calls` names them) made without the transport, one per
-        key: the eager fast path calls the backend's own method, and counts with one integer increment."""
-        return self._tallies.get(key) or self._tallies.setdefault(key, Tally(key))
-
-    def _all_reduce_form(self, red: Reduction, dtype: torch.dtype, form: Callable[[Reduction], object]) -> tuple:
-        """``(tally, form(red))``, made once per (op, dtype) for an ``all_reduce_functional`` override: the call counter
-        of a native functional all_reduce and the backend's own form of the op (c10d options, XLA's op name)."""
+    def _all_reduce_form(self, red: Reduction, dtype: torch.dtype, form: Callable[[Reduction], object]):
+        """``form(red)``, made once per (op, dtype) for an ``all_reduce_functional`` override (the backend's own form
+        of the op: c10d options, XLA's op name), and the native call counted when the transport counts."""
+        if self.counting:
+            self.calls[("all_reduce", str(red.op), dtype)] += 1
         key = (red.op, dtype)
         got = self._ar_forms.get(key)
         if got is None:
-            got = self._ar_forms[key] = (self.tally(("all_reduce", str(red.op), dtype)), form(red))
+            got = self._ar_forms[key] = form(red)
         return got
 
     def use_table(self, table: Capabilities) -> None:
@@ -395,9 +388,21 @@ class Transport:
         form); None where the transport has no backend method to hand it to (the default)."""
         return None
 
-    # -- checks, shared by every transport -------------------------------------------------------
+    # -- before a primitive sends, shared by every transport ----------------------------------------------
     def _native(self, primitive: str, dtype: Optional[torch.dtype], op: Optional[ReduceOp] = None,
                 uneven: bool = False) -> None:
+        """Runs this thread's before-send hook (:func:`before_send`); when the transport counts, first checks the
+        request against the capabilities, and after the hook counts it."""
+        if self.counting:
+            self._check(primitive, dtype, op, uneven)
+        fn = getattr(_before_send, "fn", None)  # _run_before_send, written out: every primitive runs it
+        if fn is not None:
+            _before_send.fn = None
+            fn()
+        if self.counting:
+            self.calls[(primitive, str(op) if op is not None else "", dtype)] += 1
+
+    def _check(self, primitive: str, dtype: Optional[torch.dtype], op: Optional[ReduceOp], uneven: bool) -> None:
         caps = self.caps
         ok = primitive in caps.primitives and (dtype is None or dtype in caps.dtypes)
         if ok and op is not None:
@@ -408,8 +413,6 @@ class Transport:
             what = f"{primitive}({op}, {dtype})" if op is not None else f"{primitive}({dtype})"
             raise NativeRefused(f"funcoll internal error: {caps.name} transport was asked for native "
                                 f"{what}{' with uneven splits' if uneven else ''}, which it does not have")
-        _run_before_send()
-        self._calls[(primitive, str(op) if op is not None else "", dtype)] += 1
 
     # -- the primitives --------------------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, red: Reduction) -> Handle:

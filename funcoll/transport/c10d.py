@@ -350,10 +350,9 @@ class C10dTransport(Transport):
         capability check is not repeated (the backend reads the options made once per (op, dtype), never keeps them)."""
         if type(self)._all_reduce is not C10dTransport._all_reduce or red.op is ReduceOp.PREMUL_SUM:
             return super().all_reduce_functional(t, red)  # a subclass's own primitive, or a factor per call
-        tally, opts = self._all_reduce_form(red, t.dtype, lambda r: _options(C.AllreduceOptions, reduceOp=c10d_op(r)))
+        opts = self._all_reduce_form(red, t.dtype, lambda r: _options(C.AllreduceOptions, reduceOp=c10d_op(r)))
         out = t.clone(memory_format=torch.contiguous_format)
         _run_before_send()
-        tally.n += 1
         return out, self.backend.allreduce([out], opts)
 
     # the backend's own method of each primitive the eager fast path hands requests to (ProcessGroup method names)

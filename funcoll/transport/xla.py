@@ -219,8 +219,7 @@ class XlaTransport(Transport):
     def all_reduce_functional(self, t, red: Reduction):
         """The all-reduce as a new lazy tensor, as torch_xla's own kernel builds it (no clone, no copy back)."""
         # only called with a request the planner found native (algorithms.native_all_reduce): no second check
-        tally, op = self._all_reduce_form(red, t.dtype, lambda r: _XLA_OP[r.op])
-        tally.n += 1
+        op = self._all_reduce_form(red, t.dtype, lambda r: _XLA_OP[r.op])
         return self._reduce_all(t, op, self.replica_groups), DONE
 
     def _all_reduce_coalesced(self, ts, red: Reduction):
