@@ -6,14 +6,12 @@ floats in float64/complex128, rounded once), the comparator (:func:`close`) and 
 
 from __future__ import annotations
 
-import functools
-import operator
 import zlib
 from typing import Callable, Dict
 
 import torch
 
-from funcoll.semantics import FLOAT4, FLOAT8, UNSIGNED, ReduceOp, Reduction, check_reduction
+from funcoll.semantics import FLOAT4, FLOAT8, OPS, UNSIGNED, ReduceOp, Reduction, check_reduction
 
 PREMUL = 0.5  # the premul_sum factor every test uses
 BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
@@ -23,14 +21,14 @@ _SIGNED_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int6
 
 def valid_ops(dtype: torch.dtype) -> list:
     """The reduce op names ("sum", "avg", ...) ``funcoll.semantics.check_reduction`` accepts for ``dtype`` (it raises
-    TypeError for the others), in ``ReduceOp`` order."""
+    TypeError for the others), in ``funcoll.semantics.OPS`` order (``ReduceOp``'s)."""
     ops = []
-    for op in ReduceOp:
+    for op in OPS:
         try:
             check_reduction("reference", Reduction(op, PREMUL if op is ReduceOp.PREMUL_SUM else None), dtype)
         except TypeError:
             continue
-        ops.append(op.value)
+        ops.append(str(op))
     return ops
 
 
@@ -83,26 +81,7 @@ def _from_ints(vals: list, dtype: torch.dtype, shape) -> torch.Tensor:
     return signed.to(_SIGNED_OF_WIDTH[dtype.itemsize]).view(dtype).reshape(shape)
 
 
-def _trunc_div(s: int, n: int) -> int:
-    q = abs(s) // n
-    return q if s >= 0 else -q
-
-
-_INT_OPS: Dict[str, Callable] = {
-    "sum": sum,
-    "product": lambda c: functools.reduce(operator.mul, c, 1),
-    "min": min,
-    "max": max,
-    "band": lambda c: functools.reduce(operator.and_, c),
-    "bor": lambda c: functools.reduce(operator.or_, c),
-    "bxor": lambda c: functools.reduce(operator.xor, c),
-    # AVG of integers, funcoll's rule: the sum in int64 (exact for every 8- to 32-bit dtype; an int64 sum wraps),
-    # divided by the number of ranks with truncation toward zero (NCCL's rounding: FuncSumPostDiv::divide). Not NCCL's
-    # answer where a narrower sum wraps: NCCL sums in the tensor's dtype (int8 AVG of [100, 100] is -28 there, 100 here)
-    "avg": lambda c: _trunc_div(_wrap(sum(c), 64, True), len(c)),
-}
-_BOOL_OPS: Dict[str, Callable] = {"sum": any, "max": any, "bor": any, "product": all, "min": all, "band": all,
-             "bxor": lambda c: sum(c) % 2 == 1}
+_BOOL_MEANING: Dict[str, Callable] = {"any": any, "all": all, "parity": lambda c: sum(c) % 2 == 1}  # by bool_count
 
 
 def reduce(op, inputs, factor=PREMUL) -> torch.Tensor:
@@ -110,18 +89,17 @@ def reduce(op, inputs, factor=PREMUL) -> torch.Tensor:
     collectives. ``op``: a name ("sum", "AVG", ...) or a ``torch.distributed.ReduceOp`` member; ``factor``: the
     premul_sum factor. The result has the inputs' dtype and shape (on the CPU)."""
     name = (op if isinstance(op, str) else op.name).lower()
+    row = next(r for r in OPS.values() if name in r.names)  # its reference functions (None: the op refuses the dtype)
     xs = [x.detach().cpu() for x in inputs]
-    dtype, shape, n = xs[0].dtype, xs[0].shape, len(xs)
+    dtype, shape = xs[0].dtype, xs[0].shape
     if dtype == torch.bool:
         cols = zip(*[x.reshape(-1).tolist() for x in xs])
-        return torch.tensor([_BOOL_OPS[name](c) for c in cols], dtype=torch.bool).reshape(shape)
+        return torch.tensor([_BOOL_MEANING[str(row.bool_count)](c) for c in cols], dtype=torch.bool).reshape(shape)
     if dtype in BITS:
         cols = zip(*[_to_ints(x) for x in xs])
-        return _from_ints([_INT_OPS[name](c) for c in cols], dtype, shape)
+        return _from_ints([row.exact(c) for c in cols], dtype, shape)  # type: ignore[misc]
     wide = torch.stack([x.to(torch.complex128 if dtype.is_complex else torch.float64) for x in xs])
-    r = {"sum": lambda: wide.sum(0), "avg": lambda: wide.sum(0) / n, "premul_sum": lambda: (wide * factor).sum(0),
-         "product": lambda: wide.prod(0), "min": lambda: wide.amin(0), "max": lambda: wide.amax(0)}[name]()
-    return r.to(dtype)
+    return row.wide(wide, factor).to(dtype)  # type: ignore[misc]
 
 
 # A floating result over n > 1 ranks passes when |got - want| <= atol + rtol * |want| (elementwise), with

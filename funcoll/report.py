@@ -9,7 +9,7 @@ import itertools
 import torch
 
 from funcoll import algorithms, transport
-from funcoll.semantics import Reduction
+from funcoll.semantics import OPS, ReduceOp, Reduction
 
 
 def _done(self, *args):
@@ -64,16 +64,15 @@ def rows():
     ar = lambda dt, op: (lambda tp: algorithms.all_reduce(tp, f(dt), op))  # noqa: E731
     rs = lambda dt, op: (lambda tp: algorithms.reduce_scatter_tensor(tp, f(dt, 2), f(dt), op))  # noqa: E731
     ag = lambda dt: (lambda tp: algorithms.all_gather_into_tensor(tp, f(dt, 4 * n), f(dt, 4)))  # noqa: E731
-    yield "all_reduce sum float32/bfloat16", ar(torch.bfloat16, "sum")
-    yield "all_reduce avg float32", ar(torch.float32, "avg")
-    yield "all_reduce avg bfloat16/float16", ar(torch.bfloat16, "avg")
-    yield "all_reduce avg int32", ar(torch.int32, "avg")
-    yield "all_reduce premul_sum float32", ar(torch.float32, Reduction(algorithms.R.PREMUL_SUM, 0.5))
-    yield "all_reduce product int64", ar(torch.int64, "product")
-    yield "all_reduce min/max float32", ar(torch.float32, "max")
-    yield "all_reduce min/max int32", ar(torch.int32, "max")
-    yield "all_reduce band/bor/bxor int32", ar(torch.int32, "bxor")
-    yield "all_reduce bxor float32", ar(torch.float32, "bxor")
+    ops = [("sum float32/bfloat16", torch.bfloat16, "sum"), ("avg float32", torch.float32, "avg"),
+           ("avg bfloat16/float16", torch.bfloat16, "avg"), ("avg int32", torch.int32, "avg"),
+           ("premul_sum float32", torch.float32, Reduction(ReduceOp.PREMUL_SUM, 0.5)),
+           ("product int64", torch.int64, "product"), ("min/max float32", torch.float32, "max"),
+           ("min/max int32", torch.int32, "max"), ("band/bor/bxor int32", torch.int32, "bxor"),
+           ("bxor float32", torch.float32, "bxor")]
+    named = {name for label, _, _ in ops for name in label.split()[0].split("/")}
+    ops += [(f"{op} float32", torch.float32, str(op)) for op in OPS if str(op) not in named]  # every reduce op shown
+    yield from ((f"all_reduce {label}", ar(dtype, op)) for label, dtype, op in ops)
     yield "all_reduce sum bool (= any)", ar(torch.bool, "sum")
     yield "all_reduce sum int16", ar(torch.int16, "sum")
     yield "all_reduce sum uint32", ar(torch.uint32, "sum")
@@ -84,7 +83,7 @@ def rows():
     yield "all_reduce_coalesced (3 float32)", lambda tp: algorithms.all_reduce_coalesced(
         tp, [f(torch.float32, 2), f(torch.float32, 3), f(torch.float32, 4)], "sum")
     yield "reduce_scatter avg float32", rs(torch.float32, "avg")
-    yield "reduce_scatter premul_sum float32", rs(torch.float32, Reduction(algorithms.R.PREMUL_SUM, 0.5))
+    yield "reduce_scatter premul_sum float32", rs(torch.float32, Reduction(ReduceOp.PREMUL_SUM, 0.5))
     yield "reduce_scatter bor int32", rs(torch.int32, "bor")
     yield "all_gather float32", ag(torch.float32)
     yield "all_gather uint16", ag(torch.uint16)

@@ -42,13 +42,12 @@ from funcoll.algorithms.reduce import (
     reduce_scatter_tensor,
     reduce_scatter_tensor_coalesced,
 )
-from funcoll.semantics import ReduceOp as R  # noqa: N814  (to be removed with report.py's use)
 
 __all__ = [  # one function per op, named as the op
     "Pending", "record", "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
     "all_gather_into_tensor_coalesced", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
     "all_to_all_single", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
-    "send", "recv", "barrier", "R",  # R: funcoll.semantics.ReduceOp
+    "send", "recv", "barrier",
     # a group of point-to-point operations (batch_isend_irecv), issued in an order that cannot deadlock
     "P2P", "Batch", "p2p_op", "batch_isend_irecv",
     # the fast paths: is this request's plan one native call? (None: no; else the call, for Transport.native_method)

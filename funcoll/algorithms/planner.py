@@ -63,25 +63,17 @@ from typing import Optional, Tuple
 
 import torch
 
-from funcoll.semantics import ReduceOp
+from funcoll.semantics import OPS, ReduceOp
 
 __all__ = ["Step", "Plan", "plan", "REDUCING", "A2aPlan", "a2a_plan", "a2a_estimate", "split_stats"]
 
-R = ReduceOp
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
-
-# bool as uint8: sum/max/bor = max, product/min/band = min, bxor = bxor
-BOOL_AS_UINT8 = {R.SUM: R.MAX, R.MAX: R.MAX, R.BOR: R.MAX, R.PRODUCT: R.MIN, R.MIN: R.MIN, R.BAND: R.MIN,
-                 R.BXOR: R.BXOR}
-# bool as logical ops (no dtype view: on XLA a view is a CPU fallback with a graph sync)
-BOOL_LOGICAL = {R.SUM: R.BOR, R.MAX: R.BOR, R.BOR: R.BOR, R.PRODUCT: R.BAND, R.MIN: R.BAND, R.BAND: R.BAND}
 SIGNED_OF = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 SIGN_BIT = {torch.int16: -(1 << 15), torch.int32: -(1 << 31), torch.int64: -(1 << 63)}
 WIDER = {torch.int8: (torch.int32, torch.int64), torch.uint8: (torch.int32, torch.int64),
          torch.int16: (torch.int32, torch.int64), torch.int32: (torch.int64,),
          torch.float16: (torch.float32,), torch.bfloat16: (torch.float32,)}
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-LOCAL_OPS = (R.BAND, R.BOR, R.BXOR, R.MIN, R.MAX, R.PRODUCT, R.SUM)
 
 # Step kinds. Transforms (the request changes, the algorithm runs the rest of the plan on it):
 REAL_VIEW = "real_view"  # complex -> view_as_real
@@ -107,8 +99,7 @@ AVG_RS_AG = "avg_rs_ag"  # fp16/bf16 AVG all_reduce: float32 reduce_scatter, div
 ALL_REDUCE_SLICE = "all_reduce_slice"  # reduce_scatter: all_reduce the whole input, keep this rank's block
 UNREDUCIBLE = "unreducible"  # no dtype the transport reduces can carry the request (a funcoll bug)
 
-_COUNT_KIND = {R.SUM: BOOL_ANY, R.MAX: BOOL_ANY, R.BOR: BOOL_ANY, R.PRODUCT: BOOL_ALL, R.MIN: BOOL_ALL,
-               R.BAND: BOOL_ALL, R.BXOR: BOOL_PARITY}
+_COUNT_STEP = {"any": BOOL_ANY, "all": BOOL_ALL, "parity": BOOL_PARITY}  # by an op row's bool_count
 # a table, not torch.empty(..).real: planning makes no tensor
 _REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
 
@@ -145,11 +136,11 @@ def _wider(dtype, caps, primitive, op) -> Optional[torch.dtype]:
             or next((w for w in wider if w in caps.reduce_dtypes), None))
 
 
-def _count_dtype(caps, primitive, size, op) -> Optional[torch.dtype]:
+def _count_dtype(caps, primitive, size, parity: bool) -> Optional[torch.dtype]:
     """The narrowest integer that counts up to ``size`` Trues exactly and the transport sums (parity needs no more
     than uint8 at any size: 256 is even)."""
     return next((c for c in (torch.uint8, torch.int32, torch.int64)
-                 if (size < 256 or c != torch.uint8 or op is R.BXOR) and caps.reduces(primitive, R.SUM, c)), None)
+                 if (size < 256 or c != torch.uint8 or parity) and caps.reduces(primitive, ReduceOp.SUM, c)), None)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -169,18 +160,19 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
         dtype = _REAL_OF[dtype]
         steps.append(Step(REAL_VIEW, op, dtype, "complex reduced as its real view"))
     elif dtype == torch.bool:
-        logical = BOOL_LOGICAL.get(op)
+        row = OPS[op]  # bool as its logical op (no dtype view: on XLA a view is a CPU fallback with a graph sync)
+        logical = row.bool_op
         if logical is not None and caps.reduces(primitive, logical, torch.bool):
             steps.append(Step(BOOL_OP, logical, dtype, f"bool {op} as {logical}" if logical is not op else ""))
             op = logical
-        elif caps.reduces(primitive, BOOL_AS_UINT8[op], torch.uint8):
-            op, dtype = BOOL_AS_UINT8[op], torch.uint8
+        elif row.bool_uint8 is not None and caps.reduces(primitive, row.bool_uint8, torch.uint8):
+            op, dtype = row.bool_uint8, torch.uint8
             steps.append(Step(BOOL_UINT8, op, dtype, f"bool reduced as uint8 {op}"))
-        elif (count := _count_dtype(caps, primitive, size, op)) is not None:
+        elif row.bool_count and (count := _count_dtype(caps, primitive, size, row.bool_count == "parity")):
             # a narrow count of the Trues (uint8 below 256 ranks: exact) and one compare, instead of a gather
-            kind = _COUNT_KIND[op]
-            steps.append(Step(kind, R.SUM, count, f"bool {op} as {str(count)[6:]} count+compare"))
-            op, dtype = R.SUM, count
+            steps.append(Step(_COUNT_STEP[row.bool_count], ReduceOp.SUM, count,
+                              f"bool {op} as {str(count)[6:]} count+compare"))
+            op, dtype = ReduceOp.SUM, count
         elif logical is not None and logical is not op:
             # neither is native (e.g. bxor on XLA): stay bool, the local reduction does the logical op
             op = logical
@@ -189,31 +181,32 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
         if caps.reduces(primitive, op, dtype):
             steps.append(Step(NATIVE, op, dtype))
             break
-        if op is R.AVG:
+        if op is ReduceOp.AVG:
             if dtype.is_floating_point:
                 if (dtype in LOW_PRECISION and primitive == "all_reduce" and size > 1
-                        and caps.reduces("reduce_scatter", R.SUM, torch.float32) and caps.has("all_gather")
+                        and caps.reduces("reduce_scatter", ReduceOp.SUM, torch.float32) and caps.has("all_gather")
                         and caps.moves(dtype)):
-                    steps.append(Step(AVG_RS_AG, R.SUM, torch.float32, "avg=float32 reduce_scatter+scale+all_gather"))
+                    steps.append(Step(AVG_RS_AG, ReduceOp.SUM, torch.float32,
+                                      "avg=float32 reduce_scatter+scale+all_gather"))
                     break
                 if dtype in LOW_PRECISION:
-                    op, dtype = R.SUM, torch.float32
+                    op, dtype = ReduceOp.SUM, torch.float32
                     steps.append(Step(AVG_FLOAT32, op, dtype, "avg=sum+scale in float32"))
                 else:
-                    op = R.SUM
+                    op = ReduceOp.SUM
                     steps.append(Step(AVG_FLOAT, op, dtype, "avg=sum+scale"))
             else:
-                op, dtype = R.SUM, torch.int64
+                op, dtype = ReduceOp.SUM, torch.int64
                 steps.append(Step(AVG_INT, op, dtype, "avg=int64 sum+truncating divide"))
             continue
-        if op is R.PREMUL_SUM:
-            op = R.SUM
+        if op is ReduceOp.PREMUL_SUM:
+            op = ReduceOp.SUM
             steps.append(Step(PREMUL, op, dtype, "premul_sum=scale+sum"))
             continue
         if dtype not in caps.reduce_dtypes:
             if dtype in SIGNED_OF:
                 sdt = SIGNED_OF[dtype]
-                if op in (R.MIN, R.MAX):
+                if op in (ReduceOp.MIN, ReduceOp.MAX):
                     steps.append(Step(SIGNED_FLIP, op, sdt, f"{dtype} {op} as {sdt} with the sign bit flipped"))
                 else:
                     steps.append(Step(SIGNED, op, sdt, f"{dtype} reduced as {sdt}"))
@@ -228,11 +221,11 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
             break
         # the dtype is reduced natively, but not with this op
         if primitive == "all_reduce":
-            if op in LOCAL_OPS and caps.has("all_to_all") and caps.has("all_gather") and caps.moves(dtype):
+            if OPS[op].in_place and caps.has("all_to_all") and caps.has("all_gather") and caps.moves(dtype):
                 steps.append(Step(RS_AG_LOCAL, op, dtype, f"all_to_all+local {op}+all_gather"))
             else:
                 steps.append(Step(GATHER_LOCAL, op, dtype, f"gather+local {op}"))
-        elif caps.has("all_to_all") and op in LOCAL_OPS:
+        elif caps.has("all_to_all") and OPS[op].in_place:
             steps.append(Step(A2A_LOCAL, op, dtype, f"all_to_all+local {op}"))
         else:  # no all_to_all either (XLA, replica groups of mixed sizes)
             steps.append(Step(ALL_REDUCE_SLICE, op, dtype, "all_reduce+slice"))

@@ -7,14 +7,12 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Callable, Dict, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from funcoll.algorithms.pending import Pending, _note
-from funcoll.semantics import MX, ReduceOp
-
-R = ReduceOp
+from funcoll.semantics import MX, OPS, ReduceOp
 
 # dtypes with the same element size, tried in order to move raw bits: integers only (bits of other data seen as a
 # float can be a NaN pattern, which a backend's NaN check rejects: XCCL's TORCH_XCCL_NAN_CHECK); else as bytes
@@ -100,19 +98,13 @@ def _mx_as_bytes(fn):
     return wrapper
 
 
-_IN_PLACE: Dict[ReduceOp, Callable[..., object]] = {
-    R.SUM: torch.Tensor.add_, R.PRODUCT: torch.Tensor.mul_, R.BAND: torch.Tensor.bitwise_and_,
-    R.BOR: torch.Tensor.bitwise_or_, R.BXOR: torch.Tensor.bitwise_xor_,
-    R.MIN: lambda a, b: torch.minimum(a, b, out=a), R.MAX: lambda a, b: torch.maximum(a, b, out=a)}
-
-
 def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     """Reduces dim 0 of ``g`` (one row per rank, a buffer of funcoll's own) in rank order, in g's dtype, in place
     into ``g[0]``, which it returns: no temporaries, and the same order (so the same bits) on every rank."""
-    rows = g.unbind(0)
+    rows, in_place = g.unbind(0), OPS[op].in_place
     acc = rows[0]
     for row in rows[1:]:
-        _IN_PLACE[op](acc, row)
+        in_place(acc, row)  # type: ignore[misc]  # the planner reduces locally only ops that have one
     return acc
 
 
@@ -177,13 +169,13 @@ def _summable(tp, t: torch.Tensor) -> torch.Tensor:
     if t.dtype.is_complex:
         t = torch.view_as_real(_flat(t))
     caps = tp.caps
-    if not t.dtype.is_floating_point and caps.reduces("all_reduce", R.SUM, t.dtype):
+    if not t.dtype.is_floating_point and caps.reduces("all_reduce", ReduceOp.SUM, t.dtype):
         return t  # float8 is floating point too
     same = _BITS_OF_SIZE[t.element_size()]
     if same == t.dtype:
         return t
-    as_bytes = (tp.dtype_views and caps.reduces("all_reduce", R.SUM, torch.uint8)
-                and not caps.reduces("all_reduce", R.SUM, same))
+    as_bytes = (tp.dtype_views and caps.reduces("all_reduce", ReduceOp.SUM, torch.uint8)
+                and not caps.reduces("all_reduce", ReduceOp.SUM, same))
     return tp.bits_as(_flat(t), torch.uint8 if as_bytes else same)  # never a 0-dim bitcast (TorchTPU refuses one)
 
 

@@ -5,15 +5,18 @@ invalid request on the calling rank before anything is sent, naming the op, the 
 from __future__ import annotations
 
 import enum
+import functools
+import math
+import operator
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
-__all__ = ["ReduceOp", "Reduction", "FLOAT8", "FLOAT4", "MX", "UNSIGNED", "INTEGER_DTYPES", "FLOAT_DTYPES",
-           "parse_reduction", "check_reduction", "check_all_gather", "check_reduce_scatter", "check_all_to_all",
-           "check_root", "check_layout", "check_same_tensor", "check_rank_list", "dtype_kind", "dtype_name",
-           "ranks_text", "gathered_shape"]
+__all__ = ["ReduceOp", "OpRow", "OPS", "Reduction", "FLOAT8", "FLOAT4", "MX", "UNSIGNED", "INTEGER_DTYPES",
+           "FLOAT_DTYPES", "parse_reduction", "check_reduction", "check_all_gather", "check_reduce_scatter",
+           "check_all_to_all", "check_root", "check_layout", "check_same_tensor", "check_rank_list", "dtype_kind",
+           "dtype_name", "ranks_text", "gathered_shape"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -31,9 +34,6 @@ class ReduceOp(str, enum.Enum):
         return self.value
 
 
-# the names a string op may take: every op's own, and the aliases
-_BY_NAME = {**{o.value: o for o in ReduceOp}, "mul": ReduceOp.PRODUCT, "prod": ReduceOp.PRODUCT, "and": ReduceOp.BAND,
-            "or": ReduceOp.BOR, "xor": ReduceOp.BXOR, "mean": ReduceOp.AVG}
 FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
                                                "float8_e8m0fnu") if hasattr(torch, n))
 FLOAT4 = frozenset(getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n))  # two fp4 values per byte
@@ -69,7 +69,11 @@ def parse_reduction(op, opname: str) -> Reduction:
         return op
     red = None
     if isinstance(op, str):  # a funcoll ReduceOp is one too
-        red = Reduction(_BY_NAME[op.lower()]) if op.lower() in _BY_NAME else None
+        name = op.lower()
+        for row in OPS.values():
+            if name in row.names:
+                red = Reduction(row.op)
+                break
     else:
         import torch.distributed as dist
 
@@ -83,7 +87,7 @@ def parse_reduction(op, opname: str) -> Reduction:
             red = Reduction(ReduceOp(kind.name.lower()), factor)
     if red is None:
         raise ValueError(f"funcoll.{opname}: unknown reduce op {op!r}; use one of "
-                         f"{', '.join(o.value for o in ReduceOp)}")
+                         f"{', '.join(map(str, OPS))}")
     if red.op is ReduceOp.PREMUL_SUM and red.factor is None:
         raise ValueError(f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
                          "torch.distributed._make_nccl_premul_sum(factor)")
@@ -118,31 +122,65 @@ def dtype_kind(dtype: torch.dtype) -> str:
     return "int"
 
 
-# A reduce op that makes no sense for a dtype: (the dtype kind or the dtype, the ops refused, the message)
-_REFUSED = (
-    ("float8", tuple(ReduceOp), "{dtype} tensors cannot be reduced (float8 is supported by non-reducing ops only); "
-                                "upcast to bfloat16 or float32 before reducing"),
-    ("float4", tuple(ReduceOp), "{dtype} tensors cannot be reduced (float4 is supported by non-reducing ops only); "
-                                "upcast to bfloat16 or float32 before reducing"),
-    ("float", (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR),
-     "reduce op {op} needs an integer or bool tensor, got {dtype}; use sum/avg/product/min/max, or view the tensor as "
-     "an integer dtype"),
-    ("complex", tuple(set(ReduceOp) - {ReduceOp.SUM, ReduceOp.AVG}),
-     "reduce op {op} is not defined for complex tensors ({dtype}); only sum and avg are"),
-    ("bool", (ReduceOp.AVG, ReduceOp.PREMUL_SUM),
-     "reduce op {op} is not defined for bool tensors; convert to a floating point dtype first"),
-    ("int", (ReduceOp.PREMUL_SUM,),
-     "reduce op premul_sum needs a floating point tensor, got {dtype}; multiply and use sum instead"),
-    (torch.uint64, (ReduceOp.AVG,), "reduce op avg on torch.uint64 cannot be computed exactly; use sum and divide"),
-)
+@dataclass(frozen=True)
+class OpRow:
+    """Every device-free fact of one reduce op (for the refusal check, the planner, the local reductions, the numeric
+    reference and the report), keyed in :data:`OPS` by its op (a ``ReduceOp``; a test's own op: its name, a str)."""
+
+    op: ReduceOp
+    names: Tuple[str, ...]  # the names a string op may take: its own, then its aliases
+    refuses: Tuple[Tuple[Union[str, torch.dtype], str], ...]  # (a dtype kind or a dtype, the refusal message)
+    in_place: Optional[Callable] = None  # reduces tensor b into a in place: in_place(a, b); None: never reduced locally
+    bool_op: Optional[ReduceOp] = None  # the logical op it is on bool (bor/band), where one is
+    bool_uint8: Optional[ReduceOp] = None  # the op it is on bool viewed as uint8
+    bool_count: Optional[str] = None  # what it is on bool as a count of the Trues: "any", "all" or "parity"
+    exact: Optional[Callable] = None  # the reference over a column of Python ints (integer dtypes), exact
+    wide: Optional[Callable] = None  # the float/complex reference: wide(float64/complex128 stack [n, ...], factor)
+
+
+def _int_avg(column) -> int:
+    """AVG of integers, funcoll's rule: the int64 sum (exact for 8- to 32-bit dtypes; an int64 sum wraps) divided by the
+    number of ranks, truncated toward zero (NCCL's rounding: FuncSumPostDiv::divide). Not NCCL's answer where a narrower
+    sum wraps: NCCL sums in the tensor's dtype (int8 AVG of [100, 100] is -28 there, 100 here)."""
+    total = (sum(column) + 2 ** 63) % 2 ** 64 - 2 ** 63
+    return abs(total) // len(column) * (1 if total >= 0 else -1)
+
+
+# the refusals rows share: (a dtype kind or a dtype, the message); every op refuses float8 and float4
+_SMALL_FLOAT = ("{dtype} tensors cannot be reduced ({kind} is supported by non-reducing ops only); upcast to bfloat16 "
+                "or float32 before reducing")
+ALWAYS_REFUSED = (("float8", _SMALL_FLOAT), ("float4", _SMALL_FLOAT))
+NO_COMPLEX = ALWAYS_REFUSED + (("complex", "reduce op {op} is not defined for complex tensors ({dtype}); only sum and "
+                                           "avg are"),)
+NO_BOOL = ("bool", "reduce op {op} is not defined for bool tensors; convert to a floating point dtype first")
+_BITWISE = NO_COMPLEX + (("float", "reduce op {op} needs an integer or bool tensor, got {dtype}; use "
+                                   "sum/avg/product/min/max, or view the tensor as an integer dtype"),)
+_R, _fold = ReduceOp, functools.partial(functools.partial, functools.reduce)  # _fold(f)(column): f folded over it
+_ANY, _ALL = (_R.BOR, _R.MAX, "any"), (_R.BAND, _R.MIN, "all")  # (bool_op, bool_uint8, bool_count) of or / and
+OPS: Dict[ReduceOp, OpRow] = {row.op: row for row in (  # in ReduceOp order; fields in OpRow's order
+    OpRow(_R.SUM, ("sum",), ALWAYS_REFUSED, torch.Tensor.add_, *_ANY, sum, lambda w, f: w.sum(0)),
+    OpRow(_R.AVG, ("avg", "mean"), ALWAYS_REFUSED + (NO_BOOL, (torch.uint64, "reduce op avg on torch.uint64 cannot "
+                                                     "be computed exactly; use sum and divide")),
+          exact=_int_avg, wide=lambda w, f: w.sum(0) / len(w)),
+    OpRow(_R.PRODUCT, ("product", "mul", "prod"), NO_COMPLEX, torch.Tensor.mul_, *_ALL, math.prod,
+          lambda w, f: w.prod(0)),
+    OpRow(_R.MIN, ("min",), NO_COMPLEX, lambda a, b: torch.minimum(a, b, out=a), *_ALL, min, lambda w, f: w.amin(0)),
+    OpRow(_R.MAX, ("max",), NO_COMPLEX, lambda a, b: torch.maximum(a, b, out=a), *_ANY, max, lambda w, f: w.amax(0)),
+    OpRow(_R.BAND, ("band", "and"), _BITWISE, torch.Tensor.bitwise_and_, *_ALL, _fold(operator.and_)),
+    OpRow(_R.BOR, ("bor", "or"), _BITWISE, torch.Tensor.bitwise_or_, *_ANY, _fold(operator.or_)),
+    OpRow(_R.BXOR, ("bxor", "xor"), _BITWISE, torch.Tensor.bitwise_xor_, None, _R.BXOR, "parity", _fold(operator.xor)),
+    OpRow(_R.PREMUL_SUM, ("premul_sum",), NO_COMPLEX + (NO_BOOL, ("int", "reduce op premul_sum needs a floating point "
+                                                        "tensor, got {dtype}; multiply and use sum instead")),
+          wide=lambda w, f: (w * f).sum(0)),
+)}
 
 
 def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
     """A reduce op that makes no sense for the dtype is a TypeError, raised before anything is sent."""
     kind, op = dtype_kind(dtype), red.op
-    for what, ops, why in _REFUSED:
-        if (what == kind or what == dtype) and op in ops:
-            raise TypeError(f"funcoll.{opname}: " + why.format(op=op, dtype=dtype))
+    for what, why in OPS[op].refuses:
+        if what == kind or what == dtype:
+            raise TypeError(f"funcoll.{opname}: " + why.format(op=op, dtype=dtype, kind=kind))
     if op is ReduceOp.PREMUL_SUM and isinstance(red.factor, torch.Tensor) and red.factor.numel() != 1:
         raise ValueError(f"funcoll.{opname}: premul_sum factor must be a scalar or a one-element tensor, "
                          f"got shape {tuple(red.factor.shape)}")
