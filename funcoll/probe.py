@@ -22,7 +22,6 @@ import torch.distributed as dist
 from funcoll import algorithms, reference
 from funcoll.algorithms.observe import LOG, group_label
 from funcoll.entry.group_state import is_local_store
-from funcoll.entry.process_group import TRANSPORT_HOOKS
 from funcoll.report import markdown_table
 from funcoll.semantics import FLOAT8, ReduceOp, Reduction, dtype_name
 from funcoll.transport import REDUCING, Capabilities
@@ -489,9 +488,8 @@ def run(group=None, device: Optional[str] = None, *, cache: bool = True) -> Prob
 
 
 def at_creation(pg, device_type: str, tp) -> None:
-    """With ``FUNCOLL_PROBE=1``: probes a transport a funcoll group just made, unless the world is virtual."""
-    if os.environ.get("FUNCOLL_PROBE", "").strip().lower() not in ("1", "true", "yes", "on"):
-        return
+    """Probes a transport a funcoll group just made, unless the world is virtual: run by the hook ``import funcoll``
+    registers (``funcoll._probe_at_creation``) when ``FUNCOLL_PROBE=1``."""
     if is_local_store(pg.get_group_store()) or getattr(tp, "virtual", False):
         LOG.info("funcoll.probe: group %s %s: not probed (a virtual group)", pg.group_name, device_type)
         return
@@ -500,8 +498,6 @@ def at_creation(pg, device_type: str, tp) -> None:
         return
     probe_transport(tp, device_type, pg.group_name or "(unnamed)")
 
-
-TRANSPORT_HOOKS.append(at_creation)
 
 
 def _inject_wrong(tp, name: str) -> None:
