@@ -4,7 +4,8 @@ is "module:function" (importable with the parent's sys.path), called as ``fn(ran
 ``init_process_group``; its picklable return value comes back. Every rendezvous and collective has a timeout, and the
 parent kills a world that overruns. Ranks start from a fork server that imported torch once, as fresh as spawned ones;
 they are spawned when a variable outside ``_LATE_ENV`` differs from the fork server's (torch may have read it at
-import), as always with ``FUNCOLL_LAUNCH=spawn``.
+import), as always with ``FUNCOLL_LAUNCH=spawn``. :func:`run_world` is the public entry; the harness's own fault
+tests use ``_spawn_world``, which reports ranks that die or hang instead of raising.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import socket
 import time
 import traceback
 from datetime import timedelta
-from typing import Mapping, MutableMapping, Optional, Sequence, Tuple
+from typing import Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+
+__all__ = ["run_world"]
 
 
-def free_port() -> int:
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -35,6 +38,19 @@ _LATE_ENV = ("FUNCOLL_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PJRT_", "XLA_", "TPU
 _server: dict = {}  # the fork server this process started: its pid and environment
 
 
+def _fork_server_pid() -> Union[int, None, bool]:
+    """The pid of this process's fork server (None: not running), False when this Python does not say.
+
+    multiprocessing has no public way to ask: ``forkserver.ensure_running()`` starts the server, or starts it again if
+    it died, but says neither whether it ran before (then someone else chose its imports and environment) nor whether
+    it was started anew (under the environment of now, which the launcher must compare with a rank's). A changed pid
+    says both. CPython 3.10-3.13 keep it in the module's instance ``_forkserver``, ``ForkServer._forkserver_pid``
+    (Lib/multiprocessing/forkserver.py); without those names the caller spawns its ranks."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", False)
+
+
 def _context(rank_env: Mapping[str, str]):
     """The multiprocessing context to start ranks of environment ``rank_env`` with: the fork server when its ranks
     would be what spawned ones are (see the module's docstring), else ``spawn``."""
@@ -42,13 +58,13 @@ def _context(rank_env: Mapping[str, str]):
         return mp.get_context("spawn")
     from multiprocessing import forkserver
 
-    fs = forkserver._forkserver  # the process-wide fork server
+    pid = _fork_server_pid()
+    if pid is False or (not _server and pid is not None):  # unknown, or started by someone else: imports unknown
+        return mp.get_context("spawn")
     if not _server:
-        if getattr(fs, "_forkserver_pid", None) is not None:  # started by someone else: imports and environment unknown
-            return mp.get_context("spawn")
         mp.set_forkserver_preload(_PRELOAD)
     forkserver.ensure_running()  # starts it, or starts it again if it died: under this process's environment of now
-    pid = getattr(fs, "_forkserver_pid", None)
+    pid = _fork_server_pid()
     if pid != _server.get("pid"):
         _server.update(pid=pid, env=dict(os.environ))
     env = _server["env"]
@@ -132,9 +148,9 @@ def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=Non
             pass
 
 
-def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
-                deadline: float = 180, backend: str = "funcoll", coll_timeout: float = 60,
-                env: Optional[Mapping[str, Optional[str]]] = None) -> Tuple[list, list, list]:
+def _spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
+                 deadline: float = 180, backend: str = "funcoll", coll_timeout: float = 60,
+                 env: Optional[Mapping[str, Optional[str]]] = None) -> Tuple[list, list, list]:
     """Runs ``target`` on ``world_size`` new ranks and reports what happened, ranks that die included (fault
     tests kill ranks on purpose). Returns ``(results, exit codes, hung)``: ``results[rank]`` is ``("ok", value)``,
     ``("err", traceback)`` or None (the rank died without a result); ranks still running at ``deadline`` seconds
@@ -145,7 +161,7 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     _apply(rank_env, env)
     ctx = _context(rank_env)
     forked = (rank_env, os.getpid()) if ctx.get_start_method() == "forkserver" else None
-    for _ in range(3):  # a port another process took between free_port() and the store's bind: a new port
+    for _ in range(3):  # a port another process took between _free_port() and the store's bind: a new port
         results, codes, hung = _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout)
         if not any(res is not None and res[0] == "err" and _port_taken(res[1]) for res in results):
             break
@@ -159,7 +175,7 @@ def _port_taken(tb: str) -> bool:
 
 def _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout) -> Tuple[list, list, list]:
     q = ctx.Queue()
-    port = free_port()
+    port = _free_port()
     procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, q, coll_timeout,
                                               forked), daemon=True)
              for r in range(world_size)]
@@ -201,7 +217,7 @@ def run_world(target: str, world_size: int = 2, profile: Optional[str] = None, a
               env: Optional[Mapping[str, Optional[str]]] = None) -> list:
     """Returns the per-rank results; raises AssertionError with the first failing rank's traceback, or naming the
     ranks that died without a result, and TimeoutError when the world does not finish in ``timeout`` seconds."""
-    results, codes, hung = spawn_world(target, world_size, profile, args, timeout, backend, coll_timeout, env)
+    results, codes, hung = _spawn_world(target, world_size, profile, args, timeout, backend, coll_timeout, env)
     if hung:
         raise TimeoutError(f"{target} on {world_size} ranks did not finish in {timeout}s "
                            f"(ranks done: {[r for r, res in enumerate(results) if res is not None]})")

@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .launch import free_port
+from .launch import _free_port
 
 __all__ = ["capture", "execute", "run", "World", "RankProgram", "ReplicaRuntimeError", "available"]
 
@@ -337,7 +337,7 @@ def execute(worlds, timeout: float = 300.0) -> list:
         with open(job_path, "wb") as f:
             pickle.dump(job, f)
         if mpmd:  # one process per rank
-            port = str(free_port())
+            port = str(_free_port())
             runs = [["mpmd", job_path, os.path.join(tmp, f"out{r}.pkl"), str(r), port] for r in range(size)]
         else:
             runs = [["spmd", job_path, os.path.join(tmp, "out.pkl")]]
