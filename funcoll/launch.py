@@ -110,7 +110,7 @@ def _all_connected(world: int, timeout: float) -> None:
         time.sleep(0.005)
 
 
-def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=None):
+def _child(rank, world, port, target, args, backend, results_queue, coll_timeout, forked=None):
     import faulthandler
 
     if forked is not None:
@@ -131,14 +131,14 @@ def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=Non
         _all_connected(world, coll_timeout)
         mod, fn = target.split(":")
         res = getattr(importlib.import_module(mod), fn)(rank, world, *args)
-        q.put((rank, "ok", pickle.dumps(res)))  # plain pickle: tensors travel by value
+        results_queue.put((rank, "ok", pickle.dumps(res)))  # plain pickle: tensors travel by value
     except BaseException:  # noqa: BLE001 - reported to the parent
-        q.put((rank, "err", traceback.format_exc()))
+        results_queue.put((rank, "err", traceback.format_exc()))
     finally:
         # the result is written to the pipe before the teardown: a rank that dies while destroying its group is
         # reported with its result and its exit code, not as a rank that died without a result
-        q.close()
-        q.join_thread()
+        results_queue.close()
+        results_queue.join_thread()
         try:
             import torch.distributed as dist
 
@@ -174,17 +174,17 @@ def _port_taken(tb: str) -> bool:
 
 
 def _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout) -> Tuple[list, list, list]:
-    q = ctx.Queue()
+    results_queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, q, coll_timeout,
-                                              forked), daemon=True)
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, results_queue,
+                                              coll_timeout, forked), daemon=True)
              for r in range(world_size)]
     saved = {k: os.environ.get(k) for k in env}
     try:
         if forked is None:  # spawned ranks inherit the environment at start
             _apply(os.environ, env)
-        for p in procs:
-            p.start()
+        for proc in procs:
+            proc.start()
     finally:
         if forked is None:
             _apply(os.environ, saved)
@@ -193,23 +193,23 @@ def _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_t
     try:
         while len(results) < world_size and (left := end - time.monotonic()) > 0:
             try:
-                rank, status, res = q.get(timeout=min(left, 0.5))
+                rank, status, res = results_queue.get(timeout=min(left, 0.5))
             except queue.Empty:
-                if all(not p.is_alive() for p in procs) and q.empty():
+                if all(not proc.is_alive() for proc in procs) and results_queue.empty():
                     break
                 continue
             results[rank] = (status, pickle.loads(res) if status == "ok" else res)
             if status == "err" and _port_taken(res):  # the rendezvous never began: the others are stopped
                 break
-        hung = [r for r, p in enumerate(procs) if r not in results and p.is_alive()]
+        hung = [r for r, proc in enumerate(procs) if r not in results and proc.is_alive()]
     finally:
         taken = any(res[0] == "err" and _port_taken(res[1]) for res in results.values())
-        for p in procs:
-            p.join(timeout=0 if taken else 10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    return [results.get(r) for r in range(world_size)], [p.exitcode for p in procs], hung
+        for proc in procs:
+            proc.join(timeout=0 if taken else 10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    return [results.get(r) for r in range(world_size)], [proc.exitcode for proc in procs], hung
 
 
 def run_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
@@ -223,8 +223,8 @@ def run_world(target: str, world_size: int = 2, profile: Optional[str] = None, a
                            f"(ranks done: {[r for r, res in enumerate(results) if res is not None]})")
     errors = [(r, res[1]) for r, res in enumerate(results) if res is not None and res[0] != "ok"]
     if errors:
-        r, tb = errors[0]
-        raise AssertionError(f"rank {r} of {target} (world {world_size}, profile {profile}) failed:\n{tb}")
+        rank, trace = errors[0]
+        raise AssertionError(f"rank {rank} of {target} (world {world_size}, profile {profile}) failed:\n{trace}")
     dead = [r for r, res in enumerate(results) if res is None]
     if dead:
         raise AssertionError(f"ranks {dead} of {target} died without a result (exit codes {codes})")
