@@ -2,8 +2,7 @@
 
 ``import funcoll`` imports the layers, registers the torch.distributed backend ``"funcoll"`` and overrides nothing.
 ``funcoll.install()`` puts funcoll's kernels on the ``_c10d_functional`` ops of the accelerators present. The tools
-beside the layers (``funcoll.probe``, ``funcoll.report``, ``funcoll.replicas``, ``funcoll.launch``,
-``funcoll.testing``) are imported when first used, as attributes of ``funcoll`` too.
+beside the layers (probe, report, replicas, launch, testing) are imported on first use (``funcoll.probe`` too).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ __all__ = ["install", "uninstall", "installed", "capabilities", "Options", "Proc
            "FuncollWork", "Capabilities", "PROFILES", "record", "groups", "probe",
            "CollectiveError", "CollectiveTimeoutError", "CollectiveMismatchError", "debug", "flight_recorder"]
 
-_LAZY_SUBMODULES = ("probe", "report", "replicas", "launch", "testing")  # imported by __getattr__ when first read
+_LAZY_SUBMODULES = ("probe", "report", "replicas", "launch", "testing")  # imported by __getattr__ on first use
 
 record = algorithms.record
 
@@ -44,8 +43,7 @@ def __getattr__(name: str):
 
 
 def _probe_at_creation(group, device_type: str, transport_made) -> None:
-    """With ``FUNCOLL_PROBE=1`` (read at each group's creation): the probe checks each transport a funcoll group makes
-    (:func:`funcoll.probe.at_creation`); without it, the probe is not imported."""
+    """``FUNCOLL_PROBE=1``, read as each group makes a transport: :func:`funcoll.probe.at_creation` probes it."""
     if os.environ.get("FUNCOLL_PROBE", "").strip().lower() in ("1", "true", "yes", "on"):
         from funcoll import probe
 

@@ -39,13 +39,10 @@ _server: dict = {}  # the fork server this process started: its pid and environm
 
 
 def _fork_server_pid() -> Union[int, None, bool]:
-    """The pid of this process's fork server (None: not running), False when this Python does not say.
-
-    multiprocessing has no public way to ask: ``forkserver.ensure_running()`` starts the server, or starts it again if
-    it died, but says neither whether it ran before (then someone else chose its imports and environment) nor whether
-    it was started anew (under the environment of now, which the launcher must compare with a rank's). A changed pid
-    says both. CPython 3.10-3.13 keep it in the module's instance ``_forkserver``, ``ForkServer._forkserver_pid``
-    (Lib/multiprocessing/forkserver.py); without those names the caller spawns its ranks."""
+    """The pid of this process's fork server (None: not running), False when this Python does not say. No public API
+    says whether ``forkserver.ensure_running()`` found the server running (someone else chose its imports) or started
+    it anew (under the environment of now, which ranks are compared with); a changed pid says both. CPython 3.10-3.13
+    keep it in ``forkserver._forkserver._forkserver_pid`` (Lib/multiprocessing/forkserver.py)."""
     from multiprocessing import forkserver
 
     return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", False)
