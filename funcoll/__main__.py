@@ -191,57 +191,59 @@ def cmd_probe(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m funcoll", description="funcoll: one collective path for PyTorch on "
-                                "TPU (torch_xla) and Intel GPU (XPU), with a CPU reference.")
-    sub = p.add_subparsers(dest="command", metavar="{report,probe,demo}")
+    cli = argparse.ArgumentParser(prog="python -m funcoll", description="funcoll: one collective path for PyTorch on "
+                                  "TPU (torch_xla) and Intel GPU (XPU), with a CPU reference.")
+    sub = cli.add_subparsers(dest="command", metavar="{report,probe,demo}")
 
-    r = sub.add_parser("report", help="the capability table (what is native, what funcoll fills, how)")
-    r.add_argument("--device", action="append", choices=("cpu", "xpu", "xla", "tpu"), help="a column for this device "
-                   "type's transport on this stack (repeatable); default: the columns of docs/capabilities.md")
-    r.add_argument("--profile", help="columns (comma-separated: gloo, xccl, xccl-2022-scale-up, xccl-2022-probed, "
-                                     "xccl2, xla or any profile), or with --device the profile to intersect with (as "
-                                     "FUNCOLL_PROFILE)")
-    r.add_argument("--torch-version", help="XPU: the torch version to derive the table for")
-    r.add_argument("--oneccl-version", help="XPU: the oneCCL version found at run time to derive the table for")
-    r.add_argument("--oneccl-build-version", help="XPU: the oneCCL version torch was built against")
-    r.add_argument("--override", help="XPU: FUNCOLL_XPU_OVERRIDE, e.g. avg=strategy")
-    r.add_argument("--topology", help="XPU: scale-up (one host) or scale-out")
-    r.add_argument("--backend", help="XPU: the backend class that runs the calls: xccl (ProcessGroupXCCL, the "
-                                     "default), xccl2 (ProcessGroupXCCL2) or another class name (the conservative row)")
-    r.add_argument("--gpu", help="XPU: the device name (torch.xpu.get_device_name), e.g. 'Intel(R) Arc(TM) Pro B60 "
-                                 "Graphics'; open reports tied to a GPU family cover an unknown one")
-    r.add_argument("--format", choices=("markdown", "json"), default="markdown")
-    r.add_argument("--probed", action="store_true", help="add the probe results cached on this machine")
-    r.set_defaults(fn=cmd_report)
+    report = sub.add_parser("report", help="the capability table (what is native, what funcoll fills, how)")
+    report.add_argument("--device", action="append", choices=("cpu", "xpu", "xla", "tpu"),
+                        help="a column for this device type's transport on this stack (repeatable); default: the "
+                        "columns of docs/capabilities.md")
+    report.add_argument("--profile", help="columns (comma-separated: gloo, xccl, xccl-2022-scale-up, "
+                                          "xccl-2022-probed, xccl2, xla or any profile), or with --device the profile "
+                                          "to intersect with (as FUNCOLL_PROFILE)")
+    report.add_argument("--torch-version", help="XPU: the torch version to derive the table for")
+    report.add_argument("--oneccl-version", help="XPU: the oneCCL version found at run time to derive the table for")
+    report.add_argument("--oneccl-build-version", help="XPU: the oneCCL version torch was built against")
+    report.add_argument("--override", help="XPU: FUNCOLL_XPU_OVERRIDE, e.g. avg=strategy")
+    report.add_argument("--topology", help="XPU: scale-up (one host) or scale-out")
+    report.add_argument("--backend", help="XPU: the backend class that runs the calls: xccl (ProcessGroupXCCL, the "
+                                          "default), xccl2 (ProcessGroupXCCL2) or another class name (the "
+                                          "conservative row)")
+    report.add_argument("--gpu", help="XPU: the device name (torch.xpu.get_device_name), e.g. 'Intel(R) Arc(TM) Pro "
+                                      "B60 Graphics'; open reports tied to a GPU family cover an unknown one")
+    report.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    report.add_argument("--probed", action="store_true", help="add the probe results cached on this machine")
+    report.set_defaults(fn=cmd_report)
 
-    q = sub.add_parser("probe", help="verify on a live group that what the table calls native is right")
-    q.add_argument("--world", type=int, default=2, help="ranks of the local CPU world (without torchrun)")
-    q.add_argument("--profile", help="the CPU transport's profile (e.g. xccl), as FUNCOLL_PROFILE")
-    q.add_argument("--device", choices=("cpu", "xpu", "xla"), help="default: xpu where available, else cpu")
-    q.add_argument("--backend", default="funcoll", help="under torchrun: init_process_group backend")
-    q.add_argument("--no-cache", action="store_true", help="neither read nor write the probe cache")
-    q.add_argument("--simulate-wrong", metavar="REQUEST",
-                   help="make the transport return a wrong result for REQUEST, e.g. 'all_reduce max int32'")
-    q.add_argument("--format", choices=("markdown", "json"), default="markdown")
-    q.add_argument("--timeout", type=float, default=300)
-    q.set_defaults(fn=cmd_probe)
+    probe = sub.add_parser("probe", help="verify on a live group that what the table calls native is right")
+    probe.add_argument("--world", type=int, default=2, help="ranks of the local CPU world (without torchrun)")
+    probe.add_argument("--profile", help="the CPU transport's profile (e.g. xccl), as FUNCOLL_PROFILE")
+    probe.add_argument("--device", choices=("cpu", "xpu", "xla"), help="default: xpu where available, else cpu")
+    probe.add_argument("--backend", default="funcoll", help="under torchrun: init_process_group backend")
+    probe.add_argument("--no-cache", action="store_true", help="neither read nor write the probe cache")
+    probe.add_argument("--simulate-wrong", metavar="REQUEST",
+                       help="make the transport return a wrong result for REQUEST, e.g. 'all_reduce max int32'")
+    probe.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    probe.add_argument("--timeout", type=float, default=300)
+    probe.set_defaults(fn=cmd_probe)
 
-    d = sub.add_parser("demo", help="the demo: 2 CPU ranks, native vs FUNCOLL_PROFILE=xccl, eager and compiled")
-    d.add_argument("rest", nargs=argparse.REMAINDER)  # main() hands them to funcoll.demo as they are
-    return p
+    demo = sub.add_parser("demo", help="the demo: 2 CPU ranks, native vs FUNCOLL_PROFILE=xccl, eager and compiled")
+    demo.add_argument("rest", nargs=argparse.REMAINDER)  # main() hands them to funcoll.demo as they are
+    return cli
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = parser()
+    cli = parser()
     if argv and argv[0] == "demo" and not {"-h", "--help"} & set(argv[1:2]):
         from funcoll import demo
 
         # its arguments go through as they are (argparse would take an option of the demo's for one of its own)
         return demo.main(argv[1:]) or 0
-    args = p.parse_args(argv)
+    args = cli.parse_args(argv)
     if not getattr(args, "fn", None):
-        p.print_help()
+        cli.print_help()
         return 2
     return args.fn(args)
 

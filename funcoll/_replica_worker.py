@@ -32,9 +32,9 @@ def _array(spec):
     return np.frombuffer(data, dtype=_np_dtype(dtype)).reshape(shape).copy()
 
 
-def _spec(a):
-    a = np.ascontiguousarray(np.asarray(a))
-    return (str(a.dtype), tuple(a.shape), a.tobytes())
+def _spec(value):
+    array = np.ascontiguousarray(np.asarray(value))
+    return (str(array.dtype), tuple(array.shape), array.tobytes())
 
 
 def _compile(client, devices, proto: bytes, world: int):
@@ -65,9 +65,9 @@ def _run(exe, devices, local, params_of_local):
     results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
     by_device: dict = {}
     for per_output in results:
-        for a in per_output:
-            (dev,) = a.devices()
-            by_device.setdefault(dev.id, []).append(_spec(a))
+        for array in per_output:
+            (dev,) = array.devices()
+            by_device.setdefault(dev.id, []).append(_spec(array))
     return [by_device.get(d.id, []) for d in local]
 
 

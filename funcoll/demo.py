@@ -18,27 +18,27 @@ WORLD = 2
 
 def _calls(rank, n):
     import torch.distributed as dist
+    from torch.distributed import ReduceOp
 
-    R = dist.ReduceOp
     out = {}
-    for name, vals, dtype, op in (("all_reduce avg f32", [1.0 + rank, 2.0, -3.0 * rank], torch.float32, R.AVG),
-                                  ("all_reduce bxor i32", [5 + rank, 12, 7 * rank], torch.int32, R.BXOR),
-                                  ("all_reduce max i32", [-5 + rank, 12, 7 * rank], torch.int32, R.MAX),
-                                  ("all_reduce premul_sum", [0.5 * rank, 1.0, 2.0], torch.float32,
-                                   dist._make_nccl_premul_sum(0.25)),
-                                  ("all_reduce sum i16", [v * (rank + 1) for v in (1, 2, 3, 4)], torch.int16, R.SUM)):
+    for name, vals, dtype, op in (
+            ("all_reduce avg f32", [1.0 + rank, 2.0, -3.0 * rank], torch.float32, ReduceOp.AVG),
+            ("all_reduce bxor i32", [5 + rank, 12, 7 * rank], torch.int32, ReduceOp.BXOR),
+            ("all_reduce max i32", [-5 + rank, 12, 7 * rank], torch.int32, ReduceOp.MAX),
+            ("all_reduce premul_sum", [0.5 * rank, 1.0, 2.0], torch.float32, dist._make_nccl_premul_sum(0.25)),
+            ("all_reduce sum i16", [v * (rank + 1) for v in (1, 2, 3, 4)], torch.int16, ReduceOp.SUM)):
         out[name] = torch.tensor(vals, dtype=dtype)
         dist.all_reduce(out[name], op=op)
     inp = torch.arange(4, dtype=torch.bfloat16) + rank
-    o = torch.empty(2, dtype=torch.bfloat16)
-    dist.reduce_scatter_tensor(o, inp, op=R.AVG)
-    out["reduce_scatter avg bf16"] = o
+    scattered = torch.empty(2, dtype=torch.bfloat16)
+    dist.reduce_scatter_tensor(scattered, inp, op=ReduceOp.AVG)
+    out["reduce_scatter avg bf16"] = scattered
     ins = [1, 2] if rank == 0 else [3, 0]
     outs = [1, 3] if rank == 0 else [2, 0]
     inp = torch.arange(float(sum(ins))) + 10 * rank
-    o = torch.empty(sum(outs))
-    dist.all_to_all_single(o, inp, outs, ins)
-    out["all_to_all uneven"] = o
+    received = torch.empty(sum(outs))
+    dist.all_to_all_single(received, inp, outs, ins)
+    out["all_to_all uneven"] = received
     x = torch.tensor([float(rank)] * 3)
     dist.broadcast(x, src=1)
     out["broadcast src=1"] = x
@@ -105,16 +105,17 @@ def main(argv=None) -> int:
     runs = {profile: run_world("funcoll.demo:rank_main", WORLD, profile, timeout=240) for profile in (None, "xccl")}
     native, xccl = runs[None][0], runs["xccl"][0]
     names = list(native[0])
-    w = max(len(n) for n in names)
-    print(f"{'call':<{w}}  {'result (rank 0)':<34} {'agree':<6} strategy native gloo | strategy FUNCOLL_PROFILE=xccl")
-    print("-" * (w + 110))
+    width = max(len(n) for n in names)
+    print(f"{'call':<{width}}  {'result (rank 0)':<34} {'agree':<6} strategy native gloo | "
+          f"strategy FUNCOLL_PROFILE=xccl")
+    print("-" * (width + 110))
     all_agree = True
     for name in names:  # every rank's result, native vs xccl profile
         pairs = [(runs[None][r][0][name], runs["xccl"][r][0][name]) for r in range(WORLD)]
         agree = all(torch.allclose(x.double(), y.double(), rtol=1e-6, atol=1e-6) if x.is_floating_point()
                     else torch.equal(x, y) for x, y in pairs)
         all_agree &= agree
-        print(f"{name:<{w}}  {_cell(native[0][name]):<34} {'yes' if agree else 'NO':<6} {native[1][name]} | "
+        print(f"{name:<{width}}  {_cell(native[0][name]):<34} {'yes' if agree else 'NO':<6} {native[1][name]} | "
               f"{xccl[1][name]}")
     eager_vs_compiled = torch.equal(native[0]["train step (eager)"], native[0]["train step (compiled)"])
     print(f"\neager == compiled training step (bit-identical): {eager_vs_compiled}")
@@ -138,7 +139,8 @@ def _xla_world1() -> bool:
     from funcoll import xla
 
     F = torch.ops._c10d_functional
-    R = dist.ReduceOp
+    from torch.distributed import ReduceOp
+
     dev = torch_xla.device()
     dist.init_process_group("funcoll", store=dist.HashStore(), rank=0, world_size=1)  # this process has none yet
     group = dist.group.WORLD
@@ -149,38 +151,39 @@ def _xla_world1() -> bool:
     i0 = torch.tensor([5, 12, 7, 3], dtype=torch.int32)
 
     def eager(x, i):
-        def ar(t, op=R.SUM):
+        def ar(t, op=ReduceOp.SUM):
             dist.all_reduce(t, op=op, group=group)
             return t
 
-        o, b = torch.empty_like(x), x.clone()
+        received, broadcast = torch.empty_like(x), x.clone()
         with xla.static_split_bound(4):
-            dist.all_to_all_single(o, x, [4], [4], group=group)
-        dist.broadcast(b, src=0, group=group)
-        return {"all_reduce avg": ar(x.clone(), R.AVG),
+            dist.all_to_all_single(received, x, [4], [4], group=group)
+        dist.broadcast(broadcast, src=0, group=group)
+        return {"all_reduce avg": ar(x.clone(), ReduceOp.AVG),
                 "all_reduce premul_sum(0.5)": ar(x.clone(), dist._make_nccl_premul_sum(0.5)),
-                "all_reduce bxor int32": ar(i.clone(), R.BXOR), "all_to_all_single splits [4]": o, "broadcast": b,
+                "all_reduce bxor int32": ar(i.clone(), ReduceOp.BXOR), "all_to_all_single splits [4]": received,
+                "broadcast": broadcast,
                 "all_reduce_ (in place)": ar(x.clone())}
 
     def functional(x, i):
-        w = F.wait_tensor
+        wait = F.wait_tensor
         t = x.clone()
-        w(F.all_reduce_(t, "sum", name))
-        return {"all_reduce avg": w(F.all_reduce(x, "avg", name)),
-                "all_reduce premul_sum(0.5)": w(F.all_reduce(x * 0.5, "sum", name)),
-                "all_reduce bxor int32": w(F.all_reduce(i, "bxor", name)),
-                "all_to_all_single splits [4]": w(F.all_to_all_single(x, [4], [4], name)),
-                "broadcast": w(F.broadcast(x, 0, name)), "all_reduce_ (in place)": t}
+        wait(F.all_reduce_(t, "sum", name))
+        return {"all_reduce avg": wait(F.all_reduce(x, "avg", name)),
+                "all_reduce premul_sum(0.5)": wait(F.all_reduce(x * 0.5, "sum", name)),
+                "all_reduce bxor int32": wait(F.all_reduce(i, "bxor", name)),
+                "all_to_all_single splits [4]": wait(F.all_to_all_single(x, [4], [4], name)),
+                "broadcast": wait(F.broadcast(x, 0, name)), "all_reduce_ (in place)": t}
 
-    e = {k: v.cpu() for k, v in eager(x0.to(dev), i0.to(dev)).items()}
+    eager_out = {k: v.cpu() for k, v in eager(x0.to(dev), i0.to(dev)).items()}
     compiled_fn = torch.compile(functional, backend="openxla", fullgraph=True)
     with xla.static_split_bound(4):
-        c = {k: v.cpu() for k, v in compiled_fn(x0.to(dev), i0.to(dev)).items()}
-    agree = {k: torch.equal(e[k], c[k]) for k in e}
-    w = max(len(k) for k in e)
-    print(f"  {'call (world 1, executed)':<{w}}  {'eager dist.*':<28} compiled (openxla) agrees")
-    for k in e:
-        print(f"  {k:<{w}}  {str(e[k].tolist()):<28} {'yes' if agree[k] else 'NO'}")
+        compiled_out = {k: v.cpu() for k, v in compiled_fn(x0.to(dev), i0.to(dev)).items()}
+    agree = {k: torch.equal(eager_out[k], compiled_out[k]) for k in eager_out}
+    width = max(len(k) for k in eager_out)
+    print(f"  {'call (world 1, executed)':<{width}}  {'eager dist.*':<28} compiled (openxla) agrees")
+    for k in eager_out:
+        print(f"  {k:<{width}}  {str(eager_out[k].tolist()):<28} {'yes' if agree[k] else 'NO'}")
     dist.destroy_process_group()
     return all(agree.values())
 
@@ -214,10 +217,10 @@ def virtual_hlo() -> dict:
         return t
 
     def a2a():
-        o = torch.empty(5, device=dev)
+        received = torch.empty(5, device=dev)
         with xla.static_split_bound(2):
-            dist.all_to_all_single(o, torch.arange(6.0).to(dev), [1, 2, 1, 1], [2, 1, 2, 1])
-        return o
+            dist.all_to_all_single(received, torch.arange(6.0).to(dev), [1, 2, 1, 1], [2, 1, 2, 1])
+        return received
 
     show("all_reduce, world", ar)
     show("all_reduce, mesh dim dp", lambda: ar(mesh.get_group("dp")))

@@ -4,7 +4,8 @@ is "module:function" (importable with the parent's sys.path), called as ``fn(ran
 ``init_process_group``; its picklable return value comes back. Every rendezvous and collective has a timeout, and the
 parent kills a world that overruns. Ranks start from a fork server that imported torch once, as fresh as spawned ones;
 they are spawned when a variable outside ``_LATE_ENV`` differs from the fork server's (torch may have read it at
-import), as always with ``FUNCOLL_LAUNCH=spawn``.
+import), as always with ``FUNCOLL_LAUNCH=spawn``. :func:`run_world` is the public entry; the harness's own fault
+tests use ``_spawn_world``, which reports ranks that die or hang instead of raising.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import socket
 import time
 import traceback
 from datetime import timedelta
-from typing import Mapping, MutableMapping, Optional, Sequence, Tuple
+from typing import Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+
+__all__ = ["run_world"]
 
 
-def free_port() -> int:
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -35,6 +38,16 @@ _LATE_ENV = ("FUNCOLL_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PJRT_", "XLA_", "TPU
 _server: dict = {}  # the fork server this process started: its pid and environment
 
 
+def _fork_server_pid() -> Union[int, None, bool]:
+    """The pid of this process's fork server (None: not running), False when this Python does not say. No public API
+    says whether ``forkserver.ensure_running()`` found the server running (someone else chose its imports) or started
+    it anew (under the environment of now, which ranks are compared with); a changed pid says both. CPython 3.10-3.13
+    keep it in ``forkserver._forkserver._forkserver_pid`` (Lib/multiprocessing/forkserver.py)."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", False)
+
+
 def _context(rank_env: Mapping[str, str]):
     """The multiprocessing context to start ranks of environment ``rank_env`` with: the fork server when its ranks
     would be what spawned ones are (see the module's docstring), else ``spawn``."""
@@ -42,13 +55,13 @@ def _context(rank_env: Mapping[str, str]):
         return mp.get_context("spawn")
     from multiprocessing import forkserver
 
-    fs = forkserver._forkserver  # the process-wide fork server
+    pid = _fork_server_pid()
+    if pid is False or (not _server and pid is not None):  # unknown, or started by someone else: imports unknown
+        return mp.get_context("spawn")
     if not _server:
-        if getattr(fs, "_forkserver_pid", None) is not None:  # started by someone else: imports and environment unknown
-            return mp.get_context("spawn")
         mp.set_forkserver_preload(_PRELOAD)
     forkserver.ensure_running()  # starts it, or starts it again if it died: under this process's environment of now
-    pid = getattr(fs, "_forkserver_pid", None)
+    pid = _fork_server_pid()
     if pid != _server.get("pid"):
         _server.update(pid=pid, env=dict(os.environ))
     env = _server["env"]
@@ -94,7 +107,7 @@ def _all_connected(world: int, timeout: float) -> None:
         time.sleep(0.005)
 
 
-def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=None):
+def _child(rank, world, port, target, args, backend, results_queue, coll_timeout, forked=None):
     import faulthandler
 
     if forked is not None:
@@ -115,14 +128,14 @@ def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=Non
         _all_connected(world, coll_timeout)
         mod, fn = target.split(":")
         res = getattr(importlib.import_module(mod), fn)(rank, world, *args)
-        q.put((rank, "ok", pickle.dumps(res)))  # plain pickle: tensors travel by value
+        results_queue.put((rank, "ok", pickle.dumps(res)))  # plain pickle: tensors travel by value
     except BaseException:  # noqa: BLE001 - reported to the parent
-        q.put((rank, "err", traceback.format_exc()))
+        results_queue.put((rank, "err", traceback.format_exc()))
     finally:
         # the result is written to the pipe before the teardown: a rank that dies while destroying its group is
         # reported with its result and its exit code, not as a rank that died without a result
-        q.close()
-        q.join_thread()
+        results_queue.close()
+        results_queue.join_thread()
         try:
             import torch.distributed as dist
 
@@ -132,9 +145,9 @@ def _child(rank, world, port, target, args, backend, q, coll_timeout, forked=Non
             pass
 
 
-def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
-                deadline: float = 180, backend: str = "funcoll", coll_timeout: float = 60,
-                env: Optional[Mapping[str, Optional[str]]] = None) -> Tuple[list, list, list]:
+def _spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
+                 deadline: float = 180, backend: str = "funcoll", coll_timeout: float = 60,
+                 env: Optional[Mapping[str, Optional[str]]] = None) -> Tuple[list, list, list]:
     """Runs ``target`` on ``world_size`` new ranks and reports what happened, ranks that die included (fault
     tests kill ranks on purpose). Returns ``(results, exit codes, hung)``: ``results[rank]`` is ``("ok", value)``,
     ``("err", traceback)`` or None (the rank died without a result); ranks still running at ``deadline`` seconds
@@ -145,7 +158,7 @@ def spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None,
     _apply(rank_env, env)
     ctx = _context(rank_env)
     forked = (rank_env, os.getpid()) if ctx.get_start_method() == "forkserver" else None
-    for _ in range(3):  # a port another process took between free_port() and the store's bind: a new port
+    for _ in range(3):  # a port another process took between _free_port() and the store's bind: a new port
         results, codes, hung = _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout)
         if not any(res is not None and res[0] == "err" and _port_taken(res[1]) for res in results):
             break
@@ -158,17 +171,17 @@ def _port_taken(tb: str) -> bool:
 
 
 def _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout) -> Tuple[list, list, list]:
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, q, coll_timeout,
-                                              forked), daemon=True)
+    results_queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), backend, results_queue,
+                                              coll_timeout, forked), daemon=True)
              for r in range(world_size)]
     saved = {k: os.environ.get(k) for k in env}
     try:
         if forked is None:  # spawned ranks inherit the environment at start
             _apply(os.environ, env)
-        for p in procs:
-            p.start()
+        for proc in procs:
+            proc.start()
     finally:
         if forked is None:
             _apply(os.environ, saved)
@@ -177,23 +190,23 @@ def _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_t
     try:
         while len(results) < world_size and (left := end - time.monotonic()) > 0:
             try:
-                rank, status, res = q.get(timeout=min(left, 0.5))
+                rank, status, res = results_queue.get(timeout=min(left, 0.5))
             except queue.Empty:
-                if all(not p.is_alive() for p in procs) and q.empty():
+                if all(not proc.is_alive() for proc in procs) and results_queue.empty():
                     break
                 continue
             results[rank] = (status, pickle.loads(res) if status == "ok" else res)
             if status == "err" and _port_taken(res):  # the rendezvous never began: the others are stopped
                 break
-        hung = [r for r, p in enumerate(procs) if r not in results and p.is_alive()]
+        hung = [r for r, proc in enumerate(procs) if r not in results and proc.is_alive()]
     finally:
         taken = any(res[0] == "err" and _port_taken(res[1]) for res in results.values())
-        for p in procs:
-            p.join(timeout=0 if taken else 10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    return [results.get(r) for r in range(world_size)], [p.exitcode for p in procs], hung
+        for proc in procs:
+            proc.join(timeout=0 if taken else 10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    return [results.get(r) for r in range(world_size)], [proc.exitcode for proc in procs], hung
 
 
 def run_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
@@ -201,14 +214,14 @@ def run_world(target: str, world_size: int = 2, profile: Optional[str] = None, a
               env: Optional[Mapping[str, Optional[str]]] = None) -> list:
     """Returns the per-rank results; raises AssertionError with the first failing rank's traceback, or naming the
     ranks that died without a result, and TimeoutError when the world does not finish in ``timeout`` seconds."""
-    results, codes, hung = spawn_world(target, world_size, profile, args, timeout, backend, coll_timeout, env)
+    results, codes, hung = _spawn_world(target, world_size, profile, args, timeout, backend, coll_timeout, env)
     if hung:
         raise TimeoutError(f"{target} on {world_size} ranks did not finish in {timeout}s "
                            f"(ranks done: {[r for r, res in enumerate(results) if res is not None]})")
     errors = [(r, res[1]) for r, res in enumerate(results) if res is not None and res[0] != "ok"]
     if errors:
-        r, tb = errors[0]
-        raise AssertionError(f"rank {r} of {target} (world {world_size}, profile {profile}) failed:\n{tb}")
+        rank, trace = errors[0]
+        raise AssertionError(f"rank {rank} of {target} (world {world_size}, profile {profile}) failed:\n{trace}")
     dead = [r for r, res in enumerate(results) if res is None]
     if dead:
         raise AssertionError(f"ranks {dead} of {target} died without a result (exit codes {codes})")

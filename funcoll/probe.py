@@ -22,7 +22,6 @@ import torch.distributed as dist
 from funcoll import algorithms, reference
 from funcoll.algorithms.observe import LOG, group_label
 from funcoll.entry.group_state import is_local_store
-from funcoll.entry.process_group import TRANSPORT_HOOKS
 from funcoll.report import markdown_table
 from funcoll.semantics import FLOAT8, ReduceOp, Reduction, dtype_name
 from funcoll.transport import REDUCING, Capabilities
@@ -30,9 +29,8 @@ from funcoll.transport.registry import transport_for
 
 __all__ = ["run", "probe_transport", "ProbeResult", "Request", "requests", "demote", "results", "cache_dir"]
 
-R = ReduceOp
 SCHEMA = 1
-_BOOL_NATIVE = (R.BAND, R.BOR, R.BXOR)  # what the algorithms ever send natively for bool
+_BOOL_NATIVE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)  # what the algorithms ever send natively for bool
 _BATCH_BYTES = 16 << 20  # at most this many bytes of this rank's inputs per batch (on XLA: one graph)
 _EXTRA_SIZES = (1, 2, 5, 8, 33, 256)  # elements per rank, besides 3 and ~1024/n, for a request a report keeps off
 _DROPPABLE = ("reduce", "broadcast", "gather", "scatter", "all_reduce_coalesced")  # demote: composed from the rest
@@ -75,7 +73,7 @@ class Request:
     @property
     def reduction(self) -> Reduction:
         assert self.op is not None, self.name
-        return Reduction(self.op, reference.PREMUL if self.op is R.PREMUL_SUM else None)
+        return Reduction(self.op, reference.PREMUL if self.op is ReduceOp.PREMUL_SUM else None)
 
 
 def requests(caps: Capabilities, size: int) -> List[Request]:
@@ -110,40 +108,40 @@ class _Case:
     def run(self, tp, x: torch.Tensor, dev) -> Tuple[Any, List[torch.Tensor]]:
         """Issues the native call with this rank's input ``x``; returns (handle, outputs to read)."""
         p, n, k, req, rank = self.req.primitive, self.n, self.k, self.req, tp.rank
-        d = x.to(dev)
+        data = x.to(dev)
         if p == "all_reduce":
-            return tp.all_reduce(d, req.reduction), [d]
+            return tp.all_reduce(data, req.reduction), [data]
         if p == "all_reduce_coalesced":
-            a, b = d[: len(d) // 2].clone(), d[len(d) // 2:].clone()
-            return tp.all_reduce_coalesced([a, b], req.reduction), [a, b]
+            first, second = data[: len(data) // 2].clone(), data[len(data) // 2:].clone()
+            return tp.all_reduce_coalesced([first, second], req.reduction), [first, second]
         if p == "reduce_scatter":
-            out = d.new_empty((k,))
-            return tp.reduce_scatter(out, d, req.reduction), [out]
+            out = data.new_empty((k,))
+            return tp.reduce_scatter(out, data, req.reduction), [out]
         if p == "reduce":
-            return tp.reduce(d, self.root, req.reduction), [d]
+            return tp.reduce(data, self.root, req.reduction), [data]
         if p == "all_gather":
-            out = d.new_empty((n * k,))
-            return tp.all_gather(out, d), [out]
+            out = data.new_empty((n * k,))
+            return tp.all_gather(out, data), [out]
         if p == "all_to_all":
-            out = torch.empty_like(d)
-            return tp.all_to_all(out, d, None, None), [out]
+            out = torch.empty_like(data)
+            return tp.all_to_all(out, data, None, None), [out]
         if p == "all_to_all uneven":
             assert self.splits is not None
             outs = [s[rank] for s in self.splits]
-            out = d.new_empty((sum(outs),))
-            return tp.all_to_all(out, d, outs, self.splits[rank]), [out]
+            out = data.new_empty((sum(outs),))
+            return tp.all_to_all(out, data, outs, self.splits[rank]), [out]
         if p == "broadcast":
-            return tp.broadcast(d, self.root), [d]
+            return tp.broadcast(data, self.root), [data]
         if p == "gather":
-            parts = [d.new_empty((k,)) for _ in range(n)] if rank == self.root else None
-            return tp.gather(parts, d, self.root), list(parts or [])
+            parts = [data.new_empty((k,)) for _ in range(n)] if rank == self.root else None
+            return tp.gather(parts, data, self.root), list(parts or [])
         assert p == "scatter", p
-        out = d.new_empty((k,))
-        chunks = [t.contiguous() for t in d.view(n, k).unbind(0)] if rank == self.root else None
+        out = data.new_empty((k,))
+        chunks = [t.contiguous() for t in data.view(n, k).unbind(0)] if rank == self.root else None
         return tp.scatter(out, chunks, self.root), [out]
 
-    def check(self, rank: int, inputs: Sequence[torch.Tensor], got: List[torch.Tensor]) -> Optional[str]:
-        """``inputs``: every rank's input; ``got``: this rank's outputs (CPU)."""
+    def check(self, rank: int, inputs: Sequence[torch.Tensor], outputs: List[torch.Tensor]) -> Optional[str]:
+        """``inputs``: every rank's input; ``outputs``: this rank's (CPU)."""
         p, req, mine = self.req.primitive, self.req, slice(rank * self.k, (rank + 1) * self.k)
         if p in ("reduce", "gather") and rank != self.root:
             return None
@@ -162,7 +160,7 @@ class _Case:
         else:  # scatter
             want = inputs[self.root][mine]
         # reduced: within the reference's tolerance over n ranks; moved: as over one rank (equal values, equal bits)
-        return reference.close(torch.cat(got), want, self.n if req.op is not None else 1, str(req.op), "grid")
+        return reference.close(torch.cat(outputs), want, self.n if req.op is not None else 1, str(req.op), "grid")
 
 
 def demote(caps: Capabilities, wrong: Dict[str, str]) -> Tuple[Capabilities, List[str], List[str]]:
@@ -279,10 +277,10 @@ def _library(tp, device_type: str) -> str:
 
 def _topology(host_ids: List[bytes]) -> str:
     counts = Counter(host_ids)
-    per = sorted(set(counts.values()))
+    per_host = sorted(set(counts.values()))
     hosts = len(counts)
-    return (f"{hosts} host{'s' if hosts > 1 else ''} x {per[0]} rank{'s' if per[0] > 1 else ''}" if len(per) == 1
-            else f"{hosts} hosts, {per[0]}-{per[-1]} ranks each")
+    return (f"{hosts} host{'s' if hosts > 1 else ''} x {per_host[0]} rank{'s' if per_host[0] > 1 else ''}"
+            if len(per_host) == 1 else f"{hosts} hosts, {per_host[0]}-{per_host[-1]} ranks each")
 
 
 def _sha(obj) -> bytes:
@@ -345,23 +343,23 @@ def _first_line(e: BaseException) -> str:
 
 def _all_gather_bytes(tp, mine: bytes, dev) -> torch.Tensor:
     """[n, len] uint8 (CPU): every rank's ``mine`` (same length everywhere), by funcoll's all_gather."""
-    d = torch.tensor(list(mine), dtype=torch.uint8).to(dev)
-    g = d.new_empty((tp.size * d.numel(),))
-    algorithms.all_gather_into_tensor(tp, g, d).wait()
+    local = torch.tensor(list(mine), dtype=torch.uint8).to(dev)
+    gathered = local.new_empty((tp.size * local.numel(),))
+    algorithms.all_gather_into_tensor(tp, gathered, local).wait()
     _sync(tp)
-    return g.cpu().view(tp.size, d.numel())
+    return gathered.cpu().view(tp.size, local.numel())
 
 
 def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
     """Issues every case's native request, waits, checks the outputs: this rank's verdict per case (None: right).
     When the whole batch fails (a lazy backend fails the graph), each case runs alone, to find the culprits."""
     issued: List[Tuple[Any, List[torch.Tensor], Optional[str]]] = []
-    for c in cases:
+    for case in cases:
         try:
-            issued.append((*c.run(tp, c.inputs(tp.rank), dev), None))
+            issued.append((*case.run(tp, case.inputs(tp.rank), dev), None))
         except Exception as e:  # noqa: BLE001 - a native request that raises is as wrong as a wrong result
             issued.append((None, [], f"raised {type(e).__name__}: {_first_line(e)}"))
-    got: Union[str, List[Tuple[List[torch.Tensor], Optional[str]]]]
+    collected: Union[str, List[Tuple[List[torch.Tensor], Optional[str]]]]  # a batch's failure, or per case
     try:
         for i in range(len(issued)):
             try:
@@ -370,20 +368,20 @@ def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
             except Exception as e:  # noqa: BLE001
                 issued[i] = (None, [], f"raised {type(e).__name__} on wait: {_first_line(e)}")
         _sync(tp)
-        got = [([t.cpu() for t in outs] if err is None else [], err) for _, outs, err in issued]
+        collected = [([t.cpu() for t in outs] if err is None else [], err) for _, outs, err in issued]
     except Exception as e:  # noqa: BLE001
-        got = f"raised {type(e).__name__}: {_first_line(e)}"
+        collected = f"raised {type(e).__name__}: {_first_line(e)}"
     del issued  # the device tensors (on XLA, those of a failed graph too) must not reach the next sync
-    if isinstance(got, str):
+    if isinstance(collected, str):
         if getattr(tp, "device_type", "cpu") == "xla":  # later collectives must not stay chained to the failed graph
             from funcoll.transport.xla import reset_token
 
             reset_token(tp.control_device)
-        return [got] if len(cases) == 1 else [v for c in cases for v in _run_batch(tp, [c], dev)]
+        return [collected] if len(cases) == 1 else [v for case in cases for v in _run_batch(tp, [case], dev)]
     verdicts = []
-    for c, (outs, err) in zip(cases, got):
+    for case, (outs, err) in zip(cases, collected):
         try:
-            verdicts.append(err or c.check(tp.rank, [c.inputs(r) for r in range(tp.size)], outs))
+            verdicts.append(err or case.check(tp.rank, [case.inputs(r) for r in range(tp.size)], outs))
         except Exception as e:  # noqa: BLE001 - a result that cannot even be compared is wrong
             verdicts.append(f"cannot compare: {type(e).__name__}: {e}")
     return verdicts
@@ -433,11 +431,12 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
         sizes = [(j, k) for k in (3, max(1, math.ceil(1024 / n))) for j in range(len(reqs))]
         sizes += [(j, k) for k in _EXTRA_SIZES + (math.ceil(65536 / n),) for j in range(len(reqs)) if reqs[j] in extra]
         cases = [_Case(reqs[j], n, k) for j, k in sizes]
-        per = max(1, _BATCH_BYTES // max([max(c.numel) * 8 for c in cases], default=1))  # cases per batch
+        per_batch = max(1, _BATCH_BYTES // max([max(case.numel) * 8 for case in cases], default=1))  # cases
         if extra:  # the transport is asked for the extra requests natively: it runs under that table meanwhile
             tp.use_table(unverified)
         try:
-            verdicts = [v for i in range(0, len(cases), per) for v in _run_batch(tp, cases[i:i + per], dev)]
+            verdicts = [v for i in range(0, len(cases), per_batch)
+                        for v in _run_batch(tp, cases[i:i + per_batch], dev)]
         finally:
             tp.use_table(caps)
         errors = [[v for (i, _), v in zip(sizes, verdicts) if i == j and v] for j in range(len(reqs))]  # this rank's
@@ -489,9 +488,8 @@ def run(group=None, device: Optional[str] = None, *, cache: bool = True) -> Prob
 
 
 def at_creation(pg, device_type: str, tp) -> None:
-    """With ``FUNCOLL_PROBE=1``: probes a transport a funcoll group just made, unless the world is virtual."""
-    if os.environ.get("FUNCOLL_PROBE", "").strip().lower() not in ("1", "true", "yes", "on"):
-        return
+    """Probes a transport a funcoll group just made, unless the world is virtual: run by the hook ``import funcoll``
+    registers (``funcoll._probe_at_creation``) when ``FUNCOLL_PROBE=1``."""
     if is_local_store(pg.get_group_store()) or getattr(tp, "virtual", False):
         LOG.info("funcoll.probe: group %s %s: not probed (a virtual group)", pg.group_name, device_type)
         return
@@ -501,8 +499,6 @@ def at_creation(pg, device_type: str, tp) -> None:
     probe_transport(tp, device_type, pg.group_name or "(unnamed)")
 
 
-TRANSPORT_HOOKS.append(at_creation)
-
 
 def _inject_wrong(tp, name: str) -> None:
     """``python -m funcoll probe --simulate-wrong``: ``tp`` reduces one native reduction (``"all_reduce max int32"``)
@@ -510,7 +506,7 @@ def _inject_wrong(tp, name: str) -> None:
     req = Request.parse(name)
     if req.primitive not in ("all_reduce", "reduce_scatter", "reduce"):
         raise ValueError(f"funcoll.probe.inject_wrong: only reductions can be made wrong, got {name!r}")
-    swap = Reduction(R.MAX if req.op is R.SUM else R.SUM)
+    swap = Reduction(ReduceOp.MAX if req.op is ReduceOp.SUM else ReduceOp.SUM)
     cls = type(tp)
     method = "_" + req.primitive
 

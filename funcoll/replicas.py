@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .launch import free_port
+from .launch import _free_port
 
 __all__ = ["capture", "execute", "run", "World", "RankProgram", "ReplicaRuntimeError", "available"]
 
@@ -194,8 +194,8 @@ def _run_agreements(told: dict, world_size: int) -> dict:
                 out[f"{list(ranks)} #{i}"] = rows
         return out or {"no agreement on this rank": torch.zeros(1, dtype=torch.int64).to(torch_xla.device())}
 
-    got = execute(capture(gather_values, world_size))
-    return {(me, ranks, i): got[me][f"{list(ranks)} #{i}"].view(len(ranks), -1).tolist()
+    gathered = execute(capture(gather_values, world_size))
+    return {(me, ranks, i): gathered[me][f"{list(ranks)} #{i}"].view(len(ranks), -1).tolist()
             for (me, ranks, i) in told}
 
 
@@ -284,9 +284,9 @@ def _instruction_named(text: str, message: str) -> Optional[str]:
     """The line of ``text`` defining the first instruction ``message`` names (``%name`` or a bare name)."""
     names = {}
     for line in text.splitlines():
-        m = _INSTRUCTION.match(line)
-        if m:
-            names[m.group(1)] = _METADATA.sub("", line).strip()
+        defined = _INSTRUCTION.match(line)
+        if defined:
+            names[defined.group(1)] = _METADATA.sub("", line).strip()
     # XLA's verifier prints the instruction it rejects with the name torch_xla gave it as op_name
     for token in re.findall(r'op_name="([^"]+)"', message):
         if token in names:
@@ -337,7 +337,7 @@ def execute(worlds, timeout: float = 300.0) -> list:
         with open(job_path, "wb") as f:
             pickle.dump(job, f)
         if mpmd:  # one process per rank
-            port = str(free_port())
+            port = str(_free_port())
             runs = [["mpmd", job_path, os.path.join(tmp, f"out{r}.pkl"), str(r), port] for r in range(size)]
         else:
             runs = [["spmd", job_path, os.path.join(tmp, "out.pkl")]]

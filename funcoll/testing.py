@@ -104,8 +104,8 @@ def _overload(target) -> Optional[torch._ops.OpOverload]:
 
 def _target_name(target) -> str:
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        s = str(target).replace("_c10d_functional_autograd.", "c10d_autograd.").replace("_c10d_functional.", "c10d.")
-        return s.removesuffix(".default")
+        name = str(target).replace("_c10d_functional_autograd.", "c10d_autograd.").replace("_c10d_functional.", "c10d.")
+        return name.removesuffix(".default")
     if isinstance(target, str):
         return target
     module = getattr(target, "__module__", None) or ""
@@ -259,23 +259,24 @@ class Captured:
         return [c for g in getattr(self, which) for c in g.collectives]
 
 
-def _capturing_backend(backend: str, cap: Captured):
+def _capturing_backend(backend: str, captured: Captured):
     from functorch.compile import make_boxed_func
 
     def dynamo_backend(gm, example_inputs):
-        cap.dynamo.append(_snapshot(gm))
+        captured.dynamo.append(_snapshot(gm))
         if backend == "aot_eager":
             from torch._dynamo.backends.debugging import aot_eager
 
             def keeping(graphs):
                 return lambda g, ex: graphs.append(_snapshot(g)) or make_boxed_func(g)
 
-            return aot_eager(gm, example_inputs, fw_compiler=keeping(cap.forward), bw_compiler=keeping(cap.backward))
+            return aot_eager(gm, example_inputs, fw_compiler=keeping(captured.forward),
+                             bw_compiler=keeping(captured.backward))
         if backend == "inductor":
             from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
             def inner(g, ex, **kwargs):
-                (cap.backward if kwargs.get("is_backward") else cap.forward).append(_snapshot(g))
+                (captured.backward if kwargs.get("is_backward") else captured.forward).append(_snapshot(g))
                 return compile_fx_inner(g, ex, **kwargs)
 
             return compile_fx(gm, example_inputs, inner_compile=inner)
@@ -299,16 +300,16 @@ def capture_graphs(fn: Callable, *args, backend: str = "aot_eager", backward: bo
 
     if reset:
         torch._dynamo.reset()
-    cap = Captured()
-    compiled = torch.compile(fn, backend=_capturing_backend(backend, cap), fullgraph=fullgraph, dynamic=dynamic)
+    captured = Captured()
+    compiled = torch.compile(fn, backend=_capturing_backend(backend, captured), fullgraph=fullgraph, dynamic=dynamic)
     with torch._functorch.config.patch(enable_autograd_cache=False):  # a cache hit would compile nothing
-        cap.result = compiled(*args, **kwargs)
+        captured.result = compiled(*args, **kwargs)
         if backward:
-            outs = [t for t in _tensors(cap.result) if t.requires_grad]
+            outs = [t for t in _tensors(captured.result) if t.requires_grad]
             if not outs:
                 raise ValueError("funcoll.testing.capture_graphs: backward=True but no output requires grad")
             torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-    return cap
+    return captured
 
 
 def trace_fake(fn: Callable, *args, functional: bool = False) -> torch.fx.GraphModule:
@@ -353,19 +354,19 @@ def compile_counts() -> Iterator[CompileCounts]:
     breaks_before = dict(counters["graph_break"])
     graphs_before = counters["stats"]["unique_graphs"]
     seen = {id(m) for m in get_compilation_metrics()}
-    c = CompileCounts()
+    counts = CompileCounts()
     try:
-        yield c
+        yield counts
     finally:
-        c.graphs = counters["stats"]["unique_graphs"] - graphs_before
+        counts.graphs = counters["stats"]["unique_graphs"] - graphs_before
         for msg, count in counters["graph_break"].items():
             new = count - breaks_before.get(msg, 0)
             if new > 0:
-                c.graph_breaks += new
-                c.break_reasons.append(_reason(msg.strip().splitlines()[0]))
+                counts.graph_breaks += new
+                counts.break_reasons.append(_reason(msg.strip().splitlines()[0]))
         recompiled = [m for m in get_compilation_metrics() if id(m) not in seen and m.recompile_reason]
-        c.recompiles = len(recompiled)
-        c.recompile_reasons = [_reason(r) for m in recompiled for r in _guard_lines(m.recompile_reason or "")]
+        counts.recompiles = len(recompiled)
+        counts.recompile_reasons = [_reason(r) for m in recompiled for r in _guard_lines(m.recompile_reason or "")]
 
 
 def count_compiles(fn: Callable, *calls, backend: Union[str, Callable] = "eager",
@@ -377,10 +378,10 @@ def count_compiles(fn: Callable, *calls, backend: Union[str, Callable] = "eager"
     if reset:
         torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
-    with compile_counts() as c:
+    with compile_counts() as counts:
         for call in calls:
             compiled(*call) if isinstance(call, tuple) else compiled(call)
-    return c
+    return counts
 
 
 def xla_compiled_collectives(fn: Callable, *args, keep: Optional[Iterable[str]] = None,
@@ -394,10 +395,10 @@ def xla_compiled_collectives(fn: Callable, *args, keep: Optional[Iterable[str]] 
     if not xla_args:
         raise ValueError("funcoll.testing.xla_compiled_collectives: no XLA tensor among the arguments")
     xla.reset_token(xla_args[0].device)
-    cap = capture_graphs(fn, *args, backward=backward, **kwargs)
+    captured = capture_graphs(fn, *args, backward=backward, **kwargs)
     params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
     grads = [t.grad for t in (xla_args if backward else []) + params if t.grad is not None]
-    tensors = _tensors(cap.result) + xla_args + params + grads
+    tensors = _tensors(captured.result) + xla_args + params + grads
     text = xla_collectives([t for t in tensors if t.device.type == "xla"], keep)
     # the token holds these collectives now: the next one would chain to them and run them at its sync
     xla.reset_token(xla_args[0].device)
@@ -418,11 +419,11 @@ def _split_top(text: str, sep: str = ",", most: int = -1) -> List[str]:
 
 def _parse_instruction(line: str):
     """``%name = SHAPE opcode(OPERANDS), attrs`` -> (name, shape, opcode, operands, [attrs]) or None."""
-    m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
-    parts = _split_top(m.group(2), " ", 1) if m else []
+    assignment = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
+    parts = _split_top(assignment.group(2), " ", 1) if assignment else []
     call, *attrs = _split_top(parts[1]) if len(parts) == 2 else [""]
     op = re.match(r"([a-z][\w\-]*)\((.*)\)$", call, re.S)
-    return (m.group(1), parts[0], op.group(1), op.group(2), attrs) if m and op else None
+    return (assignment.group(1), parts[0], op.group(1), op.group(2), attrs) if assignment and op else None
 
 
 def _norm_shape(shape: str) -> str:

@@ -153,8 +153,8 @@ class ProcessGroupBabyFuncoll(ProcessGroupBaby):
         """torchft's shutdown, with the child killed before the thread that reads its futures is joined: a wait on
         the child ends at once, and so does that thread's poll (its pipe's other end is gone). torchft's own order
         joins the thread first, which wakes when the child exits on its own: a child stuck in a collective never
-        does, so the join waits for the poll's 10 s tick (5.4 s in one run against 0.07 s here) and fails with
-        "future thread did not exit" when the tick comes late."""
+        does, so the join waits for the poll's 10 s tick (docs/performance.md) and fails with "future thread did not
+        exit" when the tick comes late."""
         for pipe in (self._pipe, self._future_pipe):
             if pipe is not None:
                 pipe.close()

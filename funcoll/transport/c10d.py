@@ -27,10 +27,10 @@ def c10d_op(red: Reduction):
 
 def _options(cls, **fields):
     """A c10d options object of class ``cls`` with ``fields`` set."""
-    o = cls()
+    options = cls()
     for name, value in fields.items():
-        setattr(o, name, value)
-    return o
+        setattr(options, name, value)
+    return options
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -105,8 +105,8 @@ class BackendWait(C.Work):
     _h: C.Work
     _done = False
     _exc: Optional[BaseException] = None
-    _role = False  # a thread waits on the backend's Work (the caller in wait(), or a background waiter)
-    _ev: Optional[threading.Event] = None  # set when that wait has returned: made by whoever waits for it
+    _waiting = False  # a thread waits on the backend's Work (the caller in wait(), or a background waiter)
+    _wait_done: Optional[threading.Event] = None  # set when that wait has returned: made by whoever waits for it
     _fut: Optional[torch.futures.Future] = None  # funcoll's future, for a backend Work without one
     _bfut: Optional[torch.futures.Future] = None  # the backend Work's own future, handed out as this Work's
     _nofut: Optional[bool] = None  # the backend's Work has no future (asked once, when it matters)
@@ -132,16 +132,16 @@ class BackendWait(C.Work):
 
     # -- who waits on the backend's Work ----------------------------------------------------------------
     def _claim(self) -> Optional[bool]:
-        """True: this thread is now the one to wait on the backend's Work; False: another thread does (``_ev`` is set
-        when its wait returns); None: the Work has already finished."""
+        """True: this thread is now the one to wait on the backend's Work; False: another thread does (``_wait_done``
+        is set when its wait returns); None: the Work has already finished."""
         with _WAIT_LOCK:
             if self._done or self._exc is not None:
                 return None
-            if not self._role:
-                self._role = True
+            if not self._waiting:
+                self._waiting = True
                 return True
-            if self._ev is None:
-                self._ev = threading.Event()
+            if self._wait_done is None:
+                self._wait_done = threading.Event()
             return False
 
     def _wait_backend(self) -> None:
@@ -158,9 +158,9 @@ class BackendWait(C.Work):
     def _wake(self) -> None:
         """Wakes the threads waiting for the wait, and completes the future, if one was asked for."""
         with _WAIT_LOCK:
-            ev, fut = self._ev, self._fut
-        if ev is not None:
-            ev.set()
+            wait_done, fut = self._wait_done, self._fut
+        if wait_done is not None:
+            wait_done.set()
         if fut is None or fut.done():
             return
         try:
@@ -195,26 +195,26 @@ class BackendWait(C.Work):
         with _WAIT_LOCK:  # _claim, inlined: every send and recv c10d waits on comes here
             if self._done or self._exc is not None:
                 mine = None
-            elif not self._role:
-                self._role = mine = True
+            elif not self._waiting:
+                self._waiting = mine = True
             else:
                 mine = False
-                if self._ev is None:
-                    self._ev = threading.Event()
+                if self._wait_done is None:
+                    self._wait_done = threading.Event()
         if mine:
-            h = self._h
+            work = self._h
             try:
                 if self._quiet:
-                    wait_quietly(h, limit)
+                    wait_quietly(work, limit)
                 elif limit is None:
-                    h.wait()
+                    work.wait()
                 else:
-                    h.wait(limit)
+                    work.wait(limit)
             except Exception as e:  # noqa: BLE001 - re-raised through the hooks
                 if limit is not None and is_wait_timeout(e):
                     with _WAIT_LOCK:  # still pending: the wait is handed to a background waiter if someone waits
-                        hand_over = self._ev is not None or self._fut is not None
-                        self._role = hand_over
+                        hand_over = self._wait_done is not None or self._fut is not None
+                        self._waiting = hand_over
                     if hand_over:
                         in_background(self._wait_backend)
                     raise self._wait_timeout(e, limit) from e
@@ -225,14 +225,14 @@ class BackendWait(C.Work):
                 raise err from e
             self._done = True
             self._completed()
-            if self._ev is not None or self._fut is not None:
+            if self._wait_done is not None or self._fut is not None:
                 self._wake()
             return True
         if mine is False:  # another thread waits on the backend's Work: wait for its wait
-            ev = self._ev
-            assert ev is not None
-            # (_done is read again: the waiting thread may have finished before this one made ``ev``)
-            if not (self._done or ev.wait(None if limit is None else limit.total_seconds())):
+            wait_done = self._wait_done
+            assert wait_done is not None
+            # (_done is read again: the waiting thread may have finished before this one made ``wait_done``)
+            if not (self._done or wait_done.wait(None if limit is None else limit.total_seconds())):
                 err = TimeoutError("Operation timed out!")
                 raise self._wait_timeout(err, limit or timedelta(0)) from err
         if self._exc is not None:
@@ -242,8 +242,9 @@ class BackendWait(C.Work):
     def is_completed(self) -> bool:
         if self._done or self._exc is not None:
             return True
-        bf = self._bfut  # gloo completes a Work's future just before the Work itself
-        if self._h.is_completed() or (bf is not None and bf.done()):  # the data is in place: finish (a short wait)
+        own_future = self._bfut  # gloo completes a Work's future just before the Work itself
+        # the data is in place: finish (a short wait)
+        if self._h.is_completed() or (own_future is not None and own_future.done()):
             if self._claim():
                 self._wait_backend()
             return self._done or self._exc is not None
@@ -255,15 +256,15 @@ class BackendWait(C.Work):
         """The backend Work's own future where it has one, as a c10d Work's (no Python callback runs on the backend's
         thread; it completes, or fails with the backend's own error, when the backend's Work does); else one of
         funcoll's, completed by whoever waits on the backend's Work (a background waiter, if nobody does)."""
-        bf = self._bfut
-        if bf is not None:
-            return bf
+        own_future = self._bfut
+        if own_future is not None:
+            return own_future
         if self._exc is None:
-            bf = self._backend_future()  # one call: DDP asks every bucket's Work for its future
-            if bf is not None:
-                self._bfut = bf
-                self._watch(bf)
-                return bf
+            own_future = self._backend_future()  # one call: DDP asks every bucket's Work for its future
+            if own_future is not None:
+                self._bfut = own_future
+                self._watch(own_future)
+                return own_future
         with _WAIT_LOCK:
             if self._fut is not None:
                 return self._fut
@@ -377,12 +378,12 @@ class C10dTransport(Transport):
     def _reduce_scatter(self, out, inp, red):
         if red.op is ReduceOp.PREMUL_SUM:
             red = self._premul(inp, red)
-        o = _options(C.ReduceScatterOptions, reduceOp=c10d_op(red))
-        return waited(self.backend._reduce_scatter_base(out, inp, o), [out])
+        options = _options(C.ReduceScatterOptions, reduceOp=c10d_op(red))
+        return waited(self.backend._reduce_scatter_base(out, inp, options), [out])
 
     def _reduce_scatter_list(self, out, ins, red):
-        o = _options(C.ReduceScatterOptions, reduceOp=c10d_op(red))
-        return waited(self.backend.reduce_scatter([out], [list(ins)], o), [out])
+        options = _options(C.ReduceScatterOptions, reduceOp=c10d_op(red))
+        return waited(self.backend.reduce_scatter([out], [list(ins)], options), [out])
 
     def _all_gather_list(self, outs, inp):
         return self.backend.allgather([list(outs)], [inp], C.AllgatherOptions())
@@ -397,12 +398,12 @@ class C10dTransport(Transport):
         return self.backend.reduce([t], _options(C.ReduceOptions, reduceOp=c10d_op(red), rootRank=dst, rootTensor=0))
 
     def _gather(self, outs, inp, dst):
-        o = _options(C.GatherOptions, rootRank=dst)
-        return self.backend.gather([list(outs)] if outs is not None else [], [inp], o)
+        options = _options(C.GatherOptions, rootRank=dst)
+        return self.backend.gather([list(outs)] if outs is not None else [], [inp], options)
 
     def _scatter(self, out, inps, src):
-        o = _options(C.ScatterOptions, rootRank=src)
-        return self.backend.scatter([out], [list(inps)] if inps is not None else [], o)
+        options = _options(C.ScatterOptions, rootRank=src)
+        return self.backend.scatter([out], [list(inps)] if inps is not None else [], options)
 
     def _send(self, t, dst, tag):  # (not asked for a future: gloo's raises, and an exception costs more than the send)
         return WaitedWork(self.backend.send([t], dst, tag), [t])

@@ -25,7 +25,6 @@ from funcoll.transport.registry import GroupContext, c10d_leg, register_device
 __all__ = ["TORCHTPU_FACTS", "Fact", "TpuTransport", "derive", "capabilities", "conservative_profile",
            "torch_tpu_version", "version_row", "static_split_bound", "VERSION_ROWS", "KNOWN_UNTIL", "BACKEND_NAME"]
 
-R = ReduceOp
 BACKEND_NAME = "tpu_dist"  # ProcessGroupTpu::getBackendName()
 
 # The torch_tpu versions the table has a row for; any other version (older, newer, or not found) is "unknown" (derive)
@@ -185,15 +184,15 @@ def derive(torch_tpu_version) -> VersionedCapabilities:
     primitives = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
     primitives |= {k for k in ("broadcast", "scatter", "reduce", "gather", "barrier", "all_reduce_coalesced")
                    if native(k)}
-    reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
+    reduce_ops = {ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}
     refused = set()
     if native("avg_float"):
-        reduce_ops.add(R.AVG)
+        reduce_ops.add(ReduceOp.AVG)
         # avg_int and avg_low_precision: never native
-        refused |= {(R.AVG, d) for d in _TPU_REDUCE_DTYPES - {torch.float32, torch.float64}}
+        refused |= {(ReduceOp.AVG, d) for d in _TPU_REDUCE_DTYPES - {torch.float32, torch.float64}}
     if native("bitwise"):
-        reduce_ops |= {R.BAND, R.BOR, R.BXOR}
-        refused |= {(op, d) for op in (R.BAND, R.BOR, R.BXOR) for d in FLOAT_DTYPES}
+        reduce_ops |= {ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
+        refused |= {(op, d) for op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) for d in FLOAT_DTYPES}
     vstr = version_text(_version(torch_tpu_version))
     return VersionedCapabilities(
         name=f"torchtpu[{vstr}]", versions={"torch_tpu": vstr, "row": row or "unknown"},
@@ -258,8 +257,8 @@ class TpuTransport(C10dTransport):
 def _completed(primitive):
     """C10dTransport's ``primitive``, done when ProcessGroupTpu answers without a Work (it ran a synchronous call)."""
     def run(self, *args):
-        w = primitive(self, *args)
-        return DONE if w is None else w
+        work = primitive(self, *args)
+        return DONE if work is None else work
     return run
 
 

@@ -38,11 +38,11 @@ from funcoll.transport.registry import register_device
 __all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "reset_token", "static_split_bound"]
 
 _X = torch_xla._XLAC
-R = ReduceOp
 
 # funcoll reduce op -> the reduce type string of torch_xla's cross-replica ops (cross_replica_reduces.cpp
 # GetReduceType: sum, mul, and, or, min, max).
-_XLA_OP = {R.SUM: "sum", R.PRODUCT: "mul", R.BAND: "and", R.BOR: "or", R.MIN: "min", R.MAX: "max"}
+_XLA_OP = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "mul", ReduceOp.BAND: "and", ReduceOp.BOR: "or",
+           ReduceOp.MIN: "min", ReduceOp.MAX: "max"}
 
 
 def capabilities(profile_name: Optional[str] = None) -> Capabilities:
@@ -59,8 +59,8 @@ def device_index(device: Union[None, int, str, torch.device]) -> int:
     if device is None:
         return torch_xla.device().index or 0
     if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
-        got = repr(device) if isinstance(device, bool) else type(device).__name__
-        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got {got}")
+        given = repr(device) if isinstance(device, bool) else type(device).__name__
+        raise TypeError(f"funcoll.xla: device must be an int, a string or a torch.device, got {given}")
     text = str(device).strip()
     if isinstance(device, int) or text.isdigit():
         idx = int(text)

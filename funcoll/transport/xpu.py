@@ -45,7 +45,6 @@ __all__ = ["XCCL_FACTS", "XCCL2_FACTS", "OPEN_REPORTS", "Report", "open_reports"
            "TOPOLOGIES", "TORCH_ROWS", "KNOWN_UNTIL", "ALLOC_CONF_VARS", "expandable_segments",
            "warn_expandable_segments"]
 
-R = ReduceOp
 ENV_OVERRIDE = "FUNCOLL_XPU_OVERRIDE"
 ENV_ONECCL_VERSION = "FUNCOLL_ONECCL_VERSION"
 ENV_ONECCL_BUILD_VERSION = "FUNCOLL_ONECCL_BUILD_VERSION"
@@ -414,8 +413,8 @@ def _override_rule(key: str, row: Optional[str], build: Optional[Version], topol
             return _NEVER, f"cannot be overridden on torch {row} (ProcessGroupXCCL raises on PREMUL_SUM)"
         if row == "2.11":  # the only row in which oneCCL's own PreMulSum is used for all_reduce / reduce_scatter
             if build is None or build < _PREMUL_BUILD_2_11:
-                b = ".".join(map(str, build)) if build else "an unknown oneCCL"
-                return _NEVER, (f"cannot be overridden on torch 2.11 built against {b} (PreMulSum needs oneCCL >= "
+                built = ".".join(map(str, build)) if build else "an unknown oneCCL"
+                return _NEVER, (f"cannot be overridden on torch 2.11 built against {built} (PreMulSum needs oneCCL >= "
                                 f"2021.17 at torch's build time; set {ENV_ONECCL_BUILD_VERSION})")
             return (SCALE_UP,), "cannot be overridden on the scale-out path (oneCCL has PreMulSum on scale-up only)"
         if key == "premul_sum":
@@ -491,24 +490,24 @@ def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], ve
     follows ``premul_sum_reduce_scatter``, else never (oneCCL's Reduce has no PreMulSum). ``lists``: the list forms
     serve a size per rank (ProcessGroupXCCL::allgather / ::reduce_scatter: one _broadcast_oop / _reduce_oop per rank
     when the sizes differ; intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14 and main ab84f925)."""
-    reduce_ops = {R.SUM, R.PRODUCT, R.MIN, R.MAX}
-    refused = {(R.AVG, d) for d in _XCCL_DTYPES - FLOAT_DTYPES}  # avg_int (integers and bool)
+    reduce_ops = {ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}
+    refused = {(ReduceOp.AVG, d) for d in _XCCL_DTYPES - FLOAT_DTYPES}  # avg_int (integers and bool)
     refused_on = set()
     # AVG and PREMUL_SUM: native per primitive, each by its own facts
     for op, on_ar, on_rs, on_reduce in (
-            (R.AVG, native("avg"), native("avg_reduce_scatter"), native("avg_reduce")),
-            (R.PREMUL_SUM, native("premul_sum"), native("premul_sum_reduce_scatter"),
+            (ReduceOp.AVG, native("avg"), native("avg_reduce_scatter"), native("avg_reduce")),
+            (ReduceOp.PREMUL_SUM, native("premul_sum"), native("premul_sum_reduce_scatter"),
              native("premul_sum_reduce_scatter") and premul_on_reduce)):
         if on_ar or on_rs or on_reduce:
             reduce_ops.add(op)
             refused_on |= {(p, op) for p, ok in (("all_reduce", on_ar), ("reduce_scatter", on_rs),
                                                  ("reduce", on_reduce)) if not ok}
-            if op is R.PREMUL_SUM:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12)
-                refused |= {(R.PREMUL_SUM, d) for d in _XCCL_DTYPES - FLOAT_DTYPES}
-        elif op is R.AVG:
-            refused_on.add(("reduce", R.AVG))
+            if op is ReduceOp.PREMUL_SUM:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12)
+                refused |= {(ReduceOp.PREMUL_SUM, d) for d in _XCCL_DTYPES - FLOAT_DTYPES}
+        elif op is ReduceOp.AVG:
+            refused_on.add(("reduce", ReduceOp.AVG))
     if not native("int_minmax"):
-        refused |= {(op, d) for op in (R.MIN, R.MAX) for d in _XCCL_DTYPES - FLOAT_DTYPES}
+        refused |= {(op, d) for op in (ReduceOp.MIN, ReduceOp.MAX) for d in _XCCL_DTYPES - FLOAT_DTYPES}
     return XcclCapabilities(
         name=name, sources=sources, versions=versions, unverified=unverified,
         primitives=frozenset(set(PRIMITIVES) - {"all_reduce_coalesced"}), reduce_ops=frozenset(reduce_ops),
@@ -746,17 +745,17 @@ class XcclTransport(C10dTransport):
 
     @property
     def control_device(self) -> torch.device:
-        d = self._device
-        if d is None or (d.type == "xpu" and d.index is None):
-            d = self._device = torch.device("xpu", torch.xpu.current_device())
-        return d
+        device = self._device
+        if device is None or (device.type == "xpu" and device.index is None):
+            device = self._device = torch.device("xpu", torch.xpu.current_device())
+        return device
 
     def _barrier(self):
-        o = C.BarrierOptions()
-        d = self.control_device
-        if d.type == "xpu":
-            o.device_ids = [d.index]
-        return self.backend.barrier(o)
+        options = C.BarrierOptions()
+        device = self.control_device
+        if device.type == "xpu":
+            options.device_ids = [device.index]
+        return self.backend.barrier(options)
 
 
 def _xccl_class():

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import pytest
 
-from funcoll.launch import spawn_world
+from funcoll.launch import _spawn_world
 
 ABORT_AFTER = 0.5  # seconds into the wait
 GROUP_TIMEOUT = 6.0  # the timeout of each group the waits run on: far past an abort's
@@ -94,8 +94,8 @@ def _rank_abort(rank, world):
 
 @pytest.fixture(scope="module")
 def waits():
-    results, codes, hung = spawn_world("tests.fault_tolerance.test_abort:_rank_abort", 2, deadline=150,
-                                       coll_timeout=60)
+    results, codes, hung = _spawn_world("tests.fault_tolerance.test_abort:_rank_abort", 2, deadline=150,
+                                        coll_timeout=60)
     assert not hung and results[0] is not None and results[0][0] == "ok", (results, codes)
     assert codes == [0, 0], codes  # neither process aborted nor crashed on the way out
     return results[0][1]

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from funcoll.launch import spawn_world
+from funcoll.launch import _spawn_world
 from tests.fault_tolerance.chains import GROUP_TIMEOUT
 
 SLACK = 10.0
@@ -56,7 +56,7 @@ def agent_store():
 def _world(target, args, profile=None):
     # coll_timeout is the launcher's default group's, which every chain target leaves at once (its own groups carry
     # GROUP_TIMEOUT): its connect gets the time a loaded machine needs to start four ranks (5 s ran out once)
-    results, codes, hung = spawn_world(target, 4, profile, args, deadline=240, coll_timeout=60)
+    results, codes, hung = _spawn_world(target, 4, profile, args, deadline=240, coll_timeout=60)
     assert not hung, f"ranks {hung} still running past the deadline (exit codes {codes})"
     return results, codes
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from funcoll.launch import spawn_world
+from funcoll.launch import _spawn_world
 
 GROUP_TIMEOUT = 4.0
 ONECCL = {"FUNCOLL_XCCL_LIFECYCLE": "oneccl"}
@@ -54,8 +54,8 @@ def _rank_abort_and_teardown(rank, world):
 @pytest.mark.parametrize("lifecycle", ["oneccl", "funcoll"])
 def test_under_oneccl_abort_interrupts_nothing_and_teardown_waits_for_the_peer(lifecycle):
     env = ONECCL if lifecycle == "oneccl" else {"FUNCOLL_XCCL_LIFECYCLE": None}
-    results, codes, hung = spawn_world("tests.fault_tolerance.test_xccl_lifecycle:_rank_abort_and_teardown", 2,
-                                       "xccl", deadline=120, coll_timeout=30, env=env)
+    results, codes, hung = _spawn_world("tests.fault_tolerance.test_xccl_lifecycle:_rank_abort_and_teardown", 2,
+                                        "xccl", deadline=120, coll_timeout=30, env=env)
     assert not hung and codes == [0, 0], (codes, results)
     r0, r1 = results[0][1], results[1][1]
     kind, secs = r0["abort"][:2]
@@ -102,8 +102,8 @@ def _rank_shrink_after_a_loss(rank, world):
 @pytest.mark.parametrize("lifecycle", ["oneccl", "funcoll"])
 def test_under_oneccl_shrink_group_waits_out_the_old_groups_teardown(lifecycle):
     env = ONECCL if lifecycle == "oneccl" else {"FUNCOLL_XCCL_LIFECYCLE": None}
-    results, codes, hung = spawn_world("tests.fault_tolerance.test_xccl_lifecycle:_rank_shrink_after_a_loss", 3,
-                                       "xccl", deadline=120, coll_timeout=GROUP_TIMEOUT, env=env)
+    results, codes, hung = _spawn_world("tests.fault_tolerance.test_xccl_lifecycle:_rank_shrink_after_a_loss", 3,
+                                        "xccl", deadline=120, coll_timeout=GROUP_TIMEOUT, env=env)
     assert not hung and codes[:2] == [0, 0] and codes[2] == -9, (codes, results)
     for r in (0, 1):
         assert results[r][0] == "ok", results[r]

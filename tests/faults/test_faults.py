@@ -1,7 +1,7 @@
 """Faults end in clear errors, never in hangs or aborts: real 2-process worlds, each with a hard deadline.
 
 Rank bodies (``_rank_*``) sit next to their asserts; the parent spawns the world with the one harness
-(:func:`funcoll.launch.spawn_world`), which tolerates ranks that die on purpose, kills what overruns the deadline, and
+(:func:`funcoll.launch._spawn_world`), which tolerates ranks that die on purpose, kills what overruns the deadline, and
 reports exit codes (a SIGABRT is -6).
 Scenarios: a peer dies before / during a collective; ranks issue mismatched ops, shapes, dtypes, reduce ops, roots
 or split sizes (with the debug mode's check, and without it through the size guard (funcoll/entry/checks.py): the same
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from funcoll.launch import spawn_world
+from funcoll.launch import _spawn_world
 
 COLL_TIMEOUT = 5.0  # the group timeout of every world here
 SLACK = 10.0  # "no hang past timeout + 10 s"
@@ -27,12 +27,12 @@ SLACK = 10.0  # "no hang past timeout + 10 s"
 def _world(fn: str, world: int = 2, env=None, deadline: float = 45.0, args=(), profile=None,
            coll_timeout: float = COLL_TIMEOUT):
     """``tests.faults.test_faults:<fn>`` on ``world`` ranks through the one harness
-    (:func:`funcoll.launch.spawn_world`),
+    (:func:`funcoll.launch._spawn_world`),
     the debug switches off and the size guard on (``FUNCOLL_GUARD=1``; by default it is off unless
     ``TORCH_DISTRIBUTED_DEBUG=DETAIL``) unless ``env`` sets them: ``(results, exit codes, hung)``."""
     env = {"FUNCOLL_DEBUG": None, "TORCH_DISTRIBUTED_DEBUG": None, "FUNCOLL_GUARD": "1", **(env or {})}
-    return spawn_world(f"tests.faults.test_faults:{fn}", world, profile, args, deadline=deadline,
-                       coll_timeout=coll_timeout, env=env)
+    return _spawn_world(f"tests.faults.test_faults:{fn}", world, profile, args, deadline=deadline,
+                        coll_timeout=coll_timeout, env=env)
 
 
 def _ok(res, r):
@@ -77,7 +77,7 @@ SHARED = [("_rank_outstanding", (1000,), 120), ("_rank_guard_scope", (), 40), ("
 
 
 def _rank_shared(rank, n):
-    """Each body of SHARED in turn: ``{body: ("ok", result) or ("err", traceback)}``, as spawn_world reports one."""
+    """Each body of SHARED in turn: ``{body: ("ok", result) or ("err", traceback)}``, as _spawn_world reports one."""
     import traceback
 
     out = {}

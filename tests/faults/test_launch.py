@@ -4,7 +4,7 @@ import os
 import signal
 import time
 
-from funcoll.launch import run_world, spawn_world
+from funcoll.launch import _spawn_world, run_world
 
 PAYLOAD = 1 << 20  # more than a pipe holds: a result still being written when the rank dies would be lost
 
@@ -18,8 +18,8 @@ def _rank_dies_at_teardown(rank, n):
 
 
 def test_a_rank_that_dies_in_the_teardown_is_reported_with_its_result_and_exit_code():
-    results, codes, hung = spawn_world("tests.faults.test_launch:_rank_dies_at_teardown", 2, deadline=60,
-                                       coll_timeout=10)
+    results, codes, hung = _spawn_world("tests.faults.test_launch:_rank_dies_at_teardown", 2, deadline=60,
+                                        coll_timeout=10)
     assert hung == [] and codes == [-6, -6], (codes, hung)
     for rank in (0, 1):
         assert results[rank] is not None, f"rank {rank}'s result was lost"
@@ -107,9 +107,10 @@ def test_ranks_whose_torch_reads_another_environment_at_import_are_spawned():
 
 
 def _kill_fork_server() -> None:
-    from multiprocessing import forkserver
+    from funcoll import launch
 
-    pid = forkserver._forkserver._forkserver_pid
+    pid = launch._fork_server_pid()
+    assert isinstance(pid, int) and pid is not False, pid
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while open(f"/proc/{pid}/stat").read().split()[2] != "Z":  # a zombie until the next launch reaps it
@@ -135,8 +136,18 @@ def test_a_fork_server_that_died_is_started_again_and_its_new_environment_is_the
         assert env == {"TORCH_DISTRIBUTED_DEBUG": None} and debug == "DebugLevel.OFF", (env, debug)
 
 
+def test_a_python_whose_fork_server_keeps_its_pid_elsewhere_spawns_the_ranks(monkeypatch):
+    """Without CPython's private ``forkserver._forkserver._forkserver_pid`` the launcher cannot tell which environment
+    its fork server started under: the ranks are spawned (their parent is this process) and still run."""
+    from multiprocessing import forkserver
+
+    monkeypatch.setattr(forkserver, "_forkserver", object())
+    got = run_world("tests.faults.test_launch:_rank_reports", 2, args=([],), timeout=120)
+    assert [ppid for ppid, _, _ in got] == [os.getpid()] * 2, got
+
+
 def test_a_port_taken_between_its_choice_and_the_rendezvous_is_replaced(monkeypatch):
-    """Another process may bind the port free_port() chose before rank 0's store does (two suites at once): the
+    """Another process may bind the port _free_port() chose before rank 0's store does (two suites at once): the
     world starts again on a new port instead of failing with EADDRINUSE."""
     import socket
 
@@ -146,7 +157,7 @@ def test_a_port_taken_between_its_choice_and_the_rendezvous_is_replaced(monkeypa
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         ports = iter([taken.getsockname()[1]])
-        real = launch.free_port
-        monkeypatch.setattr(launch, "free_port", lambda: next(ports, None) or real())
+        real = launch._free_port
+        monkeypatch.setattr(launch, "_free_port", lambda: next(ports, None) or real())
         got = run_world("tests.faults.test_launch:_rank_reports", 2, args=([],), timeout=60)
     assert [g[1] for g in got] == [{}, {}]  # both ranks ran the target

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from funcoll.launch import spawn_world
+from funcoll.launch import _spawn_world
 
 
 def _rank_hang(rank, n):
@@ -47,8 +47,8 @@ def _rank_hang(rank, n):
 @pytest.fixture(scope="module")
 def hung_world(tmp_path_factory):
     where = tmp_path_factory.mktemp("fr")
-    res = spawn_world("tests.faults.test_torch_debug_tools:_rank_hang", 2, deadline=90, coll_timeout=3,
-                      env={"TORCH_FR_DUMP_TEMP_FILE": str(where / "trace_"), "FUNCOLL_TRACE_DIR": None})
+    res = _spawn_world("tests.faults.test_torch_debug_tools:_rank_hang", 2, deadline=90, coll_timeout=3,
+                       env={"TORCH_FR_DUMP_TEMP_FILE": str(where / "trace_"), "FUNCOLL_TRACE_DIR": None})
     results, codes, hung = res
     assert not hung and codes == [0, 0], (codes, hung, results)
     assert [r[1] for r in results] == ["CollectiveTimeoutError", "skipped"], results
@@ -116,8 +116,8 @@ def _rank_nan(rank, n):
 
 
 def test_nan_check_refuses_a_nan_input_before_sending():
-    results, codes, hung = spawn_world("tests.faults.test_torch_debug_tools:_rank_nan", 2, deadline=90, coll_timeout=10,
-                                       env={"TORCH_DIST_NAN_CHECK": "1"})
+    results, codes, hung = _spawn_world("tests.faults.test_torch_debug_tools:_rank_nan", 2, deadline=90,
+                                        coll_timeout=10, env={"TORCH_DIST_NAN_CHECK": "1"})
     assert not hung and codes == [0, 0], (codes, results)
     for rank, (state, (refused, ints, finite)) in enumerate(results):
         assert state == "ok"
@@ -142,7 +142,7 @@ def _rank_nan_unchecked(rank, n):
 
 
 def test_without_the_nan_check_a_nan_is_reduced_as_gloo_does():
-    results, codes, hung = spawn_world("tests.faults.test_torch_debug_tools:_rank_nan_unchecked", 2, deadline=60,
-                                       coll_timeout=10, env={"TORCH_DIST_NAN_CHECK": None})
+    results, codes, hung = _spawn_world("tests.faults.test_torch_debug_tools:_rank_nan_unchecked", 2, deadline=60,
+                                        coll_timeout=10, env={"TORCH_DIST_NAN_CHECK": None})
     assert not hung and codes == [0, 0]
     assert [r[1] for r in results] == [["2.0", "nan"], ["2.0", "nan"]]

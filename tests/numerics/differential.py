@@ -842,17 +842,17 @@ def _seeds(text: str) -> list:  # "0-9", "3,5,7" (seeds or cases)
 
 
 def run(seeds: list, profile=None, world: int = 2, case=None, compiled: bool = True, deadline: float = 3600):
-    """:func:`rank_main` on a new world: ``(results, exit codes, hung)`` (funcoll.launch.spawn_world)."""
+    """:func:`rank_main` on a new world: ``(results, exit codes, hung)`` (funcoll.launch._spawn_world)."""
     return run_jobs([(seeds, case, compiled)], profile, world, deadline)
 
 
 def run_jobs(jobs: list, profile=None, world: int = 2, deadline: float = 3600):
     """:func:`rank_jobs` on one world: ``(results, exit codes, hung)`` (a rank's value is the list of its jobs'
     counts and failures)."""
-    from funcoll.launch import spawn_world
+    from funcoll.launch import _spawn_world
 
-    return spawn_world("tests.numerics.differential:rank_jobs", world, profile, args=(jobs, profile),
-                       deadline=deadline, coll_timeout=60)
+    return _spawn_world("tests.numerics.differential:rank_jobs", world, profile, args=(jobs, profile),
+                        deadline=deadline, coll_timeout=60)
 
 
 def _table(per_rank: list) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from funcoll.launch import spawn_world
+from funcoll.launch import _spawn_world
 from tests import profiles
 from tests.numerics import differential
 from tests.numerics.differential import _case
@@ -166,8 +166,8 @@ def test_a_gloo_difference_no_entry_covers_fails_the_case(world):
 def test_known_gloo_behaviour_shows_on_raw_gloo():
     """Every entry of GLOO_KNOWN that applies to the running torch shows on raw gloo in its reproducer: a refusal
     raises its error on both ranks, a wrong result (or why a case is not asked) shows on some rank."""
-    results, codes, hung = spawn_world("tests.numerics.differential:gloo_repros", 2, None, deadline=120,
-                                       backend="gloo", coll_timeout=30)
+    results, codes, hung = _spawn_world("tests.numerics.differential:gloo_repros", 2, None, deadline=120,
+                                        backend="gloo", coll_timeout=30)
     per_rank = [dict(res) for res in _ok(results, codes, hung)]
     expected = [k for k in differential.GLOO_KNOWN if k.current()]
     assert expected and all(list(got) == [k.name for k in expected] for got in per_rank), per_rank

@@ -24,7 +24,7 @@ def test_readme_example_is_the_runnable_quickstart_and_it_runs():
     import subprocess
     import sys
 
-    from funcoll.launch import free_port
+    from funcoll.launch import _free_port
 
     code = (ROOT / "examples" / "quickstart.py").read_text()
     readme = (ROOT / "README.md").read_text()
@@ -39,7 +39,7 @@ def test_readme_example_is_the_runnable_quickstart_and_it_runs():
         if profile:
             env["FUNCOLL_PROFILE"] = profile
         p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                            "--master-port", str(free_port()), str(ROOT / "examples" / "quickstart.py")],
+                            "--master-port", str(_free_port()), str(ROOT / "examples" / "quickstart.py")],
                            env=env, capture_output=True, text=True, timeout=180)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
         assert f"bxor: {want_xor} avg: {want_avg}" in p.stdout, p.stdout

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from funcoll.launch import free_port
+from funcoll.launch import _free_port
 from tests import fresh
 
 ROOT = fresh.ROOT
@@ -157,7 +157,7 @@ def test_torchtitan_routes_to_funcoll_through_default_device_backend_map(how_fou
     default group (the string it builds, with or without its CPU backend), and an AVG all_reduce over 2 ranks
     returns the mean computed here."""
     path, found, site = how_found
-    port = free_port()
+    port = _free_port()
     got = fresh.run_all({r: (f"{CASES}:torchtitan", found, r, 2, port, cpu_backend) for r in range(2)},
                         path=path, timeout=240)
     for r in range(2):
@@ -173,7 +173,7 @@ def test_sglang_weight_update_group_on_funcoll(how_found):
     own default group, as sglang's ``init_custom_process_group`` makes it; the weights broadcast from the trainer
     (rank 0) arrive bit for bit, async per tensor and as one flattened bucket."""
     path, found, site = how_found
-    port = free_port()
+    port = _free_port()
     got = fresh.run_all({r: (f"{CASES}:sglang", found, r, port) for r in range(2)}, path=path, timeout=240)
     for r in range(2):
         _checks(got[r], site)

@@ -69,13 +69,13 @@ def _rank(rank: int, port: int, mode: str, cycles: int) -> None:
 
 
 def _launch(i: int, mode: str, cycles: int, timeout: float) -> tuple:
-    from funcoll.launch import free_port
+    from funcoll.launch import _free_port
 
-    port = free_port()
+    port = _free_port()
     while True:  # a run of free ports, one per cycle
         if all(_free(port + k) for k in range(cycles)):
             break
-        port = free_port()
+        port = _free_port()
     env = dict(os.environ, FUNCOLL_PROFILE=os.environ.get("FUNCOLL_PROFILE", ""))
     procs = [subprocess.Popen([sys.executable, "-m", "tests.work.exit_stress", "--rank", str(r), "--port", str(port),
                                "--mode", mode, "--cycles", str(cycles)], stdout=subprocess.DEVNULL,

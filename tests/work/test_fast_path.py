@@ -21,7 +21,7 @@ import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
 from funcoll import algorithms
-from funcoll.launch import run_world, spawn_world
+from funcoll.launch import _spawn_world, run_world
 from funcoll.transport import profile
 from funcoll.transport.c10d import C10dTransport
 from funcoll.transport.gloo import capabilities
@@ -530,7 +530,7 @@ def test_every_new_signature_is_validated_and_bad_requests_raise_the_full_paths_
 
 
 def test_a_failed_native_call_names_the_collective():
-    results, _, hung = spawn_world("tests.work.test_fast_path:_rank_failure", 2, None, deadline=120, coll_timeout=10)
+    results, _, hung = _spawn_world("tests.work.test_fast_path:_rank_failure", 2, None, deadline=120, coll_timeout=10)
     assert not hung and results[0] is not None and results[0][0] == "ok", results
     r = results[0][1]
     assert r["type"] == "CollectiveError", r
@@ -539,8 +539,8 @@ def test_a_failed_native_call_names_the_collective():
 
 
 def test_a_failed_fast_path_receive_fails_its_future_wait_and_exception():
-    results, _, hung = spawn_world("tests.work.test_fast_path:_rank_failure_p2p", 2, None, deadline=120,
-                                   coll_timeout=10)
+    results, _, hung = _spawn_world("tests.work.test_fast_path:_rank_failure_p2p", 2, None, deadline=120,
+                                    coll_timeout=10)
     assert not hung and results[0] is not None and results[0][0] == "ok", results
     r = results[0][1]
     assert r["type"] == "NativeWork", r
