@@ -1,8 +1,9 @@
-"""The eager fast path (docs/design.md, "The eager pipeline"; its Works: docs/work.md): one function per c10d method
-(:data:`FAST`) reads the request as c10d passes it (positional arguments, options last; one dense tensor of a plain
-class per argument) and builds its signature key; :func:`_take` asks ``funcoll.algorithms.native_*_call`` about a new
-key once per group and issues the native call, or answers a :class:`Full`: the full path serves the request, with
-the key's description (its fingerprint, made once per key) when the fast path read the request.
+"""The eager fast path (docs/design.md, "The eager pipeline"; its Works: docs/work.md): one function per kind of c10d
+method (its row in :data:`funcoll.entry.methods.METHODS` names it) reads the request as c10d passes it (positional
+arguments, options last; one dense tensor of a plain class per argument) and builds its signature key; :func:`_take`
+asks ``funcoll.algorithms.native_*_call`` about a new key once per group and issues the native call, or answers a
+:class:`Full`: the full path serves the request, with the key's description (its fingerprint, made once per key)
+when the fast path read the request.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import torch
 from funcoll import algorithms
 from funcoll.entry import peers
 from funcoll.entry.errors import CollectiveError
-from funcoll.entry.fingerprint import ALIASES, fingerprint
+from funcoll.entry.fingerprint import fingerprint
 from funcoll.entry.work import ERROR, NativeWork, failure
 from funcoll.transport import wait_quietly
 
-__all__ = ["FAST", "Full", "FULL", "issuing_error"]
+__all__ = ["Full", "FULL", "issuing_error", "all_reduce", "base", "all_to_all_single", "broadcast", "list_form", "p2p",
+           "rooted", "barrier"]
 
 
 class Full(NamedTuple):
@@ -51,7 +53,7 @@ def issuing_error(call, e: Exception, state) -> CollectiveError:
 def _described(pg, row, args) -> Optional[dict]:
     """The fingerprint a signature key keeps: None when it holds a value the key leaves out (a premul_sum factor: the
     key has the op's kind only), so that the full path describes each such call itself."""
-    fp = fingerprint(pg, row.method, args, {})
+    fp = fingerprint(pg, row, args, {})
     return None if str(fp.get("reduce_op")).startswith("premul_sum") else fp
 
 
@@ -143,7 +145,7 @@ def _sig(ts) -> tuple:
 # -- one function per c10d method: (pg, state, row, args, kwargs) -> the call's result, or FULL ------------------
 # the three FSDP2 and ZeRO engines call most are written out: inside a training step, between two collectives, each
 # Python call runs from cold caches and costs several us
-def _allreduce(pg, st, row, args, kwargs, _opts=_C.AllreduceOptions, _plan=algorithms.native_all_reduce_call):
+def all_reduce(pg, st, row, args, kwargs, _opts=_C.AllreduceOptions, _plan=algorithms.native_all_reduce_call):
     if len(args) == 2 and not kwargs:
         tensors, opts = args
         if type(opts) is _opts and type(tensors) is list and len(tensors) == 1:
@@ -152,15 +154,15 @@ def _allreduce(pg, st, row, args, kwargs, _opts=_C.AllreduceOptions, _plan=algor
                 # the options' c10d ReduceOp (a new object per read, with a slow __eq__) is keyed by its hash, its
                 # RedOpType (PREMUL_SUM's factor is not in it: no PREMUL_SUM is native here)
                 op = opts.reduceOp
-                key = ("allreduce", hash(op), t.dtype, t.shape, t.get_device())
+                key = (row.op, hash(op), t.dtype, t.shape, t.get_device())
                 return _take(pg, st, row, args, pg._transports.get("cpu" if t.is_cpu else t.device.type), key,
                              _plan, op, t)
     return FULL
 
 
-def _base(name: str, opts_type, plan, reduces: bool):
-    """``_allgather_base`` (``reduces`` False) or ``_reduce_scatter_base`` (``reduces``: the options' reduce op is
-    planned with): ``(out, inp, opts)``, one dense tensor each; ``name`` heads its signature keys."""
+def base(opts_type, plan, reduces: bool):
+    """all_gather_into_tensor (``reduces`` False) or reduce_scatter_tensor (``reduces``: the options' reduce op is
+    planned with): ``(out, inp, opts)``, one dense tensor each."""
 
     def fast(pg, st, row, args, kwargs):
         if len(args) == 3 and type(args[2]) is opts_type and not kwargs:
@@ -170,16 +172,16 @@ def _base(name: str, opts_type, plan, reduces: bool):
                 tp = pg._transports.get("cpu" if inp.is_cpu else inp.device.type)
                 if reduces:
                     op = args[2].reduceOp
-                    return _take(pg, st, row, args, tp, (name, hash(op), out.dtype, out.shape, out.get_device(),
+                    return _take(pg, st, row, args, tp, (row.op, hash(op), out.dtype, out.shape, out.get_device(),
                                                          inp.dtype, inp.shape, inp.get_device()), plan, op, out, inp)
-                return _take(pg, st, row, args, tp, (name, out.dtype, out.shape, out.get_device(), inp.dtype, inp.shape,
-                                                     inp.get_device()), plan, out, inp)
+                return _take(pg, st, row, args, tp, (row.op, out.dtype, out.shape, out.get_device(), inp.dtype,
+                                                     inp.shape, inp.get_device()), plan, out, inp)
         return FULL
 
     return fast
 
 
-def _alltoall_base(pg, st, row, args, kwargs):
+def all_to_all_single(pg, st, row, args, kwargs):
     if len(args) != 5 or type(args[4]) is not _C.AllToAllOptions or kwargs:
         return FULL
     out, inp, osz, isz = args[0], args[1], args[2], args[3]
@@ -188,7 +190,7 @@ def _alltoall_base(pg, st, row, args, kwargs):
     osz, isz = tuple(osz), tuple(isz)
     # split sizes: whether each list is given is the signature, not the sizes (checked and described anew when they
     # differ from the last call's)
-    key = ("alltoall_base", out.dtype, out.shape, out.get_device(), inp.dtype, inp.shape, inp.get_device(), bool(osz),
+    key = (row.op, out.dtype, out.shape, out.get_device(), inp.dtype, inp.shape, inp.get_device(), bool(osz),
            bool(isz))
 
     def changed(description) -> bool:
@@ -198,18 +200,18 @@ def _alltoall_base(pg, st, row, args, kwargs):
                  changed=changed if osz or isz else None)
 
 
-def _broadcast(pg, st, row, args, kwargs):
+def broadcast(pg, st, row, args, kwargs):
     if len(args) != 2 or type(args[1]) is not _C.BroadcastOptions or kwargs:
         return FULL
     t, opts = _one(args[0]), args[1]
     if t is None:
         return FULL
     src, which = opts.rootRank, opts.rootTensor
-    key = ("broadcast", src, which, t.dtype, t.shape, t.get_device())
+    key = (row.op, src, which, t.dtype, t.shape, t.get_device())
     return _take(pg, st, row, args, _transport(pg, t), key, algorithms.native_broadcast_call, t, src, which)
 
 
-def _list_form(opts_type, plan, list_first: bool):
+def list_form(opts_type, plan, list_first: bool):
     """The list all_gather ``([[outs]], [inp], opts)`` (``list_first``) or reduce_scatter ``([out], [[ins]], opts)``:
     one dense tensor and a list of dense ones on its device."""
 
@@ -224,16 +226,16 @@ def _list_form(opts_type, plan, list_first: bool):
             return FULL
         sig, tp = _sig(many), _transport(pg, one)
         if list_first:
-            return _take(pg, st, row, args, tp, ("allgather", sig, one.dtype, one.shape, one.get_device()), plan,
+            return _take(pg, st, row, args, tp, (row.op, sig, one.dtype, one.shape, one.get_device()), plan,
                          sig, one)
         op = args[2].reduceOp
-        key = ("reduce_scatter", hash(op), one.dtype, one.shape, one.get_device(), sig)
+        key = (row.op, hash(op), one.dtype, one.shape, one.get_device(), sig)
         return _take(pg, st, row, args, tp, key, plan, op, one, sig)
 
     return fast
 
 
-def _p2p(pg, st, row, args, kwargs):
+def p2p(pg, st, row, args, kwargs):
     if len(args) != 3 or kwargs:
         return FULL
     t, peer, tag = _one(args[0]), args[1], args[2]
@@ -243,7 +245,7 @@ def _p2p(pg, st, row, args, kwargs):
     return _take(pg, st, row, args, _transport(pg, t), key, algorithms.native_p2p_call, row.op, t, peer)
 
 
-def _rooted(opts_type, one_first: bool):
+def rooted(opts_type, one_first: bool):
     """gather (``([outs] on the root, else [], [inp], GatherOptions)``; ``one_first`` False) or scatter
     (``([out], [inps] on the root, else [], ScatterOptions)``); a list passed on another rank goes to the full path."""
 
@@ -265,7 +267,7 @@ def _rooted(opts_type, one_first: bool):
     return fast
 
 
-def _barrier(pg, st, row, args, kwargs):
+def barrier(pg, st, row, args, kwargs):
     if kwargs:  # c10d calls group.barrier(opts=opts)
         if args or kwargs.keys() != {"opts"}:
             return FULL
@@ -273,16 +275,4 @@ def _barrier(pg, st, row, args, kwargs):
     if len(args) != 1 or type(args[0]) is not _C.BarrierOptions:
         return FULL
     # the full path's barrier runs on the CPU transport
-    return _take(pg, st, row, args, pg._transports.get("cpu"), ("barrier",), algorithms.native_barrier_call)
-
-
-# c10d method -> its fast path (the methods without one always take the full path); aliases inherit their method's
-FAST = {"allreduce": _allreduce, "broadcast": _broadcast, "alltoall_base": _alltoall_base,
-        "_allgather_base": _base("_allgather_base", _C.AllgatherOptions, algorithms.native_all_gather_call, False),
-        "_reduce_scatter_base": _base("_reduce_scatter_base", _C.ReduceScatterOptions,
-                                      algorithms.native_reduce_scatter_call, True),
-        "allgather": _list_form(_C.AllgatherOptions, algorithms.native_all_gather_list_call, True),
-        "reduce_scatter": _list_form(_C.ReduceScatterOptions, algorithms.native_reduce_scatter_list_call, False),
-        "gather": _rooted(_C.GatherOptions, False), "scatter": _rooted(_C.ScatterOptions, True),
-        "send": _p2p, "recv": _p2p, "barrier": _barrier}
-FAST.update({new: FAST[old] for new, old in ALIASES.items() if old in FAST})
+    return _take(pg, st, row, args, pg._transports.get("cpu"), (row.op,), algorithms.native_barrier_call)

@@ -4,19 +4,17 @@ primitive's rules together): pure functions, tested without processes.
 A *fingerprint* describes one call as a dict of JSON values: op, reduce op, root, dtypes, shapes, split sizes or
 per-peer shapes. Most fields must be equal on every rank of the group; the *per-rank* fields of an op (all_to_all
 split sizes and per-peer shapes, a rooted gather/scatter's list) legitimately differ and are checked against each
-other instead. One row of :data:`RULES` per op (:class:`Rule`), one row of :data:`METHODS` per c10d method
-(:class:`Spec`): adding an op means adding one row to each table.
+other instead. One row of :data:`RULES` per op (:class:`Rule`); each c10d method's row
+(:data:`funcoll.entry.methods.METHODS`) names the function here that describes its call.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import inspect
 import json
 import math
-import operator
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -24,8 +22,9 @@ import torch.distributed as dist
 
 from funcoll.semantics import dtype_name, parse_reduction, ranks_text
 
-__all__ = ["Rule", "RULES", "row_of", "describe", "Spec", "METHODS", "PER_RANK", "fingerprint", "compare", "mismatch",
-           "digest", "agree", "check_nan", "flat", "SLOTS", "ALIASES", "DEBUG_CHECK"]
+__all__ = ["Rule", "RULES", "row_of", "describe", "PER_RANK", "fingerprint", "compare", "mismatch", "digest", "agree",
+           "check_nan", "flat", "SLOTS", "DEBUG_CHECK", "plain", "sized_list", "a2a_single", "a2a", "rooted",
+           "gather_single", "p2p", "recv_any", "barrier"]
 
 
 # -- reading a call's arguments (c10d passes them positionally, options last)
@@ -366,27 +365,8 @@ def describe(fp: dict) -> str:
     return f"{fp.get('op', '?')}({', '.join(parts)})"
 
 
-# -- per c10d method: its op, its fingerprint, what it sends, its Work's outputs
-_first_list = operator.itemgetter(0)  # the outputs of a call whose first argument is its list of outputs
-
-
-class Spec:
-    """One c10d method's row: its op, ``fn(pg, args) -> fingerprint`` (args positional, options last), the index of
-    the argument it sends (None: nothing of its own; the NaN check reads it), whether it is point-to-point, and for
-    the fast path's Work: ``outputs(args)``, what its future completes with where the backend's Work has no future
-    and no result() (gloo's send, recv and reduce_scatter), and ``quiet``: its backend writes the outputs in wait()
-    (gloo's reduce_scatter copies its slice then: waited on with autograd off). ``method``: its name in METHODS."""
-
-    __slots__ = ("op", "fn", "sends", "p2p", "outputs", "quiet", "method")
-
-    def __init__(self, op: str, fn: Callable, sends: Optional[int] = 1, outputs: Optional[Callable] = None,
-                 quiet: bool = False):
-        self.op, self.fn, self.sends, self.p2p = op, fn, sends, RULES[op].p2p
-        self.outputs, self.quiet, self.method = outputs, quiet, ""
-
-
-def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, red: bool = False, root: bool = False,
-           **work) -> Spec:
+# -- per c10d method: the function that describes its call (its row, funcoll.entry.methods.METHODS, names it)
+def plain(op: str, mine: int = 0, other: Optional[int] = None, red: bool = False, root: bool = False) -> Callable:
     """A method ``(mine[, other], opts)`` whose fields every rank shares: the dtypes and shapes of its own tensors
     (argument ``mine``, a tensor or a list), the shapes of the other side (argument ``other``, as "outputs"), the
     reduce op (``red``) and the root (``root``) its options name."""
@@ -402,10 +382,10 @@ def _plain(op: str, sends: int = 1, mine: int = 0, other: Optional[int] = None, 
             fp["outputs"] = _shapes(_listed(a[other]))
         fp["device"] = _device(ts)
         return fp
-    return Spec(op, fn, sends, **work)
+    return fn
 
 
-def _fp_a2a_single(pg, a):
+def a2a_single(pg, a):
     out, inp, n = a[0], a[1], pg.size()
     osz, isz = _at(a, 2), _at(a, 3)
     fp = {"op": "all_to_all_single", "tensors": [[dtype_name(inp.dtype), list(inp.shape[1:])]],
@@ -418,7 +398,7 @@ def _fp_a2a_single(pg, a):
     return fp
 
 
-def _fp_sized_list(op: str, own_key: str, list_key: str, list_first: bool):
+def sized_list(op: str, own_key: str, list_key: str, list_first: bool):
     """The list all_gather ``([outs], [inp], opts)`` (``list_first``) and reduce_scatter ``([out], [ins], opts)``: the
     dtype and device (shared), this rank's own tensor's shape and its list's shapes (per rank: sizes may differ)."""
     def fn(pg, a):
@@ -433,13 +413,13 @@ def _fp_sized_list(op: str, own_key: str, list_key: str, list_first: bool):
     return fn
 
 
-def _fp_a2a(pg, a):
+def a2a(pg, a):
     outs, ins = list(a[0]), list(a[1])
     return {"op": "all_to_all", "tensors": [[dtype_name(t.dtype), None] for t in ins[:1]], "device": _device(ins),
             "count": [len(ins), len(outs)], "per_peer_in": _shapes(ins), "per_peer_out": _shapes(outs)}
 
 
-def _fp_rooted(op, key):
+def rooted(op, key):
     def fn(pg, a):
         outs, ins = a[0], a[1]
         mine, lists = (list(ins), outs) if op == "gather" else (list(outs), ins)
@@ -451,7 +431,7 @@ def _fp_rooted(op, key):
     return fn
 
 
-def _fp_gather_single(pg, a):
+def gather_single(pg, a):
     out, inp, root = a[0], a[1], _root(_at(a, 2))
     fp = {"op": "gather_single", "root": root, "tensors": _ts([inp]), "device": inp.device.type}
     if pg.rank() == root:
@@ -459,68 +439,39 @@ def _fp_gather_single(pg, a):
     return fp
 
 
-def _fp_p2p(op):
+def p2p(op):
     def fn(pg, a):
         return {"op": op, "peer": _at(a, 1), "tag": _at(a, 2, 0), "tensors": _ts(list(a[0]))}
     return fn
 
 
-METHODS: Dict[str, Spec] = {
-    "allreduce": _plain("all_reduce", 0, red=True),
-    "allreduce_coalesced": _plain("all_reduce_coalesced", 0, red=True),
-    "_allgather_base": _plain("all_gather_into_tensor", mine=1, other=0),
-    "allgather": Spec("all_gather", _fp_sized_list("all_gather", "input_shape", "output_shapes", True)),
-    "allgather_into_tensor_coalesced": _plain("all_gather_into_tensor_coalesced", mine=1, other=0),
-    "allgather_coalesced": _plain("all_gather_coalesced", mine=1, other=0),
-    "_reduce_scatter_base": _plain("reduce_scatter_tensor", mine=1, other=0, red=True, outputs=lambda a: [a[0]],
-                                   quiet=True),
-    "reduce_scatter": Spec("reduce_scatter", _fp_sized_list("reduce_scatter", "output_shape", "input_shapes", False),
-                           outputs=_first_list, quiet=True),
-    "reduce_scatter_tensor_coalesced": _plain("reduce_scatter_tensor_coalesced", mine=1, other=0, red=True),
-    "alltoall_base": Spec("all_to_all_single", _fp_a2a_single),
-    "alltoall": Spec("all_to_all", _fp_a2a),
-    "broadcast": _plain("broadcast", 0, root=True),
-    "reduce": _plain("reduce", 0, red=True, root=True),
-    "gather": Spec("gather", _fp_rooted("gather", "root_outputs")),
-    "scatter": Spec("scatter", _fp_rooted("scatter", "root_inputs")),
-    "gather_single": Spec("gather_single", _fp_gather_single),
-    "barrier": Spec("barrier", lambda pg, a: {"op": "barrier"}, None),
-    "send": Spec("send", _fp_p2p("send"), 0, outputs=_first_list),
-    "recv": Spec("recv", _fp_p2p("recv"), None, outputs=_first_list),
-    "recv_anysource": Spec("recv", lambda pg, a: {"op": "recv", "peer": "any", "tag": _at(a, 1, 0),
-                                                  "tensors": _ts(list(a[0]))}, None),
-}
-# the names newer c10d calls (torch >= 2.10) -> the older method of the same request, whose row they inherit (and
-# whose body ProcessGroupFuncoll runs under the new name); written nowhere else
-ALIASES = {"all_gather_single": "_allgather_base", "all_gather_single_coalesced": "allgather_into_tensor_coalesced",
-           "reduce_scatter_single": "_reduce_scatter_base",
-           "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced",
-           "all_to_all_single": "alltoall_base", "gather_into_tensor": "gather_single"}
-METHODS.update({new: copy.copy(METHODS[old]) for new, old in ALIASES.items()})
-for _name, _spec in METHODS.items():
-    _spec.method = _name
-del _name, _spec
+def recv_any(pg, a):
+    return {"op": "recv", "peer": "any", "tag": _at(a, 1, 0), "tensors": _ts(list(a[0]))}
+
+
+def barrier(pg, a):
+    return {"op": "barrier"}
 
 
 _signature = functools.lru_cache(maxsize=None)(inspect.signature)
 
 
-def fingerprint(pg, method: str, args, kwargs) -> dict:
-    """The fingerprint of a call of ``pg.<method>(*args, **kwargs)``."""
-    spec = METHODS[method]
+def fingerprint(pg, row, args, kwargs) -> dict:
+    """The fingerprint of a call of ``pg.<row.method>(*args, **kwargs)`` (``row``: its
+    :class:`funcoll.entry.methods.MethodRow`)."""
     try:
         if kwargs:  # arguments passed by name: positional, as the method's signature orders them
-            bound = _signature(getattr(type(pg), method)).bind(pg, *args, **kwargs)
+            bound = _signature(getattr(type(pg), row.method)).bind(pg, *args, **kwargs)
             bound.apply_defaults()
             args = bound.args[1:]
-        return spec.fn(pg, args)
+        return row.fingerprint(pg, args)
     except Exception:  # noqa: BLE001 - a malformed call: the method itself raises the precise error
-        return {"op": spec.op, "malformed": True}
+        return {"op": row.op, "malformed": True}
 
 
-def check_nan(method: str, args) -> bool:
+def check_nan(row, args) -> bool:
     """Whether a tensor the call sends holds a NaN (TORCH_DIST_NAN_CHECK=1), as torch's NanCheckHook checks."""
-    i = METHODS[method].sends  # c10d passes every argument positionally
+    i = row.sends  # c10d passes every argument positionally
     return i is not None and any(t.is_floating_point() and t.numel() and bool(torch.isnan(t).any())
                                  for t in flat(_at(args, i)))
 

@@ -26,8 +26,8 @@ from funcoll.algorithms.observe import LOG
 from funcoll.entry import flight_recorder
 from funcoll.entry.checks import P2PCheck
 from funcoll.entry.errors import CollectiveError
-from funcoll.entry.fingerprint import ALIASES
 from funcoll.entry.group_state import GroupState, unwrap_store
+from funcoll.entry.methods import ALIASES
 from funcoll.entry.pipeline import collective
 from funcoll.entry.work import FuncollWork
 from funcoll.semantics import groups
@@ -214,31 +214,31 @@ class ProcessGroupFuncoll(ProcessGroup):
         return work
 
     # -- collectives ----------------------------------------------------------------------------------
-    @collective("allreduce")
+    @collective
     def allreduce(self, tensors, opts=None):
         t = self._one("all_reduce", tensors)
         return self._work(algorithms.all_reduce(self._tp(t), t, _red(opts)), tensors)
 
-    @collective("allreduce_coalesced")
+    @collective
     def allreduce_coalesced(self, tensors, opts=None):
         return self._work(algorithms.all_reduce_coalesced(self._tp(tensors), list(tensors), _red(opts)), tensors)
 
-    @collective("_allgather_base")
+    @collective
     def _allgather_base(self, output, input, opts=None):
         return self._work(algorithms.all_gather_into_tensor(self._tp(input), output, input), [output])
 
-    @collective("allgather")
+    @collective
     def allgather(self, output_tensors, input_tensors, opts=None):
         inp = self._one("all_gather", input_tensors)
         outs = output_tensors[0]
         return self._work(algorithms.all_gather(self._tp(inp), list(outs), inp), outs)
 
-    @collective("allgather_into_tensor_coalesced")
+    @collective
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._work(algorithms.all_gather_into_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs)),
                           outputs)
 
-    @collective("allgather_coalesced")
+    @collective
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """``dist.all_gather_coalesced``: ``output_lists[r][i]`` receives rank r's ``input_list[i]``."""
         tp = self._tp(input_list)
@@ -248,54 +248,54 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(algorithms.Pending([algorithms.all_gather(tp, [outs[i] for outs in output_lists], inp)
                                      for i, inp in enumerate(input_list)]), output_lists)
 
-    @collective("_reduce_scatter_base")
+    @collective
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._work(algorithms.reduce_scatter_tensor(self._tp(input), output, input, _red(opts)), [output])
 
-    @collective("reduce_scatter")
+    @collective
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = self._one("reduce_scatter", output_tensors)
         return self._work(algorithms.reduce_scatter(self._tp(out), out, list(input_tensors[0]), _red(opts)), [out])
 
-    @collective("reduce_scatter_tensor_coalesced")
+    @collective
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._work(algorithms.reduce_scatter_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs),
                                                                      _red(opts)), outputs)
 
-    @collective("alltoall_base")
+    @collective
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         return self._work(algorithms.all_to_all_single(self._tp(input), output, input, list(output_split_sizes or []),
                                        list(input_split_sizes or [])), [output])
 
-    @collective("alltoall")
+    @collective
     def alltoall(self, output_tensors, input_tensors, opts=None):
         return self._work(algorithms.all_to_all(self._tp(input_tensors), list(output_tensors),
                                             list(input_tensors)), output_tensors)
 
-    @collective("broadcast")
+    @collective
     def broadcast(self, tensors, opts=None):
         src = opts.rootRank if opts is not None else 0
         t = self._one("broadcast", tensors)
         return self._work(algorithms.broadcast(self._tp(t), t, src), tensors)
 
-    @collective("reduce")
+    @collective
     def reduce(self, tensors, opts=None):
         t = self._one("reduce", tensors)
         return self._work(algorithms.reduce(self._tp(t), t, opts.rootRank, opts.reduceOp), tensors)
 
-    @collective("gather")
+    @collective
     def gather(self, output_tensors, input_tensors, opts=None):
         inp = self._one("gather", input_tensors)
         outs = output_tensors[0] if output_tensors else None
         return self._work(algorithms.gather(self._tp(inp), outs, inp, opts.rootRank), outs or [])
 
-    @collective("scatter")
+    @collective
     def scatter(self, output_tensors, input_tensors, opts=None):
         out = self._one("scatter", output_tensors)
         ins = input_tensors[0] if input_tensors else None
         return self._work(algorithms.scatter(self._tp(out), out, ins, opts.rootRank), [out])
 
-    @collective("send")
+    @collective
     def send(self, tensors, dstRank, tag=0):
         t = self._one("send", tensors)
         tp = self._tp(t)
@@ -308,7 +308,7 @@ class ProcessGroupFuncoll(ProcessGroup):
             return self._work(algorithms.Pending([self._p2p_check.watched([key], sent)]), tensors)
         return self._work(algorithms.send(tp, t, dstRank, tag), tensors)
 
-    @collective("recv")
+    @collective
     def recv(self, tensors, srcRank, tag=0):
         t = self._one("recv", tensors)
         tp = self._tp(t)
@@ -329,7 +329,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         self._held.append(work)
         return work
 
-    @collective("gather_single")
+    @collective
     def gather_single(self, output, input, opts=None):
         """``dist.gather_single``: the root's ``output`` gets every rank's ``input`` (its element count matters)."""
         root = opts.rootRank if opts is not None else 0
@@ -345,11 +345,11 @@ class ProcessGroupFuncoll(ProcessGroup):
         p = algorithms.gather(self._tp(input), outs, input, root)
         return self._work(p if work is output else p.and_then(lambda: output.copy_(work)), [output])
 
-    @collective("recv_anysource")
+    @collective
     def recv_anysource(self, tensors, tag=0):
         raise NotImplementedError("funcoll.recv: receiving from any source is not supported; pass src")
 
-    @collective("barrier")
+    @collective
     def barrier(self, opts=None):
         device = "cpu"
         if self._transports and "cpu" not in self._transports:
@@ -630,8 +630,8 @@ def _parse_handle(handle: str) -> int:
     return int(fields[3])
 
 
-# the names torch >= 2.10 calls (fingerprint.ALIASES) run their older twin's body under their own name; the C++ defaults
+# the names torch >= 2.10 calls (methods.ALIASES) run their older twin's body under their own name; the C++ defaults
 # would look for a per-device backend ("No backend type associated with device type cpu")
 for _new, _old in ALIASES.items():
-    setattr(ProcessGroupFuncoll, _new, collective(_new)(inspect.unwrap(getattr(ProcessGroupFuncoll, _old))))
+    setattr(ProcessGroupFuncoll, _new, collective(inspect.unwrap(getattr(ProcessGroupFuncoll, _old)), _new))
 del _new, _old

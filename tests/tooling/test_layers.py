@@ -42,11 +42,12 @@ ALLOWED = {
     "entry/checks": ("transport", "entry/errors", "entry/flight_recorder", "entry/fingerprint", "entry/group_state"),
     "entry/work": ("transport", "transport/c10d", "algorithms", "entry/errors", "entry/peers", "entry/flight_recorder"),
     "entry/fast_path": ("transport", "algorithms", "entry/errors", "entry/peers", "entry/fingerprint", "entry/work"),
+    "entry/methods": ("algorithms", "entry/fingerprint", "entry/fast_path"),
     "entry/pipeline": ("semantics", "transport", "algorithms", "entry/errors", "entry/flight_recorder",
-                       "entry/fingerprint", "entry/checks", "entry/work", "entry/fast_path"),
+                       "entry/fingerprint", "entry/checks", "entry/work", "entry/fast_path", "entry/methods"),
     "entry/process_group": ("semantics", "transport", "transport/c10d", "transport/registry", "algorithms",
-                            "entry/errors", "entry/flight_recorder", "entry/fingerprint", "entry/group_state",
-                            "entry/checks", "entry/pipeline", "entry/work"),
+                            "entry/errors", "entry/flight_recorder", "entry/group_state", "entry/checks",
+                            "entry/methods", "entry/pipeline", "entry/work"),
     "entry/c10d_patches": ("semantics", "entry/process_group"),
     "entry/kernels": ("semantics", "transport", "transport/registry", "algorithms", "entry/work"),
 }
@@ -63,7 +64,7 @@ JOBS = {
     "algorithms": "one function per collective over a transport's primitives; every gap-filling strategy, once",
     "entry/errors": "the errors a collective raises; reading a backend's message",
     "entry/peers": "which peers of a group have exited, read when one of its collectives fails",
-    "entry/fingerprint": "one row per op and per c10d method: fingerprint, its text, per-rank keys, compare, digest",
+    "entry/fingerprint": "one row per op, each c10d method's description: fingerprint, its text, compare, digest",
     "entry/flight_recorder": "per-group traces of calls, their text and dumps",
     "entry/group_state": ("one group's state (trace, switches, the fast path's answers, its abort switch), built once "
                           "per group"),
@@ -71,6 +72,8 @@ JOBS = {
                      "byte is sent"),
     "entry/work": "FuncollWork and NativeWork: wait, futures, errors naming the call",
     "entry/fast_path": "the eager fast path: per c10d method, its request as one native backend call, issued",
+    "entry/methods": ("one row per c10d method: its op, description, sent argument, fast path and fast-path Work's "
+                      "outputs"),
     "entry/pipeline": "each eager call's pipeline, in order, as a decorator: the fast path, then the full path's steps",
     "entry/process_group": "ProcessGroupFuncoll: the c10d surface, its transports, monitored_barrier",
     "entry/c10d_patches": "backend registration, the broadcast rewrite, the monitored_barrier patch",

@@ -420,7 +420,7 @@ def _rank_changing_splits(rank, n):
         same.append(torch.equal(got, want))
         fp = funcoll.flight_recorder.entries()[-1].fingerprint
         splits.append(fp["input_split_sizes"] == ins and fp["output_split_sizes"] == ins)
-    keys, ran = [k for k in g._state.native if k[0] == "alltoall_base"], dict(counts)
+    keys, ran = [k for k in g._state.native if k[0] == "all_to_all_single"], dict(counts)
     try:
         dist.all_to_all_single(torch.empty(6), torch.ones(6), [7, -1], [3, 3])
         bad = "no error"

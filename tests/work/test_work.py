@@ -18,6 +18,7 @@ import torch.distributed as dist
 from funcoll import algorithms
 from funcoll.entry import fingerprint, flight_recorder
 from funcoll.entry.group_state import GroupState
+from funcoll.entry.methods import METHODS
 from funcoll.entry.work import CollectiveError, CollectiveTimeoutError, FuncollWork
 from funcoll.launch import run_world
 
@@ -326,15 +327,15 @@ def test_fingerprints_of_process_group_methods():
 
     o = dist.AllreduceOptions()
     o.reduceOp = dist.ReduceOp.AVG
-    assert fingerprint.fingerprint(PG(), "allreduce", ([torch.ones(2, 3)], o), {}) == \
+    assert fingerprint.fingerprint(PG(), METHODS["allreduce"], ([torch.ones(2, 3)], o), {}) == \
         {"op": "all_reduce", "reduce_op": "avg", "tensors": [["float32", [2, 3]]], "device": "cpu"}
-    fp = fingerprint.fingerprint(PG(), "alltoall_base", (torch.empty(4, 2), torch.ones(4, 2), [], [1, 3]), {})
+    fp = fingerprint.fingerprint(PG(), METHODS["alltoall_base"], (torch.empty(4, 2), torch.ones(4, 2), [], [1, 3]), {})
     assert fp["input_split_sizes"] == [1, 3] and fp["output_split_sizes"] == [2, 2]
     assert flight_recorder.describe(fp).startswith("all_to_all_single(float32[2], outputs=[[2]]")
-    assert fingerprint.fingerprint(PG(), "allreduce", (None,), {}) == {"op": "all_reduce", "malformed": True}
+    assert fingerprint.fingerprint(PG(), METHODS["allreduce"], (None,), {}) == {"op": "all_reduce", "malformed": True}
     # a list all_to_all: one dtype, a shape per peer
-    fp = fingerprint.fingerprint(PG(), "alltoall", ([torch.empty(2), torch.empty(3)], [torch.ones(1), torch.ones(4)]),
-                                 {})
+    outs, ins = [torch.empty(2), torch.empty(3)], [torch.ones(1), torch.ones(4)]
+    fp = fingerprint.fingerprint(PG(), METHODS["alltoall"], (outs, ins), {})
     assert flight_recorder.describe(fp) == "all_to_all(float32, per_peer_in=[[1], [4]], per_peer_out=[[2], [3]])"
 
 
@@ -365,7 +366,7 @@ def test_every_collective_method_runs_the_pipeline():
     for _, issue in calls:
         issue().wait()
     got = [(c.method, c.op, c.seq, c.state) for c in flight_recorder.trace_of(pg).entries()]
-    assert got == [(m, fingerprint.METHODS[m].op, i, "completed") for i, (m, _) in enumerate(calls)]
+    assert got == [(m, METHODS[m].op, i, "completed") for i, (m, _) in enumerate(calls)]
 
 
 # ---------------------------------------------------------------------------------------------------
