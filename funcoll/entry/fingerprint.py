@@ -311,8 +311,9 @@ class Rule(NamedTuple):
     """One op's row: ``shown``, the fingerprint fields its text shows, in order ("tensors": the dtypes and shapes);
     ``per_rank``, the fields that differ between ranks; ``check(fps, n)``, the message when those fields do not pair
     up (None when they do); ``share(fp, rank)``, this rank's share of the size guard's per-peer sum; ``sizes(fp)``, the
-    (input, output) sizes torch's flight recorder lists; ``p2p``: a point-to-point op (its own counter, not checked).
-    An op without per-rank fields needs every field equal."""
+    (input, output) sizes torch's flight recorder lists; ``p2p``: a point-to-point op (its own counter, not checked);
+    ``torch_name``: the collective's name in torch's flight recorder where it is not the op's (c10d's names, which its
+    analyser knows). An op without per-rank fields needs every field equal."""
 
     shown: Tuple[str, ...]
     per_rank: Tuple[str, ...] = ()
@@ -320,16 +321,19 @@ class Rule(NamedTuple):
     share: Optional[Callable] = None
     sizes: Callable = _sizes
     p2p: bool = False
+    torch_name: Optional[str] = None
 
 
 _REDUCED, _INTO = Rule(("reduce_op", "tensors")), Rule(("tensors", "outputs"))
 _P2P = Rule(("peer", "tag", "tensors"), p2p=True)
 
 RULES: Dict[str, Rule] = {  # op -> its row
-    "all_reduce": _REDUCED, "all_reduce_coalesced": _REDUCED, "all_gather_into_tensor": _INTO,
+    "all_reduce": _REDUCED, "all_reduce_coalesced": _REDUCED._replace(torch_name="allreduce_coalesced"),
+    "all_gather_into_tensor": _INTO._replace(torch_name="_all_gather_base"),
     "all_gather": _sized_list(_AG_LIST, "input_shape", "output_shapes", ("output", "expects", "input")),
-    "all_gather_into_tensor_coalesced": _INTO, "all_gather_coalesced": Rule(("tensors", "outputs"), sizes=_gathered),
-    "reduce_scatter_tensor": Rule(("reduce_op", "tensors", "outputs")),
+    "all_gather_into_tensor_coalesced": _INTO, "all_gather_coalesced": Rule(("tensors", "outputs"), sizes=_gathered,
+                                                                   torch_name="allgather_coalesced"),
+    "reduce_scatter_tensor": Rule(("reduce_op", "tensors", "outputs"), torch_name="_reduce_scatter_base"),
     "reduce_scatter": _sized_list(_RS_LIST, "output_shape", "input_shapes", ("input", "reduces", "output")),
     "reduce_scatter_tensor_coalesced": Rule(("reduce_op", "tensors", "outputs")),
     "broadcast": Rule(("root", "tensors")), "reduce": Rule(("reduce_op", "root", "tensors")), "barrier": Rule(()),
@@ -341,7 +345,7 @@ RULES: Dict[str, Rule] = {  # op -> its row
     "gather": _rooted("gather", "root_outputs", _GATHER),
     "scatter": _rooted("scatter", "root_inputs", _SCATTER),
     "gather_single": Rule(("root", "tensors", "root_output_numel"), ("root_output_numel",), _check_gather_single,
-                          _share_gather_single, _sizes_gather_single),
+                          _share_gather_single, _sizes_gather_single, torch_name="gather"),
     "send": _P2P, "recv": _P2P,
 }
 PER_RANK = frozenset(k for rule in RULES.values() for k in rule.per_rank)

@@ -352,11 +352,6 @@ def recent(call: Optional[Call], trace: Optional[GroupTrace], dump: bool) -> str
 # rank, every group of the rank); the sequence numbers are funcoll's own (the ones its errors name)
 TORCH_DUMP_VERSION = "2.10"  # the version torch's analyser reads
 
-# funcoll's op -> the collective's name in torch's recorder (c10d's names, which its analyser knows)
-_TORCH_OP = {"all_reduce_coalesced": "allreduce_coalesced", "all_gather_into_tensor": "_all_gather_base",
-             "all_gather_coalesced": "allgather_coalesced", "reduce_scatter_tensor": "_reduce_scatter_base",
-             "gather_single": "gather"}
-
 # torch dtype -> c10's ScalarType name, as torch's recorder writes it
 _SCALAR_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
                  "complex64": "ComplexFloat", "complex128": "ComplexDouble", "complex32": "ComplexHalf",
@@ -372,7 +367,7 @@ def _torch_entry(call: Call, pg_id: int, trace: GroupTrace) -> dict:
     ins, outs = row.sizes(fp)
     dtypes = [_SCALAR_NAMES.get(d, d) for d, _ in fp.get("tensors") or [] if d]
     p2p = row.p2p
-    name = _TORCH_OP.get(call.op, call.op)
+    name = row.torch_name or call.op  # c10d's name, which torch's analyser knows
     if p2p:
         peer = fp.get("peer")
         peer = "?" if peer in (None, "any") else peer
