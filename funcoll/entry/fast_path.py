@@ -78,19 +78,21 @@ def _take(pg, st, row, args: tuple, tp, key: tuple, plan, *request, changed=None
     the key's description.
     ``changed``: the key leaves out values the answer does not depend on once they are valid (an uneven
     all_to_all's split sizes, new at every MoE step); ``changed(description)`` tells whether this call's differ from
-    the ones the cached description holds: then the request is checked and described again, and kept as the key's."""
+    the ones the cached description holds: then the request is described again and kept as the key's (checked again
+    first when the answer is native: the full path's body checks the others)."""
     if tp is None:
         return FULL
     got = st.native.get(key)
     if got is None or (got[0] is not None and (got[0].caps is not tp.caps or got[0].cls is not type(tp))):
         got = _plan(pg, st, row, args, tp, key, plan, request)
     elif changed is not None and got[1] is not None and changed(got[1]):
-        try:
-            valid = plan(tp, *request) is not None
-        except Exception:  # noqa: BLE001 - an invalid request: the full path names the problem
-            valid = False
-        if not valid:
-            return FULL
+        if got[0] is not None:  # a native answer holds for valid values only (the full path's body checks its own)
+            try:
+                valid = plan(tp, *request) is not None
+            except Exception:  # noqa: BLE001 - an invalid request: the full path names the problem
+                valid = False
+            if not valid:
+                return FULL
         st.native[key] = got = (got[0], _described(pg, row, args))
     nat, description = got
     if nat is None:
