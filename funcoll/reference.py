@@ -11,7 +11,7 @@ from typing import Callable, Dict
 
 import torch
 
-from funcoll.semantics import FLOAT4, FLOAT8, OPS, UNSIGNED, ReduceOp, Reduction, check_reduction
+from funcoll.semantics import FLOAT4, FLOAT8, OPS, UNSIGNED, ReduceOp, Reduction, check_reduction, op_named
 
 PREMUL = 0.5  # the premul_sum factor every test uses
 BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
@@ -88,8 +88,9 @@ def reduce(op, inputs, factor=PREMUL) -> torch.Tensor:
     """Reduces every rank's input (``inputs[r]`` is rank r's) with ``op`` elementwise, independently of torch's
     collectives. ``op``: a name ("sum", "AVG", ...) or a ``torch.distributed.ReduceOp`` member; ``factor``: the
     premul_sum factor. The result has the inputs' dtype and shape (on the CPU)."""
-    name = (op if isinstance(op, str) else op.name).lower()
-    row = next(r for r in OPS.values() if name in r.names)  # its reference functions (None: the op refuses the dtype)
+    row = op_named(op if isinstance(op, str) else op.name)  # its reference functions (None: the op refuses the dtype)
+    if row is None:
+        raise ValueError(f"funcoll.reference.reduce: unknown reduce op {op!r}")
     xs = [x.detach().cpu() for x in inputs]
     dtype, shape = xs[0].dtype, xs[0].shape
     if dtype == torch.bool:

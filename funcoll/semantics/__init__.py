@@ -13,7 +13,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
-__all__ = ["ReduceOp", "OpRow", "OPS", "Reduction", "FLOAT8", "FLOAT4", "MX", "UNSIGNED", "INTEGER_DTYPES",
+__all__ = ["ReduceOp", "OpRow", "OPS", "op_named", "Reduction", "FLOAT8", "FLOAT4", "MX", "UNSIGNED", "INTEGER_DTYPES",
            "FLOAT_DTYPES", "parse_reduction", "check_reduction", "check_all_gather", "check_reduce_scatter",
            "check_all_to_all", "check_root", "check_layout", "check_same_tensor", "check_rank_list", "dtype_kind",
            "dtype_name", "ranks_text", "gathered_shape"]
@@ -69,11 +69,8 @@ def parse_reduction(op, opname: str) -> Reduction:
         return op
     red = None
     if isinstance(op, str):  # a funcoll ReduceOp is one too
-        name = op.lower()
-        for row in OPS.values():
-            if name in row.names:
-                red = Reduction(row.op)
-                break
+        row = op_named(op)
+        red = Reduction(row.op) if row is not None else None
     else:
         import torch.distributed as dist
 
@@ -173,6 +170,12 @@ OPS: Dict[ReduceOp, OpRow] = {row.op: row for row in (  # in ReduceOp order; fie
                                                         "tensor, got {dtype}; multiply and use sum instead")),
           wide=lambda w, f: (w * f).sum(0)),
 )}
+
+
+def op_named(name: str) -> Optional[OpRow]:
+    """The row of the op a string names (its own name or an alias, any case); None for no op."""
+    name = name.lower()
+    return next((row for row in OPS.values() if name in row.names), None)
 
 
 def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
