@@ -33,11 +33,11 @@ from funcoll.transport import P2P, Transport, wait_quietly
 
 
 # -- is the plan native? (the eager fast path) -------------------------------------------------------------------------
-def _native_move(tp: Transport, primitive: str, dtype: torch.dtype, *method: str) -> Optional[tuple]:
-    """The native call ``(primitive, "", dtype[, backend method])`` when the transport has ``primitive`` and moves
-    ``dtype``, else None (:mod:`funcoll.algorithms.reduce` says what ``native_*_call`` answer)."""
+def _native_move(tp: Transport, primitive: str, dtype: torch.dtype) -> Optional[tuple]:
+    """The native call ``(primitive, "", dtype)`` when the transport has ``primitive`` and moves ``dtype``, else None
+    (:mod:`funcoll.algorithms.reduce` says what ``native_*_call`` answer)."""
     caps = tp.caps
-    return (primitive, "", dtype, *method) if caps.has(primitive) and caps.moves(dtype) else None
+    return (primitive, "", dtype) if caps.has(primitive) and caps.moves(dtype) else None
 
 
 def native_all_gather_call(tp: Transport, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
@@ -76,13 +76,13 @@ def native_all_gather_list_call(tp: Transport, outs: tuple, inp: torch.Tensor) -
     if (len(outs) != tp.size or any(d != inp.dtype for d, _ in outs) or outs[tp.rank][1] != inp.shape
             or not any(math.prod(s) for _, s in outs) or not _ag_list_native(tp, inp.dtype, [s for _, s in outs])):
         return None
-    return ("all_gather", "", inp.dtype, "allgather")
+    return ("all_gather", "", inp.dtype)
 
 
 def native_p2p_call(tp: Transport, opname: str, t: torch.Tensor, peer) -> Optional[tuple]:
     """``ProcessGroup.send([t], dst, tag)`` or ``recv([t], src, tag)`` (``opname``)."""
     semantics.check_root(opname, "dst" if opname == "send" else "src", peer, tp.size)
-    return None if peer == tp.rank else _native_move(tp, "send_recv", t.dtype, opname)
+    return None if peer == tp.rank else _native_move(tp, "send_recv", t.dtype)
 
 
 def native_rooted_call(tp: Transport, opname: str, root, sig: Optional[tuple], t: torch.Tensor) -> Optional[tuple]:
@@ -92,7 +92,7 @@ def native_rooted_call(tp: Transport, opname: str, root, sig: Optional[tuple], t
     if t.numel() == 0 or tp.rank == root and (sig is None or len(sig) != tp.size
                                               or any(dtype != t.dtype or shape != t.shape for dtype, shape in sig)):
         return None
-    return _native_move(tp, opname, t.dtype, opname)
+    return _native_move(tp, opname, t.dtype)
 
 
 def native_barrier_call(tp: Transport) -> Optional[tuple]:

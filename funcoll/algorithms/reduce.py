@@ -2,7 +2,7 @@
 and reduce, each run as the planner's plan (:mod:`funcoll.algorithms.planner` lists the strategies). The even
 all_gather and all_to_all the plans build on live here too (:func:`_ag`, :func:`_a2a_even`). ``native_*_call`` answer
 the eager fast path's question "is this request's plan one native call?" (:mod:`funcoll.entry.fast_path`): the call
-``(primitive, reduce op, dtype[, backend method])``, or None; an invalid request raises the full path's error."""
+``(primitive, reduce op, dtype)``, or None; an invalid request raises the full path's error."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def native_reduce_scatter_list_call(tp: Transport, op, out: torch.Tensor, ins: t
     if (len(ins) != tp.size or any(d != out.dtype for d, _ in ins) or ins[tp.rank][1] != out.shape
             or not any(sizes) or not _rs_list_native(tp, red, out.dtype, sizes)):
         return None
-    return ("reduce_scatter", str(red.op), out.dtype, "reduce_scatter")
+    return ("reduce_scatter", str(red.op), out.dtype)
 
 
 # -- all_reduce --------------------------------------------------------------------------------------------------------

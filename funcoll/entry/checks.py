@@ -72,12 +72,6 @@ def store_check(st: GroupState, call: Call) -> None:
         raise CollectiveMismatchError(msg)
 
 
-def _exchange(backend, values: torch.Tensor, n: int) -> torch.Tensor:
-    out = values.new_empty((n * values.numel(),))
-    backend._allgather_base(out, values).wait()
-    return out
-
-
 def size_guard(st: GroupState, call: Call) -> None:
     """Checks that ``call`` moves the same bytes on every rank of the group, before it sends anything; returns at once
     where it does not apply (off, one rank, a virtual world, not a CPU collective). Raises CollectiveMismatchError,
@@ -85,17 +79,17 @@ def size_guard(st: GroupState, call: Call) -> None:
     if not st.guard:
         return
     fp = call.fingerprint
-    backend = st.guard_backend  # the CPU transport's gloo backend: set once the group has a CPU transport
-    if backend is None or fp.get("device", "cpu" if fp.get("op") == "barrier" else None) != "cpu":
+    tp = st.guard_transport  # the group's CPU transport, once it has one
+    if tp is None or fp.get("device", "cpu" if fp.get("op") == "barrier" else None) != "cpu":
         return  # a barrier runs on the CPU transport whenever the group has one
     n = st.size
     mine = digest(fp, call.seq if call.seq is not None else -1, st.rank, n)
     try:
-        table = _exchange(backend, torch.tensor(mine, dtype=torch.int64), n).tolist()
+        table = tp.gathered(torch.tensor(mine, dtype=torch.int64)).tolist()
     except Exception as e:  # noqa: BLE001 - the digest exchange failed: a rank is missing or dead
         raise _failure(st, call, e) from e
     if not agree(table, n):
-        _mismatch(st, call, backend, n)
+        _mismatch(st, call, tp, n)
 
 
 def _failure(st: GroupState, call: Call, e: BaseException) -> CollectiveError:
@@ -111,15 +105,15 @@ def _failure(st: GroupState, call: Call, e: BaseException) -> CollectiveError:
 _GUARD = "funcoll's size guard on CPU groups; FUNCOLL_GUARD=0 turns it off"
 
 
-def _mismatch(st: GroupState, call: Call, backend, n: int) -> None:
+def _mismatch(st: GroupState, call: Call, tp, n: int) -> None:
     """The slow path: every rank's full fingerprint (two more all_gathers), then the debug mode's message."""
     payload = json.dumps({"seq": call.seq, "fp": call.fingerprint}).encode()
     try:
-        lengths = _exchange(backend, torch.tensor([len(payload)], dtype=torch.int64), n).tolist()
+        lengths = tp.gathered(torch.tensor([len(payload)], dtype=torch.int64)).tolist()
         size = max(lengths)
         buf = torch.zeros(size, dtype=torch.uint8)
         buf[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        table = _exchange(backend, buf, n).view(n, size)
+        table = tp.gathered(buf).view(n, size)
     except Exception as e:  # noqa: BLE001
         raise _failure(st, call, e) from e
     got = [json.loads(bytes(table[r, :lengths[r]].tolist()).decode()) for r in range(n)]

@@ -67,7 +67,7 @@ def _plan(pg, st, row, args, tp, key: tuple, plan, request: tuple):
         call = plan(tp, *request)
     except Exception:  # noqa: BLE001 - an invalid request: the full path names the problem
         return None, None
-    nat = tp.native_method(*call) if call is not None else None
+    nat = tp.native_method(*call, row.backend_method) if call is not None else None
     cache[key] = got = (nat, _described(pg, row, args))
     return got
 

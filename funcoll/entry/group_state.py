@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
@@ -70,7 +70,7 @@ class GroupState:
         self.guard = self._checkable and self.guard_default
         self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
         self.native: dict = {}  # the eager fast path's answer per request signature (funcoll.entry.fast_path)
-        self.guard_backend = None  # the size guard's: the CPU transport's gloo backend, once the group makes it
+        self.guard_transport: Any = None  # the size guard's: the group's CPU transport (its gathered()), once made
         self.aborted: Optional[str] = None  # why the group was aborted (pg.abort(), a shrink, a reconfigure)
         self.error = _SUCCESS  # c10d's ErrorType of the last failed collective (Backend.get_error)
         if self._checkable:
@@ -86,7 +86,7 @@ class GroupState:
         self._checkable = size > 1 and not self.local_store
         self.debug = self._checkable and _switch("FUNCOLL_DEBUG")
         self.guard = self._checkable and self.guard_default
-        self.native, self.guard_backend, self.aborted, self.error = {}, None, None, _SUCCESS
+        self.native, self.guard_transport, self.aborted, self.error = {}, None, None, _SUCCESS
         self.__dict__.pop("_lost", None)  # the last look at the peers (entry/peers)
         if self._checkable:
             peers.register(self)

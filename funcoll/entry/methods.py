@@ -2,15 +2,16 @@
 ``_functional_collectives.py`` keeps one flat registration table): its op, how its call is described
 (:mod:`funcoll.entry.fingerprint`), the argument it sends, its fast path (:mod:`funcoll.entry.fast_path`) and what
 the fast path's Work completes with. The pipeline's decorator finds a method's row by the method's own name, and the
-row object, not its name, travels to the fingerprint, the NaN check and the trace. A new method with a fast path is
-one row here plus its body in process_group.py.
+row object, not its name, travels to the fingerprint, the NaN check and the trace; the fast path hands the backend
+the method of the row's own name (funcoll's methods are c10d's, as the C++ backends name them). A new method with a
+fast path is one row here plus its body in process_group.py.
 """
 
 from __future__ import annotations
 
 import copy
 import operator
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -26,20 +27,23 @@ _first_list = operator.itemgetter(0)  # the outputs of a call whose first argume
 
 
 class MethodRow:
-    """One c10d method: ``method`` its name, ``op`` its collective, ``fingerprint(pg, args)`` its call's description
-    (args positional, options last), ``sends`` the index of the argument it sends (None: nothing of its own; the NaN
-    check reads it), ``p2p`` whether it is point-to-point (its op's rule), ``fast(pg, state, row, args, kwargs)`` its
-    fast path (None: always the full path), and for the fast path's Work: ``outputs(args)``, what its future completes
-    with where the backend's Work has no future and no result() (gloo's send, recv and reduce_scatter), and
-    ``quiet``: its backend writes the outputs in wait() (gloo's reduce_scatter copies its slice then: waited on with
-    autograd off)."""
+    """One c10d method: ``method`` its name (``backend_method``: the same, or for a name newer c10d calls, its older
+    method's, which every backend has), ``aliases`` those newer names, ``op`` its collective, ``fingerprint(pg, args)``
+    its call's description (args positional, options last), ``sends`` the index of the argument it sends (None:
+    nothing of its own; the NaN check reads it), ``p2p`` whether it is point-to-point (its op's rule),
+    ``fast(pg, state, row, args, kwargs)`` its fast path (None: always the full path), and for the fast path's Work:
+    ``outputs(args)``, what its future completes with where the backend's Work has no future and no result() (gloo's
+    send, recv and reduce_scatter), and ``quiet``: its backend writes the outputs in wait() (gloo's reduce_scatter
+    copies its slice then: waited on with autograd off)."""
 
-    __slots__ = ("method", "op", "fingerprint", "sends", "p2p", "fast", "outputs", "quiet")
+    __slots__ = ("method", "backend_method", "aliases", "op", "fingerprint", "sends", "p2p", "fast", "outputs", "quiet")
 
     def __init__(self, method: str, op: str, fingerprint: Callable, sends: Optional[int] = 1,
-                 fast: Optional[Callable] = None, outputs: Optional[Callable] = None, quiet: bool = False):
-        self.method, self.op, self.fingerprint, self.sends, self.p2p = method, op, fingerprint, sends, RULES[op].p2p
-        self.fast, self.outputs, self.quiet = fast, outputs, quiet
+                 fast: Optional[Callable] = None, outputs: Optional[Callable] = None, quiet: bool = False,
+                 aliases: Tuple[str, ...] = ()):
+        self.method = self.backend_method = method
+        self.op, self.fingerprint, self.sends, self.p2p = op, fingerprint, sends, RULES[op].p2p
+        self.fast, self.outputs, self.quiet, self.aliases = fast, outputs, quiet, aliases
 
     def __repr__(self) -> str:
         return f"MethodRow({self.method!r}, op={self.op!r})"
@@ -54,25 +58,29 @@ def _plain(method: str, op: str, sends: int = 1, mine: int = 0, other: Optional[
 _ROWS = (
     _plain("allreduce", "all_reduce", 0, red=True, fast=fast.all_reduce),
     _plain("allreduce_coalesced", "all_reduce_coalesced", 0, red=True),
-    _plain("_allgather_base", "all_gather_into_tensor", mine=1, other=0,
+    _plain("_allgather_base", "all_gather_into_tensor", mine=1, other=0, aliases=("all_gather_single",),
            fast=fast.base(_C.AllgatherOptions, algorithms.native_all_gather_call, False)),
     MethodRow("allgather", "all_gather", fp.sized_list("all_gather", "input_shape", "output_shapes", True),
               fast=fast.list_form(_C.AllgatherOptions, algorithms.native_all_gather_list_call, True)),
-    _plain("allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced", mine=1, other=0),
+    _plain("allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced", mine=1, other=0,
+           aliases=("all_gather_single_coalesced",)),
     _plain("allgather_coalesced", "all_gather_coalesced", mine=1, other=0),
     _plain("_reduce_scatter_base", "reduce_scatter_tensor", mine=1, other=0, red=True, outputs=lambda a: [a[0]],
-           quiet=True, fast=fast.base(_C.ReduceScatterOptions, algorithms.native_reduce_scatter_call, True)),
+           quiet=True, aliases=("reduce_scatter_single",),
+           fast=fast.base(_C.ReduceScatterOptions, algorithms.native_reduce_scatter_call, True)),
     MethodRow("reduce_scatter", "reduce_scatter",
               fp.sized_list("reduce_scatter", "output_shape", "input_shapes", False), outputs=_first_list, quiet=True,
               fast=fast.list_form(_C.ReduceScatterOptions, algorithms.native_reduce_scatter_list_call, False)),
-    _plain("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", mine=1, other=0, red=True),
-    MethodRow("alltoall_base", "all_to_all_single", fp.a2a_single, fast=fast.all_to_all_single),
+    _plain("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", mine=1, other=0, red=True,
+           aliases=("reduce_scatter_single_coalesced",)),
+    MethodRow("alltoall_base", "all_to_all_single", fp.a2a_single, fast=fast.all_to_all_single,
+              aliases=("all_to_all_single",)),
     MethodRow("alltoall", "all_to_all", fp.a2a),
     _plain("broadcast", "broadcast", 0, root=True, fast=fast.broadcast),
     _plain("reduce", "reduce", 0, red=True, root=True),
     MethodRow("gather", "gather", fp.rooted("gather", "root_outputs"), fast=fast.rooted(_C.GatherOptions, False)),
     MethodRow("scatter", "scatter", fp.rooted("scatter", "root_inputs"), fast=fast.rooted(_C.ScatterOptions, True)),
-    MethodRow("gather_single", "gather_single", fp.gather_single),
+    MethodRow("gather_single", "gather_single", fp.gather_single, aliases=("gather_into_tensor",)),
     MethodRow("barrier", "barrier", fp.barrier, None, fast=fast.barrier),
     MethodRow("send", "send", fp.p2p("send"), 0, fast=fast.p2p, outputs=_first_list),
     MethodRow("recv", "recv", fp.p2p("recv"), None, fast=fast.p2p, outputs=_first_list),
@@ -80,13 +88,10 @@ _ROWS = (
 )
 METHODS: Dict[str, MethodRow] = {row.method: row for row in _ROWS}
 
-# the names newer c10d calls (torch >= 2.10) -> the older method of the same request, whose row they inherit under
-# their own name (and whose body ProcessGroupFuncoll runs under it); written nowhere else
-ALIASES = {"all_gather_single": "_allgather_base", "all_gather_single_coalesced": "allgather_into_tensor_coalesced",
-           "reduce_scatter_single": "_reduce_scatter_base",
-           "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced",
-           "all_to_all_single": "alltoall_base", "gather_into_tensor": "gather_single"}
-for _new, _old in ALIASES.items():
-    METHODS[_new] = copy.copy(METHODS[_old])
-    METHODS[_new].method = _new
-del _new, _old
+# a row's aliases, the names newer c10d calls (torch >= 2.10) for its request: each inherits the row under its own
+# name (and ProcessGroupFuncoll runs the row's body under it)
+ALIASES = {alias: row.method for row in _ROWS for alias in row.aliases}
+for _alias, _method in ALIASES.items():
+    METHODS[_alias] = copy.copy(METHODS[_method])
+    METHODS[_alias].method = _alias
+del _alias, _method

@@ -176,11 +176,10 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     def _made(self, device_type: str, tp: Transport) -> None:
         """A transport was made: it learns the group's name (for the log and profiler events), the size guard the CPU
-        one's backend; the log says which, and the hooks run."""
+        one; the log says which, and the hooks run."""
         tp.group_name, tp.global_ranks = self._state.name, self._state.trace.global_ranks
-        backend = getattr(tp, "backend", None)
-        if device_type == "cpu" and hasattr(backend, "_allgather_base"):
-            self._state.guard_backend = backend
+        if device_type == "cpu":
+            self._state.guard_transport = tp
         if LOG.isEnabledFor(logging.INFO):
             env = os.environ.get("FUNCOLL_PROFILE", "").strip()
             why = (f"profile {self._options.profile!r} from funcoll.Options"
@@ -502,7 +501,7 @@ class ProcessGroupFuncoll(ProcessGroup):
                 self._aborted += transports
             else:
                 transports, self._aborted = transports + self._aborted, []
-        self._state.guard_backend = None  # the size guard's CPU backend
+        self._state.guard_transport = None  # the size guard's CPU transport
         for tp in transports:
             with contextlib.suppress(RuntimeError):  # already shut down or aborted
                 tp.abort() if how == "abort" else tp.shutdown()

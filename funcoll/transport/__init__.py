@@ -381,11 +381,10 @@ class Transport:
         """Releases the backend (``destroy_process_group``); nothing is in flight."""
 
     # -- the eager fast path: the backend's own callable for a request -------------------------------------
-    def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype],
-                      method: Optional[str] = None) -> Optional[Native]:
-        """A :class:`Native` calling the backend's own method for a native ``primitive`` request, counted under
-        ``(primitive, op, dtype)`` (``method``: the backend's method when it is not the primitive's own, e.g. a list
-        form); None where the transport has no backend method to hand it to (the default)."""
+    def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype], method: str) -> Optional[Native]:
+        """A :class:`Native` calling the backend's own ``method`` (the eager ProcessGroup method's name) for a native
+        ``primitive`` request, counted under ``(primitive, op, dtype)``; None where the transport has no backend
+        method to hand it to (the default)."""
         return None
 
     # -- before a primitive sends, shared by every transport ----------------------------------------------
@@ -492,6 +491,14 @@ class Transport:
     # of this size, each its own collectives (the same bytes in all), so its extra memory stays bounded. None: in one
     # piece (XLA: one collective per request in the graph; the compiler plans the memory)
     staging_bytes: Optional[int] = 8 << 20
+
+    def gathered(self, values: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``values`` (a flat tensor of the same size everywhere) in rank order, gathered by the
+        transport's own all_gather outside its hooks and counts: funcoll's size guard exchanges its digests over the
+        CPU transport with it, before the collective it checks sends anything."""
+        out = values.new_empty((self.size * values.numel(),))
+        self._all_gather(out, values).wait()
+        return out
 
     def bits_as(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``t``'s bits read as ``dtype`` (contiguous ``t``; an element size that divides or is a multiple of t's, as

@@ -356,20 +356,13 @@ class C10dTransport(Transport):
         _run_before_send()
         return out, self.backend.allreduce([out], opts)
 
-    # the backend's own method of each primitive the eager fast path hands requests to (ProcessGroup method names)
-    # (a list form names its own method: native_method's ``method``); send_recv is two methods, send and recv
-    _METHODS = {"all_reduce": "allreduce", "all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
-                "all_to_all": "alltoall_base", "broadcast": "broadcast", "barrier": "barrier"}
-
-    def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype],
-                      method: Optional[str] = None) -> Optional[Native]:
-        """The backend's own method for ``primitive`` (or ``method``, its list form or send/recv), when this
-        transport's primitive is the stock one (a subclass that changes it is called through the transport: the full
-        path)."""
+    def native_method(self, primitive: str, op: str, dtype: Optional[torch.dtype], method: str) -> Optional[Native]:
+        """The backend's own ``method``, when this transport's ``primitive`` is the stock one (a subclass that changes
+        it is called through the transport: the full path); send_recv is two methods, send and recv."""
         stock = ("_send", "_recv") if primitive == "send_recv" else ("_" + primitive,)
         if any(getattr(type(self), name) is not getattr(C10dTransport, name) for name in stock):
             return None
-        issue = getattr(self.backend, method or self._METHODS[primitive], None)
+        issue = getattr(self.backend, method, None)
         return Native(self, issue, (primitive, op, dtype)) if issue is not None else None
 
     def _all_gather(self, out, inp):

@@ -375,14 +375,14 @@ def _rank_guard_scope(rank, n):
     t = torch.ones(4)
     dist.all_reduce(t)
     st = pg._state
-    real, count = st.guard_backend, []
+    real, count = st.guard_transport, []
 
     class Counting:
-        def _allgather_base(self, out, inp):
-            count.append(inp.numel())
-            return real._allgather_base(out, inp)
+        def gathered(self, values):
+            count.append(values.numel())
+            return real.gathered(values)
 
-    st.guard_backend = Counting()
+    st.guard_transport = Counting()
     out = {}
     try:
         def counted(fn):
@@ -399,7 +399,7 @@ def _rank_guard_scope(rank, n):
         funcoll.debug.set_guard(pg, True)
         out["guard on again"] = counted(lambda: dist.all_reduce(t))
     finally:
-        st.guard_backend = real
+        st.guard_transport = real
     return out
 
 
@@ -495,8 +495,8 @@ def test_the_guard_stays_out_of_world_1_virtual_worlds_and_other_devices(monkeyp
 
     monkeypatch.setenv("FUNCOLL_GUARD", "1")
 
-    class Backend:
-        def _allgather_base(self, out, inp):
+    class Transport:
+        def gathered(self, values):
             raise AssertionError("the guard exchanged a digest")
 
     class RealStore(dist.Store):  # not a local store: a store other processes could reach
@@ -509,7 +509,7 @@ def test_the_guard_stays_out_of_world_1_virtual_worlds_and_other_devices(monkeyp
     for size, local, device in [(1, False, "cpu"), (2, True, "cpu"), (2, False, "xla"), (2, False, "xpu")]:
         store = dist.HashStore() if local else RealStore()
         st = GroupState(store, 0, size, timedelta(seconds=5), "g", tuple(range(size)))
-        st.guard_backend = Backend()
+        st.guard_transport = Transport()
         size_guard(st, call(device))  # returns without exchanging
         assert st.guard == (size > 1 and not local)
 

@@ -21,6 +21,7 @@ import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
 from funcoll import algorithms
+from funcoll.entry.methods import METHODS
 from funcoll.launch import _spawn_world, run_world
 from funcoll.transport import profile
 from funcoll.transport.c10d import C10dTransport
@@ -605,20 +606,26 @@ def test_a_signature_is_planned_once_per_group_and_the_answer_is_the_planners(mo
     assert next(nat for nat, _ in pg._state.native.values() if nat is not None) is not first
 
 
-def _issue(tp, call):
-    """The backend method a native call's answer hands the fast path (the suite's count around it unwrapped)."""
-    return inspect.unwrap(tp.native_method(*call).issue)
+def _issue(tp, call, method):
+    """The backend method a native call's answer hands c10d ``method``'s fast path (the suite's count around it
+    unwrapped)."""
+    return inspect.unwrap(tp.native_method(*call, METHODS[method].backend_method).issue)
 
 
 def test_other_lookups(tp):
     x = torch.ones(4)
-    assert _issue(tp, algorithms.native_all_gather_call(tp, torch.empty(4), x)) == tp.backend._allgather_base
+    gather = algorithms.native_all_gather_call(tp, torch.empty(4), x)
+    assert _issue(tp, gather, "_allgather_base") == tp.backend._allgather_base
+    # the name newer c10d calls hands the backend the older method (ProcessGroupGloo has no all_gather_single)
+    assert not hasattr(tp.backend, "all_gather_single")
+    assert _issue(tp, gather, "all_gather_single") == tp.backend._allgather_base
     assert algorithms.native_all_gather_call(tp, torch.empty(1, 4), x) is None  # stacked form: the full path
-    assert _issue(tp, algorithms.native_reduce_scatter_call(tp, R.MAX, torch.empty(4), x)) == \
+    assert _issue(tp, algorithms.native_reduce_scatter_call(tp, R.MAX, torch.empty(4), x), "_reduce_scatter_base") == \
         tp.backend._reduce_scatter_base
-    assert _issue(tp, algorithms.native_all_to_all_call(tp, torch.empty(4), x, (), ())) == tp.backend.alltoall_base
+    even = algorithms.native_all_to_all_call(tp, torch.empty(4), x, (), ())
+    assert _issue(tp, even, "alltoall_base") == _issue(tp, even, "all_to_all_single") == tp.backend.alltoall_base
     assert algorithms.native_all_to_all_call(tp, torch.empty(4), x, (4,), (4,)) is not None
-    assert _issue(tp, algorithms.native_broadcast_call(tp, x, 0, 0)) == tp.backend.broadcast
+    assert _issue(tp, algorithms.native_broadcast_call(tp, x, 0, 0), "broadcast") == tp.backend.broadcast
     with pytest.raises(ValueError, match="^funcoll.broadcast: src=1 is outside the group"):  # the full path's error
         algorithms.native_broadcast_call(tp, x, 1, 0)
     assert algorithms.native_broadcast_call(tp, torch.ones(4, dtype=torch.int16), 0, 0) is None  # gloo: no int16
@@ -628,7 +635,7 @@ def test_other_lookups(tp):
             return super()._all_reduce(t, red)
 
     spy = Spy(tp.backend, tp.caps, "cpu")
-    assert spy.native_method(*algorithms.native_all_reduce_call(spy, R.SUM, x)) is None
+    assert spy.native_method(*algorithms.native_all_reduce_call(spy, R.SUM, x), "allreduce") is None
 
 
 @pytest.mark.parametrize("name", ["xccl", "xla", "torchtpu"])
@@ -638,4 +645,5 @@ def test_split_sizes_passed_never_take_the_even_native_exchange(tp, name):
     tp.caps = tp.caps.restrict(profile(name))
     x = torch.ones(4)
     assert algorithms.native_all_to_all_call(tp, torch.empty(4), x, (4,), (4,)) is None
-    assert _issue(tp, algorithms.native_all_to_all_call(tp, torch.empty(4), x, (), ())) == tp.backend.alltoall_base
+    assert _issue(tp, algorithms.native_all_to_all_call(tp, torch.empty(4), x, (), ()), "alltoall_base") == \
+        tp.backend.alltoall_base
