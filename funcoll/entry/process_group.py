@@ -223,7 +223,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(algorithms.all_reduce_coalesced(self._tp(tensors), list(tensors), _red(opts)), tensors)
 
     @collective
-    def _allgather_base(self, output, input, opts=None):
+    def all_gather_single(self, output, input, opts=None):
         return self._work(algorithms.all_gather_into_tensor(self._tp(input), output, input), [output])
 
     @collective
@@ -233,7 +233,7 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(algorithms.all_gather(self._tp(inp), list(outs), inp), outs)
 
     @collective
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         return self._work(algorithms.all_gather_into_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs)),
                           outputs)
 
@@ -248,7 +248,7 @@ class ProcessGroupFuncoll(ProcessGroup):
                                      for i, inp in enumerate(input_list)]), output_lists)
 
     @collective
-    def _reduce_scatter_base(self, output, input, opts=None):
+    def reduce_scatter_single(self, output, input, opts=None):
         return self._work(algorithms.reduce_scatter_tensor(self._tp(input), output, input, _red(opts)), [output])
 
     @collective
@@ -257,12 +257,12 @@ class ProcessGroupFuncoll(ProcessGroup):
         return self._work(algorithms.reduce_scatter(self._tp(out), out, list(input_tensors[0]), _red(opts)), [out])
 
     @collective
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         return self._work(algorithms.reduce_scatter_tensor_coalesced(self._tp(inputs), list(outputs), list(inputs),
                                                                      _red(opts)), outputs)
 
     @collective
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         return self._work(algorithms.all_to_all_single(self._tp(input), output, input, list(output_split_sizes or []),
                                        list(input_split_sizes or [])), [output])
 
@@ -629,8 +629,8 @@ def _parse_handle(handle: str) -> int:
     return int(fields[3])
 
 
-# the names torch >= 2.10 calls (methods.ALIASES) run their older twin's body under their own name; the C++ defaults
-# would look for a per-device backend ("No backend type associated with device type cpu")
-for _new, _old in ALIASES.items():
-    setattr(ProcessGroupFuncoll, _new, collective(inspect.unwrap(getattr(ProcessGroupFuncoll, _old)), _new))
-del _new, _old
+# a method's other names (methods.ALIASES: the older ones torch 2.9's c10d calls among them) run its body under their
+# own name; the C++ defaults would look for a per-device backend ("No backend type associated with device type cpu")
+for _alias, _method in ALIASES.items():
+    setattr(ProcessGroupFuncoll, _alias, collective(inspect.unwrap(getattr(ProcessGroupFuncoll, _method)), _alias))
+del _alias, _method
