@@ -29,8 +29,6 @@ from funcoll.semantics import FLOAT4, FLOAT8, FLOAT_DTYPES, INTEGER_DTYPES, Redu
 __all__ = ["Capabilities", "Handle", "wait_quietly", "Done", "Transport", "NativeRefused", "Native", "PROFILES",
            "profile", "active_profile_name", "P2P"]
 
-R = ReduceOp
-
 # Primitive names a transport may offer natively.
 PRIMITIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter", "all_to_all",
               "broadcast", "reduce", "gather", "scatter", "send_recv", "barrier")
@@ -117,10 +115,12 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         name="gloo",
         primitives=frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                               "reduce", "gather", "scatter", "send_recv", "barrier"}),
-        reduce_ops=frozenset({R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR}),
+        reduce_ops=frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND,
+                              ReduceOp.BOR, ReduceOp.BXOR}),
         dtypes=_GLOO_DTYPES,
         reduce_dtypes=_GLOO_DTYPES,
-        refused_pairs=_pairs([R.AVG], INTEGER_DTYPES | {torch.bool}) | _pairs([R.BAND, R.BOR, R.BXOR], FLOAT_DTYPES),
+        refused_pairs=(_pairs([ReduceOp.AVG], INTEGER_DTYPES | {torch.bool})
+                       | _pairs([ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR], FLOAT_DTYPES)),
         uneven_all_to_all=True,
         uneven_reduce_scatter=True,
         sources={
@@ -141,10 +141,10 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         name="xla",
         primitives=frozenset({"all_reduce", "all_reduce_coalesced", "all_gather", "reduce_scatter",
                               "all_to_all", "send_recv"}),
-        reduce_ops=frozenset({R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR}),
+        reduce_ops=frozenset({ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR}),
         dtypes=INTEGER_DTYPES | FLOAT_DTYPES | {torch.bool},  # every dtype but float8 and float4
         reduce_dtypes=INTEGER_DTYPES | FLOAT_DTYPES | {torch.bool},
-        refused_pairs=_pairs([R.BAND, R.BOR], FLOAT_DTYPES | INTEGER_DTYPES),
+        refused_pairs=_pairs([ReduceOp.BAND, ReduceOp.BOR], FLOAT_DTYPES | INTEGER_DTYPES),
         uneven_all_to_all=False,
         is_async=False,
         p2p_any_shape=False,
