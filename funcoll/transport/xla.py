@@ -24,15 +24,7 @@ import torch_xla.core.xla_model as xm  # both imported by torch_xla itself
 import torch_xla.runtime as xr
 
 from funcoll.semantics import ReduceOp, Reduction, groups
-from funcoll.transport import (
-    DONE,
-    Capabilities,
-    Transport,
-    active_profile_name,
-    profile,
-    promised_split_bound,
-    static_split_bound,
-)
+from funcoll.transport import DONE, Capabilities, Transport, active_profile_name, profile, static_split_bound
 from funcoll.transport.registry import register_device
 
 __all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "reset_token", "static_split_bound"]
@@ -197,9 +189,6 @@ class XlaTransport(Transport):
         if _width(kind) != dtype.itemsize * 8:
             return t.view(dtype)  # a bitcast of another width: torch_xla's CPU fallback (a sync)
         return _bitcast(_XLA_TYPE[dtype])(t)
-
-    def split_bound(self) -> Optional[int]:
-        return promised_split_bound()
 
     def agreed(self, values) -> Optional[torch.Tensor]:
         serve = getattr(_agreements, "serve", None)
