@@ -7,6 +7,7 @@ dispatch-key kernels). Tensors of a device type with no funcoll transport are ne
 
 from __future__ import annotations
 
+import importlib
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -55,16 +56,13 @@ def funcoll_factory(device_type: str) -> Callable[[GroupContext], Transport]:
     try:
         return _funcoll_factories[device_type]
     except KeyError:
-        raise ValueError(
-            f"funcoll: no transport for device type {device_type!r} (have: {', '.join(device_types())})"
-        ) from None
+        raise ValueError(f"funcoll: no transport for device type {device_type!r} "
+                         f"(have: {', '.join(device_types())})") from None
 
 
 def _ensure_loaded(device_type: str) -> None:
     if device_type in _funcoll_factories or device_type in _c10d_factories:
         return
-    import importlib
-
     module = f"{__name__.rpartition('.')[0]}.{device_type}"  # funcoll.transport.<device type>
     try:
         importlib.import_module(module)

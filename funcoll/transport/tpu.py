@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from funcoll.semantics import FLOAT8, FLOAT_DTYPES, INTEGER_DTYPES, MX, ReduceOp
-from funcoll.transport import DONE, Capabilities, active_profile_name, promised_split_bound, static_split_bound
+from funcoll.transport import DONE, Capabilities, active_profile_name, static_split_bound
 from funcoll.transport import profile as _named_profile
 from funcoll.transport.c10d import C10dTransport
 from funcoll.transport.facts import Fact, VersionedCapabilities, label, parse_version, row_key, table, version_text
@@ -249,9 +249,6 @@ class TpuTransport(C10dTransport):
         # one TPU device per process (ProcessGroupTpu)
         self.control_device = torch.device(device) if device is not None else torch.device(device_type, 0)
         self.premul_in_place = False  # PREMUL_SUM never reaches ProcessGroupTpu (the table has none)
-
-    def split_bound(self) -> Optional[int]:
-        return promised_split_bound()
 
 
 def _completed(primitive):

@@ -24,15 +24,7 @@ import torch_xla.core.xla_model as xm  # both imported by torch_xla itself
 import torch_xla.runtime as xr
 
 from funcoll.semantics import ReduceOp, Reduction, groups
-from funcoll.transport import (
-    DONE,
-    Capabilities,
-    Transport,
-    active_profile_name,
-    profile,
-    promised_split_bound,
-    static_split_bound,
-)
+from funcoll.transport import DONE, Capabilities, Transport, active_profile_name, profile, static_split_bound
 from funcoll.transport.registry import register_device
 
 __all__ = ["XlaTransport", "capabilities", "normalize_device", "device_index", "reset_token", "static_split_bound"]
@@ -123,10 +115,13 @@ class XlaTransport(Transport):
     # and NaN payloads; as integers (a free bitcast-convert) every backend moves the bits
     floats_as_integers = True
     staging_bytes = None  # one collective per request: XLA's compiler plans the temporaries
+    # pin_layout=True, as torch_xla's own _c10d_functional kernels do (cross_replica_reduces.cpp): ranks may compile
+    # slightly different programs around a collective, and a pinned layout keeps them agreeing.
+    pin_layout = True
 
     def __init__(self, group_name: str, rank: int, size: int, global_ranks: Sequence[int], world_size: int,
-                 device=None, caps: Optional[Capabilities] = None, pin_layout: bool = True):
-        super().__init__(rank, size, caps if caps is not None else capabilities())
+                 device=None):
+        super().__init__(rank, size, capabilities())
         self.group_name = group_name
         self.global_ranks = tuple(int(r) for r in global_ranks) or tuple(range(size))
         self.world_size = int(world_size)
@@ -135,9 +130,6 @@ class XlaTransport(Transport):
                              f"{list(self.global_ranks)}")
         _check_runtime(self.global_ranks[rank], self.world_size)
         self.control_device = normalize_device(device)
-        # pin_layout=True, as torch_xla's own _c10d_functional kernels do (cross_replica_reduces.cpp): ranks
-        # may compile slightly different programs around a collective, and a pinned layout keeps them agreeing.
-        self.pin_layout = pin_layout
         self.virtual = self.world_size > xr.world_size()  # more funcoll ranks than the runtime has replicas
         self.partitions_changed()
         groups.watch_partitions(self)  # a partition registered later (the group's siblings) changes the above
@@ -174,8 +166,11 @@ class XlaTransport(Transport):
     def _token(self):
         return _X._get_all_reduce_token(str(self.control_device))
 
-    def _set_token(self, token) -> None:
+    def _chained(self, result_and_token):
+        """The result of a collective that returned (result, token), its token the one the next collective follows."""
+        result, token = result_and_token
         _X._set_all_reduce_token(str(self.control_device), token)
+        return result
 
     def _like(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         t = t.to(like.device)
@@ -198,9 +193,6 @@ class XlaTransport(Transport):
             return t.view(dtype)  # a bitcast of another width: torch_xla's CPU fallback (a sync)
         return _bitcast(_XLA_TYPE[dtype])(t)
 
-    def split_bound(self) -> Optional[int]:
-        return promised_split_bound()
-
     def agreed(self, values) -> Optional[torch.Tensor]:
         serve = getattr(_agreements, "serve", None)
         if not self.virtual or serve is None:
@@ -208,19 +200,19 @@ class XlaTransport(Transport):
         rows = serve(self.global_ranks, self.global_ranks[self.rank], [int(v) for v in values])
         return torch.tensor(rows, dtype=torch.int64)
 
-    def _reduce_all(self, t: torch.Tensor, op: str, groups) -> torch.Tensor:
-        return _X._xla_all_reduce(op, _operand(t), 1.0, groups, self.pin_layout)
+    def _reduce_all(self, t: torch.Tensor, op: str) -> torch.Tensor:
+        return _X._xla_all_reduce(op, _operand(t), 1.0, self.replica_groups, self.pin_layout)
 
     # -- the primitives ------------------------------------------------------------------------------
     def _all_reduce(self, t, red: Reduction):
-        t.copy_(self._reduce_all(t, _XLA_OP[red.op], self.replica_groups))
+        t.copy_(self._reduce_all(t, _XLA_OP[red.op]))
         return DONE
 
     def all_reduce_functional(self, t, red: Reduction):
         """The all-reduce as a new lazy tensor, as torch_xla's own kernel builds it (no clone, no copy back)."""
         # only called with a request the planner found native (algorithms.native_all_reduce): no second check
         op = self._all_reduce_form(red, t.dtype, lambda r: _XLA_OP[r.op])
-        return self._reduce_all(t, op, self.replica_groups), DONE
+        return self._reduce_all(t, op), DONE
 
     def _all_reduce_coalesced(self, ts, red: Reduction):
         # one tuple all-reduce per dtype (torch_xla's BuildAllReduce groups operands by element type). Fresh
@@ -238,23 +230,19 @@ class XlaTransport(Transport):
         return DONE
 
     def _reduce_scatter(self, out, inp, red: Reduction):
-        res, token = _X._xla_reduce_scatter(_XLA_OP[red.op], _operand(inp), self._token(), 1.0, 0, self.size,
-                                            self._uniform_groups, self.pin_layout, None, None)
-        self._set_token(token)
+        res = self._chained(_X._xla_reduce_scatter(_XLA_OP[red.op], _operand(inp), self._token(), 1.0, 0, self.size,
+                                                   self._uniform_groups, self.pin_layout, None, None))
         out.copy_(res.view(out.shape))
         return DONE
 
     def _all_to_all(self, out, inp, out_splits, in_splits):
-        res, token = _X._xla_all_to_all(_operand(inp), self._token(), 0, 0, self.size, self._uniform_groups,
-                                        self.pin_layout)
-        self._set_token(token)
+        res = self._chained(_X._xla_all_to_all(_operand(inp), self._token(), 0, 0, self.size, self._uniform_groups,
+                                               self.pin_layout))
         out.copy_(res.view(out.shape))
         return DONE
 
     def _permute(self, t: torch.Tensor, pairs: List[List[int]]) -> torch.Tensor:
-        res, token = _X._xla_collective_permute(t, self._token(), pairs)
-        self._set_token(token)
-        return res
+        return self._chained(_X._xla_collective_permute(t, self._token(), pairs))
 
     def retain(self, t: torch.Tensor) -> None:
         _keep_until_step(t)

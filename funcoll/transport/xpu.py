@@ -9,6 +9,7 @@ transport is created for an XPU tensor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -330,8 +331,7 @@ def _xccl2(key: str, does: str, overridable: Tuple[str, ...] = _NEVER, *, source
     """xccl2's fact ``key``: the request (unless ``what``) and funcoll's strategy are ProcessGroupXCCL's; ``does``: what
     xccl2 does, on every torch."""
     fact = XCCL_FACTS[key]
-    return replace(fact, what=what or fact.what, source=source, by_version=(("2.9", does),), native_since=None,
-                   scale_out_since=None, overridable=overridable, build="", unknown="", always=always)
+    return Fact(key, what or fact.what, fact.strategy, source, (("2.9", does),), overridable=overridable, always=always)
 
 
 XCCL2_FACTS = table(
@@ -491,7 +491,8 @@ def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], ve
     serve a size per rank (ProcessGroupXCCL::allgather / ::reduce_scatter: one _broadcast_oop / _reduce_oop per rank
     when the sizes differ; intel/torch-xpu-ops src/xccl/ProcessGroupXCCL.cpp, release/2.9 to 2.14 and main ab84f925)."""
     reduce_ops = {ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}
-    refused = {(ReduceOp.AVG, d) for d in _XCCL_DTYPES - FLOAT_DTYPES}  # avg_int (integers and bool)
+    ints = _XCCL_DTYPES - FLOAT_DTYPES  # integers and bool
+    refused = {(ReduceOp.AVG, d) for d in ints}  # avg_int
     refused_on = set()
     # AVG and PREMUL_SUM: native per primitive, each by its own facts
     for op, on_ar, on_rs, on_reduce in (
@@ -503,11 +504,11 @@ def _build(native: Callable[[str], bool], name: str, sources: Dict[str, str], ve
             refused_on |= {(p, op) for p, ok in (("all_reduce", on_ar), ("reduce_scatter", on_rs),
                                                  ("reduce", on_reduce)) if not ok}
             if op is ReduceOp.PREMUL_SUM:  # fp16/bf16/fp32/fp64 (unpackPreMulSum; mul_ on the tensor from 2.12)
-                refused |= {(ReduceOp.PREMUL_SUM, d) for d in _XCCL_DTYPES - FLOAT_DTYPES}
+                refused |= {(ReduceOp.PREMUL_SUM, d) for d in ints}
         elif op is ReduceOp.AVG:
             refused_on.add(("reduce", ReduceOp.AVG))
     if not native("int_minmax"):
-        refused |= {(op, d) for op in (ReduceOp.MIN, ReduceOp.MAX) for d in _XCCL_DTYPES - FLOAT_DTYPES}
+        refused |= {(op, d) for op in (ReduceOp.MIN, ReduceOp.MAX) for d in ints}
     return XcclCapabilities(
         name=name, sources=sources, versions=versions, unverified=unverified,
         primitives=frozenset(set(PRIMITIVES) - {"all_reduce_coalesced"}), reduce_ops=frozenset(reduce_ops),
@@ -698,12 +699,9 @@ def expandable_segments() -> Optional[Tuple[str, str]]:
     ``expandable_segments`` entry counts, as torch parses them) and the variable they came from (or "set at run time"
     for ``torch._C._accelerator_setAllocatorSettings``); None when they are off, and on a torch without the call
     (2.9, whose XPU allocator has no expandable segments). Reads the environment only through torch."""
-    read = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    if read is None:
-        return None
     try:
-        settings = read()
-    except Exception:
+        settings = torch._C._accelerator_getAllocatorSettings()  # type: ignore[attr-defined]
+    except Exception:  # also torch 2.9, which has no such call
         return None
     found = _EXPANDABLE.findall(settings or "")
     if not found or found[-1] != "True":
@@ -766,8 +764,7 @@ def _xccl_class():
     if cls is None or not available():
         raise RuntimeError(
             f"funcoll: XPU tensors need torch's XCCL backend (torch.distributed.is_xccl_available() is False "
-            f"in torch {torch.__version__}); use an XPU build of torch >= "
-            f"2.8 (pip install torch --index-url "
+            f"in torch {torch.__version__}); use an XPU build of torch >= 2.8 (pip install torch --index-url "
             f"https://download.pytorch.org/whl/xpu)")
     return cls
 
@@ -784,10 +781,8 @@ def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
     else:
         for attr, val in (("global_ranks_in_group", list(ctx.global_ranks)), ("group_name", f"funcoll-{ctx.name}"),
                           ("_timeout", ctx.timeout)):
-            try:
+            with contextlib.suppress(Exception):
                 setattr(opts, attr, val)
-            except Exception:
-                pass
         backend = cls(store, ctx.rank, ctx.size, opts)
     return XcclTransport(backend, capabilities(topology=topology, backend=backend, gpu=_gpu_name(None),
                                                _backend_created=True), None)
