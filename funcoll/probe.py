@@ -499,7 +499,6 @@ def at_creation(pg, device_type: str, tp) -> None:
     probe_transport(tp, device_type, pg.group_name or "(unnamed)")
 
 
-
 def _inject_wrong(tp, name: str) -> None:
     """``python -m funcoll probe --simulate-wrong``: ``tp`` reduces one native reduction (``"all_reduce max int32"``)
     with SUM instead (MAX where SUM was asked), as a broken collective library would."""
