@@ -10,6 +10,7 @@ tests use ``_spawn_world``, which reports ranks that die or hang instead of rais
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -136,13 +137,11 @@ def _child(rank, world, port, target, args, backend, results_queue, coll_timeout
         # reported with its result and its exit code, not as a rank that died without a result
         results_queue.close()
         results_queue.join_thread()
-        try:
+        with contextlib.suppress(Exception):
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:
-            pass
 
 
 def _spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
