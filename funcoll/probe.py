@@ -4,6 +4,7 @@ every rank demotes the same wrong ones for this process (:func:`demote`)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -247,7 +248,7 @@ def cache_dir() -> Optional[str]:
 
 
 def _device_name(device_type: str, dev) -> str:
-    try:
+    with contextlib.suppress(Exception):  # no such line (StopIteration) or no such device
         if device_type == "xpu":
             return torch.xpu.get_device_name(dev)
         if device_type == "xla":
@@ -257,8 +258,6 @@ def _device_name(device_type: str, dev) -> str:
             return str(xr.global_runtime_device_attributes()[0].get("device_kind") or xm.xla_device_hw(dev))
         with open("/proc/cpuinfo") as f:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except Exception:  # no such line (StopIteration) or no such device
-        pass
     return platform.machine() or "unknown"
 
 
