@@ -56,7 +56,7 @@ class Request:
     def parse(name: str) -> "Request":
         """``"all_reduce max int32"``, ``"all_to_all uneven float32"``, ``"all_gather bfloat16"``."""
         parts = name.split()
-        try:
+        with contextlib.suppress(AttributeError, IndexError, ValueError):
             dtype = getattr(torch, parts[-1])
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(parts[-1])
@@ -66,8 +66,6 @@ class Request:
                 return Request(parts[0], ReduceOp(parts[1]), dtype)
             if len(parts) == 2:
                 return Request(parts[0], None, dtype)
-        except (AttributeError, IndexError, ValueError):
-            pass
         raise ValueError(f"funcoll.probe: cannot read a request from {name!r}; write e.g. 'all_reduce max int32', "
                          f"'all_to_all uneven float32' or 'all_gather bfloat16'")
 
