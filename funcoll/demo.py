@@ -16,7 +16,7 @@ import torch
 WORLD = 2
 
 
-def _calls(rank, n):
+def _calls(rank):
     import torch.distributed as dist
     from torch.distributed import ReduceOp
 
@@ -45,7 +45,7 @@ def _calls(rank, n):
     return out
 
 
-def _train(rank, n, compiled):
+def _train(rank, compiled):
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc
 
@@ -79,12 +79,12 @@ def rank_main(rank, n):
     import funcoll
 
     with funcoll.record() as log:
-        results = _calls(rank, n)
+        results = _calls(rank)
     strategies = {name: "; ".join(notes) for name, (_, notes) in zip(list(results), log)}  # one collective per call
     for compiled in (False, True):
         name = f"train step ({'compiled' if compiled else 'eager'})"
         with funcoll.record() as log:
-            results[name] = _train(rank, n, compiled)
+            results[name] = _train(rank, compiled)
         strategies[name] = "; ".join(sorted({s for _, notes in log for s in notes}))
     return results, strategies
 
@@ -134,13 +134,12 @@ def main(argv=None) -> int:
 def _xla_world1() -> bool:
     import torch.distributed as dist
     import torch_xla
+    from torch.distributed import ReduceOp
 
     import funcoll
     from funcoll import xla
 
     F = torch.ops._c10d_functional
-    from torch.distributed import ReduceOp
-
     dev = torch_xla.device()
     dist.init_process_group("funcoll", store=dist.HashStore(), rank=0, world_size=1)  # this process has none yet
     group = dist.group.WORLD

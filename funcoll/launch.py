@@ -10,6 +10,7 @@ tests use ``_spawn_world``, which reports ranks that die or hang instead of rais
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -136,13 +137,11 @@ def _child(rank, world, port, target, args, backend, results_queue, coll_timeout
         # reported with its result and its exit code, not as a rank that died without a result
         results_queue.close()
         results_queue.join_thread()
-        try:
+        with contextlib.suppress(Exception):
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:
-            pass
 
 
 def _spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None, args: Sequence = (),
@@ -160,14 +159,14 @@ def _spawn_world(target: str, world_size: int = 2, profile: Optional[str] = None
     forked = (rank_env, os.getpid()) if ctx.get_start_method() == "forkserver" else None
     for _ in range(3):  # a port another process took between _free_port() and the store's bind: a new port
         results, codes, hung = _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout)
-        if not any(res is not None and res[0] == "err" and _port_taken(res[1]) for res in results):
+        if not any(map(_port_taken, results)):
             break
     return results, codes, hung
 
 
-def _port_taken(tb: str) -> bool:
-    """Whether a rank's traceback is the store's bind failing on a port another process took meanwhile."""
-    return "EADDRINUSE" in tb and "init_process_group" in tb
+def _port_taken(res: Optional[tuple]) -> bool:
+    """Whether a rank's result is the traceback of the store's bind failing on a port another process took meanwhile."""
+    return res is not None and res[0] == "err" and "EADDRINUSE" in res[1] and "init_process_group" in res[1]
 
 
 def _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_timeout) -> Tuple[list, list, list]:
@@ -196,11 +195,11 @@ def _world(ctx, forked, env, target, world_size, args, deadline, backend, coll_t
                     break
                 continue
             results[rank] = (status, pickle.loads(res) if status == "ok" else res)
-            if status == "err" and _port_taken(res):  # the rendezvous never began: the others are stopped
+            if _port_taken(results[rank]):  # the rendezvous never began: the others are stopped
                 break
         hung = [r for r, proc in enumerate(procs) if r not in results and proc.is_alive()]
     finally:
-        taken = any(res[0] == "err" and _port_taken(res[1]) for res in results.values())
+        taken = any(map(_port_taken, results.values()))
         for proc in procs:
             proc.join(timeout=0 if taken else 10)
             if proc.is_alive():

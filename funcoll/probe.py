@@ -4,6 +4,7 @@ every rank demotes the same wrong ones for this process (:func:`demote`)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -55,7 +56,7 @@ class Request:
     def parse(name: str) -> "Request":
         """``"all_reduce max int32"``, ``"all_to_all uneven float32"``, ``"all_gather bfloat16"``."""
         parts = name.split()
-        try:
+        with contextlib.suppress(AttributeError, IndexError, ValueError):
             dtype = getattr(torch, parts[-1])
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(parts[-1])
@@ -65,8 +66,6 @@ class Request:
                 return Request(parts[0], ReduceOp(parts[1]), dtype)
             if len(parts) == 2:
                 return Request(parts[0], None, dtype)
-        except (AttributeError, IndexError, ValueError):
-            pass
         raise ValueError(f"funcoll.probe: cannot read a request from {name!r}; write e.g. 'all_reduce max int32', "
                          f"'all_to_all uneven float32' or 'all_gather bfloat16'")
 
@@ -247,7 +246,7 @@ def cache_dir() -> Optional[str]:
 
 
 def _device_name(device_type: str, dev) -> str:
-    try:
+    with contextlib.suppress(Exception):  # no such line (StopIteration) or no such device
         if device_type == "xpu":
             return torch.xpu.get_device_name(dev)
         if device_type == "xla":
@@ -257,8 +256,6 @@ def _device_name(device_type: str, dev) -> str:
             return str(xr.global_runtime_device_attributes()[0].get("device_kind") or xm.xla_device_hw(dev))
         with open("/proc/cpuinfo") as f:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except Exception:  # no such line (StopIteration) or no such device
-        pass
     return platform.machine() or "unknown"
 
 
@@ -497,7 +494,6 @@ def at_creation(pg, device_type: str, tp) -> None:
         LOG.info("funcoll.probe: group %s xla: not probed (the CPU PJRT device)", pg.group_name)
         return
     probe_transport(tp, device_type, pg.group_name or "(unnamed)")
-
 
 
 def _inject_wrong(tp, name: str) -> None:

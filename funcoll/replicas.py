@@ -292,21 +292,17 @@ def _instruction_named(text: str, message: str) -> Optional[str]:
         if token in names:
             return names[token]
     tokens = [t for t in re.findall(r"%?([A-Za-z_][\w\-]*\.\d+)", message) if t in names]
-    for token in tokens:  # an operand (a parameter) is named too: the instruction itself first
-        if " parameter(" not in names[token]:
-            return names[token]
-    if tokens:
-        return names[tokens[0]]
+    if tokens:  # an operand (a parameter) is named too: the instruction itself first
+        return names[next((t for t in tokens if " parameter(" not in names[t]), tokens[0])]
     for opcode in re.findall(r"(?:opcode|instruction|Unimplemented|not implemented)[^A-Za-z]*([a-z][\w\-]+)",
                              message):
         for line in names.values():
             if f" {opcode}(" in line:
                 return line
     for line in names.values():  # a custom call is what a TPU-only lowering brings
-        if "custom-call(" in line and "custom_call_target" in line:
-            target = re.search(r'custom_call_target="([^"]+)"', line)
-            if target and target.group(1) in message:
-                return line
+        target = re.search(r'custom_call_target="([^"]+)"', line)
+        if target and "custom-call(" in line and target.group(1) in message:
+            return line
     return None
 
 
@@ -355,10 +351,9 @@ def execute(worlds, timeout: float = 300.0) -> list:
     for i, w in enumerate(worlds):
         per_rank = [a["outputs"][i][0] for a in answers] if mpmd else answers[0]["outputs"][i]
         ranks = []
-        for r, specs in enumerate(per_rank):
-            tensors = [_decode(s) for s in specs[:w.ranks[r].returned]]
-            spec = w.ranks[r].structure
-            ranks.append(tree_unflatten(tensors, spec) if spec is not None else tensors)
+        for p, specs in zip(w.ranks, per_rank):
+            tensors = [_decode(s) for s in specs[:p.returned]]
+            ranks.append(tree_unflatten(tensors, p.structure) if p.structure is not None else tensors)
         results.append(ranks)
     return results[0] if single else results
 

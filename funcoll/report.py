@@ -72,14 +72,11 @@ def rows():
            ("bxor float32", torch.float32, "bxor")]
     named = {name for label, _, _ in ops for name in label.split()[0].split("/")}
     ops += [(f"{op} float32", torch.float32, str(op)) for op in OPS if str(op) not in named]  # every reduce op shown
+    ops += [("sum bool (= any)", torch.bool, "sum"), ("sum int16", torch.int16, "sum"),
+            ("sum uint32", torch.uint32, "sum"), ("max uint64", torch.uint64, "max"),
+            ("sum complex64", torch.complex64, "sum"), ("max complex64", torch.complex64, "max"),
+            ("sum float8_e4m3fn", torch.float8_e4m3fn, "sum")]
     yield from ((f"all_reduce {label}", ar(dtype, op)) for label, dtype, op in ops)
-    yield "all_reduce sum bool (= any)", ar(torch.bool, "sum")
-    yield "all_reduce sum int16", ar(torch.int16, "sum")
-    yield "all_reduce sum uint32", ar(torch.uint32, "sum")
-    yield "all_reduce max uint64", ar(torch.uint64, "max")
-    yield "all_reduce sum complex64", ar(torch.complex64, "sum")
-    yield "all_reduce max complex64", ar(torch.complex64, "max")
-    yield "all_reduce sum float8_e4m3fn", ar(torch.float8_e4m3fn, "sum")
     yield "all_reduce_coalesced (3 float32)", lambda tp: algorithms.all_reduce_coalesced(
         tp, [f(torch.float32, 2), f(torch.float32, 3), f(torch.float32, 4)], "sum")
     yield "reduce_scatter avg float32", rs(torch.float32, "avg")
@@ -203,7 +200,7 @@ def xccl2_fact_table() -> str:
     topology alike), where FUNCOLL_XPU_OVERRIDE may flip it, what xccl2 does, and the source."""
     from funcoll.transport import xpu
 
-    caps = xpu.derive(XCCL_COLUMNS_TORCH, None, "", None, None, "xccl2")
+    caps = transport_capabilities("xccl2")
     return markdown_table(
         ["fact", "request", "funcoll (xccl2)", "override", "xccl2 does", "funcoll's strategy", "source"],
         [[f"`{key}`", fact.what, caps.sources[f"xccl.{key}"].split(":", 1)[0],

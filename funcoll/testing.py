@@ -208,9 +208,8 @@ def collectives(gm: Union[torch.fx.GraphModule, torch.fx.Graph]) -> List[Collect
         for k, v in named.items():
             if k == "out":
                 continue
-            if isinstance(v, torch.fx.Node) or (isinstance(v, (list, tuple)) and v
-                                                and all(isinstance(x, torch.fx.Node) for x in v)):
-                nodes = v if isinstance(v, (list, tuple)) else [v]
+            nodes = v if isinstance(v, (list, tuple)) else [v]
+            if nodes and all(isinstance(x, torch.fx.Node) for x in nodes):
                 inputs += [s for x in nodes for s in _specs(_value_of(x))]
             elif k not in ("reduce_op", "group_name", "tag"):
                 rest.append((k, list(v) if isinstance(v, tuple) else v))
