@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from datetime import timedelta
 
 from funcoll.launch import _spawn_world, run_world
 
@@ -29,19 +30,24 @@ def test_a_rank_that_dies_in_the_teardown_is_reported_with_its_result_and_exit_c
 
 def _rank_leaves_at_once(rank, n):
     """Rank 0 closes its group the moment its target starts; every other rank then runs an all_reduce on the
-    default group's gloo backend it made (each counting what it sees of the store's keys first)."""
+    default group's gloo backend it made (each counting what it sees of the store's keys first). Rank 0 hosts the
+    store the others make their new group with: its process stays until they are done (its group is closed)."""
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    store = c10d._get_default_store()
     if rank == 0:
         dist.destroy_process_group()
+        store.wait(["test-launch/done"], timedelta(seconds=60))  # set by the last of the others
         return "left"
     # every rank, rank 0 included, had made its group before any target ran: none is still connecting to rank 0
-    made = int(c10d._get_default_store().add("funcoll-launch/connected", 0))
+    made = int(store.add("funcoll-launch/connected", 0))
     sub = dist.new_group([r for r in range(1, n)], backend="gloo")
     t = torch.ones(1)
     dist.all_reduce(t, group=sub)
+    if store.add("test-launch/finished", 1) == n - 1:
+        store.set("test-launch/done", "1")
     return made, t.item()
 
 
