@@ -262,13 +262,13 @@ def _flattened(shapes: list) -> list:
     return [list(s) for s in shapes]
 
 
-def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, str]) -> "Rule":
+def _sized_list(kind: int, own_key: str, list_key: str) -> "Rule":
     """The list all_gather (``own_key`` "input_shape", this rank's input; ``list_key`` "output_shapes", what it
     expects from each rank) and the list reduce_scatter ("output_shape", "input_shapes": what it reduces into each
     rank): sizes may differ per rank, but each rank's list must carry every rank's own size (numbers of elements, as
-    NCCL reads them). ``words``: (the list's argument, what the list's entry does, what the own tensor is)."""
-    arg, verb, own_name = words
+    NCCL reads them)."""
     gathers = kind == _AG_LIST
+    arg, verb, own_name = ("output", "expects", "input") if gathers else ("input", "reduces", "output")
     shown = ("tensors", own_key, list_key) if gathers else ("reduce_op", "tensors", own_key, list_key)
 
     def check(fps: List[dict], n: int) -> Optional[str]:
@@ -325,11 +325,11 @@ _P2P = Rule(("peer", "tag", "tensors"), p2p=True)
 RULES: Dict[str, Rule] = {  # op -> its row
     "all_reduce": _REDUCED, "all_reduce_coalesced": _REDUCED._replace(torch_name="allreduce_coalesced"),
     "all_gather_into_tensor": _INTO._replace(torch_name="_all_gather_base"),
-    "all_gather": _sized_list(_AG_LIST, "input_shape", "output_shapes", ("output", "expects", "input")),
+    "all_gather": _sized_list(_AG_LIST, "input_shape", "output_shapes"),
     "all_gather_into_tensor_coalesced": _INTO,
     "all_gather_coalesced": _INTO._replace(sizes=_gathered, torch_name="allgather_coalesced"),
     "reduce_scatter_tensor": Rule(("reduce_op", "tensors", "outputs"), torch_name="_reduce_scatter_base"),
-    "reduce_scatter": _sized_list(_RS_LIST, "output_shape", "input_shapes", ("input", "reduces", "output")),
+    "reduce_scatter": _sized_list(_RS_LIST, "output_shape", "input_shapes"),
     "reduce_scatter_tensor_coalesced": Rule(("reduce_op", "tensors", "outputs")),
     "broadcast": Rule(("root", "tensors")), "reduce": Rule(("reduce_op", "root", "tensors")), "barrier": Rule(()),
     "all_to_all_single": _pairwise(_A2A, "input_split_sizes", "output_split_sizes", _check_a2a_single,
