@@ -77,13 +77,9 @@ def _device(ts) -> Optional[str]:
 
 def flat(x) -> list:
     """Every tensor in ``x`` (nested lists and tuples)."""
-    out = []
-    for v in x if isinstance(x, (list, tuple)) else [x]:
-        if isinstance(v, (list, tuple)):
-            out += flat(v)
-        elif isinstance(v, torch.Tensor):
-            out.append(v)
-    return out
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in flat(v)]
+    return [x] if isinstance(x, torch.Tensor) else []
 
 
 def _splits(splits, t, n: int):
@@ -123,6 +119,12 @@ def _edge(kind: int, src: int, dst: int, value) -> int:
     return _mix(_mix(_mix((kind << 48) ^ src) ^ dst) ^ (v & _M))
 
 
+def _exchange(kind: int, rank: int, sends: list, receives: list) -> int:
+    """+ every edge ``rank`` sends (``sends[q]`` to rank q), - every edge it expects (``receives[q]`` from rank q)."""
+    return (sum(_edge(kind, rank, q, v) for q, v in enumerate(sends))
+            - sum(_edge(kind, q, rank, v) for q, v in enumerate(receives)))
+
+
 _A2A, _A2A_LIST, _GATHER, _SCATTER, _AG_LIST, _RS_LIST = 1, 2, 3, 4, 5, 6
 _NUMEL = 0x9E3779B97F4A7C15 | 1  # odd: multiplying by it is a bijection mod 2**64
 
@@ -146,10 +148,7 @@ def _pairwise(kind: int, ins_key: str, outs_key: str, check: Callable, shown: Tu
     ``outs_key`` (what it expects from each); the share: + every send, - every receive; sizes: those, or ``sizes``."""
     def share(fp: dict, rank: int) -> int:
         ins, outs = fp.get(ins_key), fp.get(outs_key)
-        if ins is None or outs is None:
-            return 0
-        return (sum(_edge(kind, rank, q, v) for q, v in enumerate(ins))
-                - sum(_edge(kind, q, rank, v) for q, v in enumerate(outs)))
+        return 0 if ins is None or outs is None else _exchange(kind, rank, ins, outs)
 
     def per_peer(fp: dict) -> tuple:
         return fp.get(ins_key) or [], fp.get(outs_key) or []
@@ -263,13 +262,13 @@ def _flattened(shapes: list) -> list:
     return [list(s) for s in shapes]
 
 
-def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, str]) -> "Rule":
+def _sized_list(kind: int, own_key: str, list_key: str) -> "Rule":
     """The list all_gather (``own_key`` "input_shape", this rank's input; ``list_key`` "output_shapes", what it
     expects from each rank) and the list reduce_scatter ("output_shape", "input_shapes": what it reduces into each
     rank): sizes may differ per rank, but each rank's list must carry every rank's own size (numbers of elements, as
-    NCCL reads them). ``words``: (the list's argument, what the list's entry does, what the own tensor is)."""
-    arg, verb, own_name = words
+    NCCL reads them)."""
     gathers = kind == _AG_LIST
+    arg, verb, own_name = ("output", "expects", "input") if gathers else ("input", "reduces", "output")
     shown = ("tensors", own_key, list_key) if gathers else ("reduce_op", "tensors", own_key, list_key)
 
     def check(fps: List[dict], n: int) -> Optional[str]:
@@ -284,20 +283,16 @@ def _sized_list(kind: int, own_key: str, list_key: str, words: Tuple[str, str, s
                 if _numel(shapes[r]) != _numel(own):
                     return (f"the sizes do not match: rank {q} {verb} {_numel(shapes[r])} elements "
                             f"{'from' if gathers else 'into'} rank {r} ({arg}[{r}] of shape {shapes[r]}) but rank "
-                            f"{r}'s {own_name} has "
-                            f"{_numel(own)} (shape {own})")
+                            f"{r}'s {own_name} has {_numel(own)} (shape {own})")
         return None
 
     def share(fp: dict, rank: int) -> int:
         own, shapes = fp.get(own_key), fp.get(list_key)
         if own is None or shapes is None:
             return 0
-        mine, each = _numel(own), [_numel(s) for s in shapes]
-        if gathers:  # sends its input to every rank, receives each rank's from it
-            return (sum(_edge(kind, rank, q, mine) for q in range(len(each)))
-                    - sum(_edge(kind, q, rank, v) for q, v in enumerate(each)))
-        return (sum(_edge(kind, rank, q, v) for q, v in enumerate(each))
-                - sum(_edge(kind, q, rank, mine) for q in range(len(each))))
+        mine, each = [_numel(own)] * len(shapes), [_numel(s) for s in shapes]
+        # all_gather sends its input to every rank and receives each rank's from it; reduce_scatter the other way
+        return _exchange(kind, rank, mine, each) if gathers else _exchange(kind, rank, each, mine)
 
     def sizes(fp: dict) -> tuple:
         own = [fp[own_key]] if fp.get(own_key) is not None else []
@@ -330,11 +325,11 @@ _P2P = Rule(("peer", "tag", "tensors"), p2p=True)
 RULES: Dict[str, Rule] = {  # op -> its row
     "all_reduce": _REDUCED, "all_reduce_coalesced": _REDUCED._replace(torch_name="allreduce_coalesced"),
     "all_gather_into_tensor": _INTO._replace(torch_name="_all_gather_base"),
-    "all_gather": _sized_list(_AG_LIST, "input_shape", "output_shapes", ("output", "expects", "input")),
-    "all_gather_into_tensor_coalesced": _INTO, "all_gather_coalesced": Rule(("tensors", "outputs"), sizes=_gathered,
-                                                                   torch_name="allgather_coalesced"),
+    "all_gather": _sized_list(_AG_LIST, "input_shape", "output_shapes"),
+    "all_gather_into_tensor_coalesced": _INTO,
+    "all_gather_coalesced": _INTO._replace(sizes=_gathered, torch_name="allgather_coalesced"),
     "reduce_scatter_tensor": Rule(("reduce_op", "tensors", "outputs"), torch_name="_reduce_scatter_base"),
-    "reduce_scatter": _sized_list(_RS_LIST, "output_shape", "input_shapes", ("input", "reduces", "output")),
+    "reduce_scatter": _sized_list(_RS_LIST, "output_shape", "input_shapes"),
     "reduce_scatter_tensor_coalesced": Rule(("reduce_op", "tensors", "outputs")),
     "broadcast": Rule(("root", "tensors")), "reduce": Rule(("reduce_op", "root", "tensors")), "barrier": Rule(()),
     "all_to_all_single": _pairwise(_A2A, "input_split_sizes", "output_split_sizes", _check_a2a_single,

@@ -125,8 +125,7 @@ def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
 
 def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
     tp = _sized("reduce_scatter_tensor", group_name, input.device, group_size)
-    shape = semantics.check_reduce_scatter("reduce_scatter_tensor", None, input, group_size)
-    out = input.new_empty(shape)
+    out = input.new_empty(semantics.check_reduce_scatter("reduce_scatter_tensor", None, input, group_size))
     _finish(algorithms.reduce_scatter_tensor(tp, out, input, reduce_op), [out], tp)
     return out
 
@@ -193,8 +192,8 @@ def _functionalize(name: str):
     functional = getattr(torch.ops._c10d_functional, name.removesuffix("_out").rstrip("_"))
 
     def kernel(*args, **kwargs):
-        return _copy_into(_mutated(name, args, kwargs), functional(*args, **{k: v for k, v in kwargs.items()
-                                                                              if k != "out"}))
+        result = functional(*args, **{k: v for k, v in kwargs.items() if k != "out"})
+        return _copy_into(_mutated(name, args, kwargs), result)
     return kernel
 
 
@@ -284,8 +283,7 @@ def install(device_types: Optional[Iterable[str]] = None) -> List[str]:
     with _lock:
         for dt in wanted:
             if dt not in DISPATCH_KEYS:
-                raise ValueError(f"funcoll.install: unknown device type {dt!r}; use one of "
-                                 f"{', '.join(DISPATCH_KEYS)}")
+                raise ValueError(f"funcoll.install: unknown device type {dt!r}; use one of {', '.join(DISPATCH_KEYS)}")
             if dt == "tpu" and not _present(dt):  # PrivateUse1 has one owner: install only when TorchTPU owns it
                 raise ValueError(f"funcoll.install: the PrivateUse1 key is named "
                                  f"{torch._C._get_privateuse1_backend_name()!r}, not 'tpu': TorchTPU has not "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 from torch._C._distributed_c10d import Work
@@ -36,29 +36,24 @@ class _Work(Work):
 
     _done = False
     _exc: Optional[BaseException] = None
+    _state: Any = None  # the group's funcoll.entry.group_state.GroupState (None: a Work made outside a group)
 
     def _where(self) -> Tuple[Optional[flight_recorder.Call], Optional[flight_recorder.GroupTrace]]:
         """The call's flight-recorder entry and its group's recorder (None: a Work made outside a group)."""
         raise NotImplementedError
 
-    def _group(self):
-        """The group's funcoll.entry.group_state.GroupState (None: a Work made outside a group)."""
-        return None
-
     def _failure(self, e: BaseException) -> BaseException:
         """Records ``e`` as this collective's permanent failure; returns the error to raise."""
         if self._exc is None:
-            self._exc = failure(*self._where(), e, self._group())
+            self._exc = failure(*self._where(), e, self._state)
         return self._exc
 
     def _wait_timeout(self, e: BaseException, limit: timedelta) -> BaseException:
-        call, trace = self._where()
-        err = CollectiveTimeoutError(
+        call, trace = self._where()  # the caller raises the error from e
+        return CollectiveTimeoutError(
             f"funcoll: {call.label() if call is not None else 'collective'} did not complete within the "
             f"{limit.total_seconds():g} s given to Work.wait(); it is still pending (wait again, or check that every "
             "rank of the group issued it)." + recent(call, trace, dump=True))
-        err.__cause__ = e
-        return err
 
     def is_success(self) -> bool:
         return self.is_completed() and self._exc is None
@@ -81,8 +76,7 @@ class FuncollWork(_Work):
         super().__init__()
         self._pending = pending
         self._result = list(result)
-        self._call: Optional[flight_recorder.Call] = None  # set by the pipeline (_attach)
-        self._state = None  # the group's GroupState, set with the call
+        self._call: Optional[flight_recorder.Call] = None  # set by the pipeline (_attach), with _state
         self._fut: Optional[torch.futures.Future] = None
         self._lock = threading.RLock()
 
@@ -93,9 +87,6 @@ class FuncollWork(_Work):
 
     def _where(self):
         return self._call, None if self._state is None else self._state.trace
-
-    def _group(self):
-        return self._state
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         """A non-zero ``timeout`` bounds the wait (past it: CollectiveTimeoutError, still pending); 0: the group's."""
@@ -177,19 +168,16 @@ class NativeWork(_Work, BackendWait):
             self._quiet = True
         self._h = handle
         self._rec = rec  # the call's flight-recorder record (GroupTrace.native_record): a Call only when it fails
-        self._st = state  # the group's funcoll.entry.group_state.GroupState
+        self._state = state
         self._args = args  # the call's arguments, and how to read its outputs from them (a Work without result())
         self._outputs = outputs
 
     def _where(self):
         """The call's :class:`Call`, made from its record when an error first needs to name it."""
         if self._c is None:
-            self._c = self._st.trace.promote(self._rec)
-            self._c.timeout = self._st.timeout_s
-        return self._c, self._st.trace
-
-    def _group(self):
-        return self._st
+            self._c = self._state.trace.promote(self._rec)
+            self._c.timeout = self._state.timeout_s
+        return self._c, self._state.trace
 
     def _completed(self) -> None:
         if self._c is None:
@@ -208,7 +196,7 @@ class NativeWork(_Work, BackendWait):
     def _watch(self, fut: torch.futures.Future) -> None:
         """The record learns the outcome from the future handed out (:meth:`GroupTrace.watch`)."""
         if not self._done:
-            self._st.trace.watch(self._rec, fut)
+            self._state.trace.watch(self._rec, fut)
 
 
 def failure(call: Optional[flight_recorder.Call], trace: Optional[flight_recorder.GroupTrace],
@@ -226,7 +214,7 @@ def failure(call: Optional[flight_recorder.Call], trace: Optional[flight_recorde
         timeout = is_backend_timeout(e)
         cls = CollectiveTimeoutError if timeout else CollectiveError
         what = "timed out" if timeout else "failed"
-        group_t = getattr(call, "timeout", None) if call is not None else None
+        group_t = getattr(call, "timeout", None)
         tt = f" (group timeout {group_t:g} s)" if timeout and group_t else ""
         gone, exited = peers.lost(state, e) if state is not None else ("", [])
         err = cls(f"funcoll: {label} {what}{tt}: {backend_message(e)}{gone}" + recent(call, trace, dump=timeout))
