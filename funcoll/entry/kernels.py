@@ -174,7 +174,8 @@ KERNELS = {fn.__name__: fn for fn in (  # op -> kernel, one flat table (the same
 
 # c10d gives the in-place/out variants (alias annotations) no Functionalize kernel: on functional tensors (torch_xla
 # 2.9) calling them raises (docs/xla.md). These kernels are the functional op plus a copy_ into the argument it mutates.
-_MUTATED = ("all_reduce_", "all_reduce_coalesced_", "broadcast_", "all_gather_into_tensor_out")
+# (torch names them as every ATen op: a trailing "_" writes in place, "_out" into ``out``)
+_MUTATED = tuple(name for name in KERNELS if name.endswith(("_", "_out")))
 
 
 def _mutated(name: str, args, kwargs):
