@@ -24,14 +24,15 @@ from funcoll import algorithms, reference
 from funcoll.algorithms.observe import LOG, group_label
 from funcoll.entry.group_state import is_local_store
 from funcoll.report import markdown_table
-from funcoll.semantics import FLOAT8, ReduceOp, Reduction, dtype_name
+from funcoll.semantics import FLOAT8, OPS, ReduceOp, Reduction, dtype_name
 from funcoll.transport import REDUCING, Capabilities
 from funcoll.transport.registry import transport_for
 
 __all__ = ["run", "probe_transport", "ProbeResult", "Request", "requests", "demote", "results", "cache_dir"]
 
 SCHEMA = 1
-_BOOL_NATIVE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)  # what the algorithms ever send natively for bool
+# what the planner ever sends natively for bool: an op's logical twin (or / and), else the op itself (bxor)
+_BOOL_NATIVE = frozenset(row.bool_op or row.op for row in OPS.values())
 _BATCH_BYTES = 16 << 20  # at most this many bytes of this rank's inputs per batch (on XLA: one graph)
 _EXTRA_SIZES = (1, 2, 5, 8, 33, 256)  # elements per rank, besides 3 and ~1024/n, for a request a report keeps off
 _DROPPABLE = ("reduce", "broadcast", "gather", "scatter", "all_reduce_coalesced")  # demote: composed from the rest
