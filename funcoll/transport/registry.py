@@ -38,7 +38,9 @@ class GroupContext:
 
 _funcoll_factories: Dict[str, Callable[[GroupContext], Transport]] = {}
 _c10d_factories: Dict[str, Callable[[object, torch.device], Transport]] = {}
-_c10d_cache: Dict[Tuple[str, str], Transport] = {}
+# (group name, device type) -> (process group, transport) for groups made with another backend: an entry holds for
+# that very group (a destroyed and re-created world reuses names: its new group gets a transport of its own)
+_c10d_cache: Dict[Tuple[str, str], Tuple[Any, Transport]] = {}
 _lock = threading.Lock()
 
 
@@ -104,19 +106,20 @@ def _transport_for(pg, device) -> Transport:
         return own(device.type)
     name = pg.group_name
     key = (name, device.type)
-    tp = _c10d_cache.get(key)
-    if tp is None:
-        _ensure_loaded(device.type)
-        factory = _c10d_factories.get(device.type)
-        if factory is None:
-            raise ValueError(f"funcoll: no transport for {device.type} tensors on group {name!r}")
-        with _lock:
-            tp = _c10d_cache.get(key)
-            if tp is None:
-                tp = _c10d_cache[key] = factory(pg, device)
-                if not tp.group_name:  # lent to the kernels: named after the group that lent it
-                    tp.group_name = name
-    return tp
+    hit = _c10d_cache.get(key)
+    if hit is not None and hit[0] is pg:
+        return hit[1]
+    _ensure_loaded(device.type)
+    factory = _c10d_factories.get(device.type)
+    if factory is None:
+        raise ValueError(f"funcoll: no transport for {device.type} tensors on group {name!r}")
+    with _lock:
+        hit = _c10d_cache.get(key)
+        if hit is None or hit[0] is not pg:
+            hit = _c10d_cache[key] = (pg, factory(pg, device))
+            if not hit[1].group_name:  # lent to the kernels: named after the group that lent it
+                hit[1].group_name = name
+    return hit[1]
 
 
 def c10d_leg(pg, device_type: str, label: str, create: str, accepts: Callable[[Any], bool], drives: str,
@@ -136,14 +139,6 @@ def c10d_leg(pg, device_type: str, label: str, create: str, accepts: Callable[[A
         raise ValueError(f"funcoll: the {label} backend of group {pg.group_name!r} is {type(backend).__name__}; "
                          f"funcoll drives {drives}")
     return make(backend)
-
-
-def forget(group_name: str) -> None:
-    """Drops cached transports of a destroyed group."""
-    with _lock:
-        for cache in (_c10d_cache, _by_name):
-            for key in [k for k in cache if k[0] == group_name]:
-                del cache[key]
 
 
 # -- the CPU reference transport ---------------------------------------------------------------------
