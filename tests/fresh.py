@@ -26,15 +26,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(target: str, *args, env: Optional[Mapping[str, Optional[str]]] = None, timeout: float = 600,
-        path: Optional[Sequence[str]] = None):
+        path: Optional[Sequence[str]] = None, finalize: bool = True):
     """``target`` ("module:function") called with ``args`` (JSON values) in a fresh interpreter; returns its result
     as JSON gives it back (tuples become lists, dict keys strings). ``env`` sets (None: removes) environment
-    variables of the run; ``path``: its whole import path instead of this checkout (see the module's docstring)."""
-    return run_all({0: (target, *args)}, env, timeout, path)[0]
+    variables of the run; ``path``: its whole import path instead of this checkout (see the module's docstring);
+    ``finalize`` False: the run ends at once when its result is written, without the interpreter's finalization
+    (for third-party tests that leave gloo groups undestroyed, whose worker threads can abort the finalization with
+    "terminate called without an active exception": pytorch/pytorch#190489)."""
+    return run_all({0: (target, *args)}, env, timeout, path, finalize)[0]
 
 
 def run_all(runs: Mapping[Hashable, Sequence], env: Optional[Mapping[str, Optional[str]]] = None,
-            timeout: float = 600, path: Optional[Sequence[str]] = None) -> dict:
+            timeout: float = 600, path: Optional[Sequence[str]] = None, finalize: bool = True) -> dict:
     """``runs``: key -> (target, *args), every run started at once. Returns key -> its result, as :func:`run`;
     ``timeout`` counts from the start of the runs."""
     pythonpath = [ROOT, os.environ.get("PYTHONPATH")] if path is None else list(path)
@@ -56,7 +59,8 @@ def run_all(runs: Mapping[Hashable, Sequence], env: Optional[Mapping[str, Option
                     # script's own directory would put the checkout on the run's path
                     main = ["-m", "tests.fresh"] if path is None else ["-c", _BY_LOCATION]
                     procs[key] = out, subprocess.Popen(
-                        [sys.executable, *main, out, target, json.dumps(args)], cwd=ROOT if path is None else tmp,
+                        [sys.executable, *main, out, target, json.dumps(args), str(int(finalize))],
+                        cwd=ROOT if path is None else tmp,
                         env=child_env, stderr=err, start_new_session=True)
             results = {}
             for key, (out, p) in procs.items():
@@ -80,7 +84,7 @@ def run_all(runs: Mapping[Hashable, Sequence], env: Optional[Mapping[str, Option
 _BY_LOCATION = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
 
 
-def _main(out: str, target: str, args: str) -> None:
+def _main(out: str, target: str, args: str, finalize: str = "1") -> None:
     import importlib
     import importlib.util
 
@@ -95,6 +99,10 @@ def _main(out: str, target: str, args: str) -> None:
     result = getattr(mod, function)(*json.loads(args))
     with open(out, "w") as f:
         json.dump(result, f)
+    if finalize == "0":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
