@@ -122,7 +122,6 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         reduce_dtypes=_GLOO_DTYPES,
         refused_pairs=(_pairs([ReduceOp.AVG], INTEGER_DTYPES | {torch.bool})
                        | _pairs([ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR], FLOAT_DTYPES)),
-        uneven_all_to_all=True,
         uneven_reduce_scatter=True,
         sources={
             "gloo.uneven_lists": "ProcessGroupGloo::reduce_scatter (the list form) is one all_reduce per destination "
