@@ -350,9 +350,8 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     @collective
     def barrier(self, opts=None):
-        device = "cpu"
-        if self._transports and "cpu" not in self._transports:
-            device = next(iter(self._transports))
+        # the CPU transport, else the first the group made (none yet: the CPU one)
+        device = "cpu" if "cpu" in self._transports else next(iter(self._transports), "cpu")
         return self._work(algorithms.barrier(self.transport(device)))
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False) -> None:
