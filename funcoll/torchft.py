@@ -116,8 +116,7 @@ class ProcessGroupFuncoll(ProcessGroupWrapper):
     def getBackendName(self) -> str:
         return "torchft-funcoll"
 
-    def _register(self, name: str) -> str:
-        return _register_devices(self, name)
+    _register = _register_devices
 
     def set_timeout(self, timeout: timedelta) -> None:
         super().set_timeout(timeout)
@@ -146,8 +145,7 @@ class ProcessGroupBabyFuncoll(ProcessGroupBaby):
     def getBackendName(self) -> str:
         return "torchft-baby-funcoll"
 
-    def _register(self, name: str) -> str:
-        return _register_devices(self, name)
+    _register = _register_devices
 
     def shutdown(self) -> None:
         """torchft's shutdown, with the child killed before the thread that reads its futures is joined: a wait on

@@ -149,8 +149,7 @@ def _patch_shrink() -> None:
             new_backend.bound_device_id = metadata["bound_device_id"]
         return new_backend
 
-    _create_shrunk_process_group.__funcoll_patch__ = True  # type: ignore[attr-defined]
-    c10d._create_shrunk_process_group = _create_shrunk_process_group  # type: ignore[attr-defined]  # torch >= 2.15
+    _replace("_create_shrunk_process_group", orig, _create_shrunk_process_group)
 
 
 def register_backend() -> None:
@@ -202,5 +201,5 @@ def _replace(name: str, orig, patched) -> None:
     """``patched`` in place of c10d's ``name`` (and torch.distributed's, where it is the same function)."""
     patched.__funcoll_patch__ = True
     setattr(c10d, name, patched)
-    if getattr(dist, name) is orig:
+    if getattr(dist, name, None) is orig:
         setattr(dist, name, patched)

@@ -7,6 +7,7 @@ docs/conformance.md, "The size guard" and "Debug mode".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -44,10 +45,9 @@ def store_check(st: GroupState, call: Call) -> None:
         try:
             store.wait(others, st.timeout)
         except Exception as e:  # noqa: BLE001 - DistStoreError("Wait timeout") or a dead store
-            try:
+            missing: List[int] = []  # cannot tell, where the store does not answer
+            with contextlib.suppress(Exception):
                 missing = [r for r in range(n) if r != me and not store.check([keys[r]])]
-            except Exception:  # noqa: BLE001
-                missing = []  # cannot tell
             if missing:
                 raise CollectiveTimeoutError(
                     f"funcoll: {call.label()}: {who(missing, st.trace.global_ranks)} did not reach this collective "
@@ -62,11 +62,9 @@ def store_check(st: GroupState, call: Call) -> None:
         raise CollectiveError(f"funcoll: {call.label()}: the debug check could not reach the group's store: {e}") from e
     it = iter(values)
     fps: List[dict] = [call.fingerprint if r == me else json.loads(bytes(next(it)).decode()) for r in range(n)]
-    if seq:
-        try:  # every rank has read this rank's previous fingerprint: it published this one after that
+    if seq:  # every rank has read this rank's previous fingerprint: it published this one after that
+        with contextlib.suppress(Exception):  # best effort
             store.delete_key(_KEY.format(seq=seq - 1, rank=me))
-        except Exception:  # noqa: BLE001 - best effort
-            pass
     msg = compare(fps, int(seq or 0), st.trace.group, st.trace.global_ranks)
     if msg is not None:
         raise CollectiveMismatchError(msg)
@@ -246,10 +244,7 @@ class CheckedRecv(Handle):
     def finish(self, error: Optional[BaseException]) -> None:
         self._error = error
         self._done.set()
-        if error is not None:
-            self._fut.set_exception(error)
-        else:
-            self._fut.set_result(None)
+        self._fut.set_exception(error) if error is not None else self._fut.set_result(None)
 
     def wait(self, timeout=None) -> None:
         if not self._done.wait(None if timeout is None else timeout.total_seconds()):

@@ -57,28 +57,19 @@ def is_local_store(store) -> bool:
 class GroupState:
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str, global_ranks: Sequence[int],
                  guard: Optional[bool] = None):
-        self.base_store = self.store = store  # the group's store; ``store``: its prefix of the last reconfigure
-        self.rank, self.size = rank, size
-        self.timeout = timeout
-        self.timeout_s = timeout.total_seconds()  # read by every call: the group's timeout in seconds
+        self.base_store = store  # the group's store; ``store``: its prefix of the last reconfigure
+        self.set_timeout(timeout)
         self.local_store = is_local_store(store)
         self.name = name  # the group's name ("" until c10d names it); its trace has its global ranks
         self.trace = GroupTrace(name or "(unnamed)", global_ranks, rank, size)
-        self._checkable = size > 1 and not self.local_store
-        self.debug = self._checkable and _switch("FUNCOLL_DEBUG")
         self.guard_default = guard_from_env() if guard is None else bool(guard)
-        self.guard = self._checkable and self.guard_default
         self.nan_check = os.environ.get("TORCH_DIST_NAN_CHECK", "0") == "1"
-        self.native: dict = {}  # the eager fast path's answer per request signature (funcoll.entry.fast_path)
-        self.guard_transport: Any = None  # the size guard's: the group's CPU transport (its gathered()), once made
-        self.aborted: Optional[str] = None  # why the group was aborted (pg.abort(), a shrink, a reconfigure)
-        self.error = _SUCCESS  # c10d's ErrorType of the last failed collective (Backend.get_error)
-        if self._checkable:
-            peers.register(self)  # where this rank runs, read by a peer whose collective fails (entry/peers)
+        self.reconfigure(store, rank, size, global_ranks)
 
     def reconfigure(self, store, rank: int, size: int, global_ranks: Sequence[int]) -> None:
-        """The group's membership after a reconfigure: its store prefix, rank, size and global ranks; every collective
-        is numbered from 0 again (as gloo's); the fast path's answers, the abort and the last error are forgotten."""
+        """The group's membership (at creation, and after a reconfigure): its store prefix, rank, size and global
+        ranks; every collective is numbered from 0 again (as gloo's); the fast path's answers, the abort and the last
+        error are forgotten."""
         self.store, self.rank, self.size = store, rank, size
         trace = self.trace
         trace.global_ranks, trace.rank, trace.size = tuple(global_ranks), rank, size
@@ -86,13 +77,16 @@ class GroupState:
         self._checkable = size > 1 and not self.local_store
         self.debug = self._checkable and _switch("FUNCOLL_DEBUG")
         self.guard = self._checkable and self.guard_default
-        self.native, self.guard_transport, self.aborted, self.error = {}, None, None, _SUCCESS
+        self.native: dict = {}  # the eager fast path's answer per request signature (funcoll.entry.fast_path)
+        self.guard_transport: Any = None  # the size guard's: the group's CPU transport (its gathered()), once made
+        self.aborted: Optional[str] = None  # why the group was aborted (pg.abort(), a shrink, a reconfigure)
+        self.error = _SUCCESS  # c10d's ErrorType of the last failed collective (Backend.get_error)
         self.__dict__.pop("_lost", None)  # the last look at the peers (entry/peers)
         if self._checkable:
-            peers.register(self)
+            peers.register(self)  # where this rank runs, read by a peer whose collective fails (entry/peers)
 
     def set_timeout(self, timeout: timedelta) -> None:
-        self.timeout, self.timeout_s = timeout, timeout.total_seconds()
+        self.timeout, self.timeout_s = timeout, timeout.total_seconds()  # timeout_s: read by every call
 
     def rename(self, name: str) -> None:
         self.name, self.trace.group = name, name or "(unnamed)"

@@ -9,6 +9,7 @@ another host, which cannot see that process, names it too. The sentence :func:`l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -40,10 +41,8 @@ def register(state) -> None:
     takes no entry (a store of the caller's own) leaves the group's peers unnamed, nothing else."""
     pid = os.getpid()
     stat = _stat(pid)
-    try:
+    with contextlib.suppress(RuntimeError):  # c10d's "Not implemented" of a Store subclass without set()
         state.store.set(_WHERE.format(rank=state.rank), f"{socket.gethostname()}\n{pid}\n{stat[1] if stat else ''}")
-    except RuntimeError:  # c10d's "Not implemented" of a Store subclass without set()
-        pass
 
 
 def _exited(pid: int, start: str) -> bool:
@@ -109,7 +108,8 @@ def _look(state, error: BaseException) -> Tuple[str, List[int]]:
         if dead or time.monotonic() >= end:
             break
         time.sleep(0.02)
-    try:  # best effort: the store's host may be the process that is gone (the sentence is then this host's alone)
+    # best effort: the store's host may be the process that is gone (the sentence is then this host's alone)
+    with contextlib.suppress(Exception):  # the collective's own error is what the caller gets
         for r, _ in dead:
             state.store.set(_EXITED.format(rank=r), host)
         if not dead and remote:  # a rank on another host may have seen it: read what they wrote
@@ -121,8 +121,6 @@ def _look(state, error: BaseException) -> Tuple[str, List[int]]:
                 if dead or time.monotonic() >= end:
                     break
                 time.sleep(0.05)
-    except Exception:  # noqa: BLE001 - the collective's own error is what the caller gets
-        pass
     if dead:
         return " " + " ".join(f"Peer rank {r} of the group (global rank {ranks[r]}, {how}) has exited."
                               for r, how in sorted(dead)), sorted(r for r, _ in dead)

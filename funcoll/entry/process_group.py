@@ -162,7 +162,6 @@ class ProcessGroupFuncoll(ProcessGroup):
                                        "collectives when enable_reconfigure=True.")
                 tp = self._make(device_type, st.store, st.rank, st.size, st.timeout)
                 self._made(device_type, tp)
-                self._transports[device_type] = tp
         return tp
 
     def _make(self, device_type: str, store, rank: int, size: int, timeout: timedelta) -> Transport:
@@ -176,7 +175,7 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     def _made(self, device_type: str, tp: Transport) -> None:
         """A transport was made: it learns the group's name (for the log and profiler events), the size guard the CPU
-        one; the log says which, and the hooks run."""
+        one; the log says which, the hooks run, and the group keeps it as its transport of ``device_type``."""
         tp.group_name, tp.global_ranks = self._state.name, self._state.trace.global_ranks
         if device_type == "cpu":
             self._state.guard_transport = tp
@@ -189,6 +188,7 @@ class ProcessGroupFuncoll(ProcessGroup):
                      self.rank(), self.size(), device_type, type(tp).__name__, tp.caps.name, why)
         for hook in TRANSPORT_HOOKS:
             hook(self, device_type, tp)
+        self._transports[device_type] = tp
 
     funcoll_transport = transport  # how the transport layer finds a funcoll group's transports (duck typing)
 
@@ -350,9 +350,8 @@ class ProcessGroupFuncoll(ProcessGroup):
 
     @collective
     def barrier(self, opts=None):
-        device = "cpu"
-        if self._transports and "cpu" not in self._transports:
-            device = next(iter(self._transports))
+        # the CPU transport, else the first the group made (none yet: the CPU one)
+        device = "cpu" if "cpu" in self._transports else next(iter(self._transports), "cpu")
         return self._work(algorithms.barrier(self.transport(device)))
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False) -> None:
@@ -567,7 +566,6 @@ class ProcessGroupFuncoll(ProcessGroup):
         st.reconfigure(store, rank, size, stable)  # its global ranks: the peers' own, as gloo's (defaultRanks_)
         self._options.global_ranks_in_group = st.trace.global_ranks
         self._made("cpu", cpu)
-        self._transports["cpu"] = cpu
         self._uuid, self._configured = int(opts.uuid), True
         if st.name:
             groups.register(st.name, st.trace.global_ranks, self._world_size)

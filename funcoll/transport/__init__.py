@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import importlib
 import os
 import threading
 from dataclasses import dataclass, field, replace
@@ -121,7 +122,6 @@ _STATIC_PROFILES: Dict[str, Capabilities] = {
         reduce_dtypes=_GLOO_DTYPES,
         refused_pairs=(_pairs([ReduceOp.AVG], INTEGER_DTYPES | {torch.bool})
                        | _pairs([ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR], FLOAT_DTYPES)),
-        uneven_all_to_all=True,
         uneven_reduce_scatter=True,
         sources={
             "gloo.uneven_lists": "ProcessGroupGloo::reduce_scatter (the list form) is one all_reduce per destination "
@@ -178,8 +178,6 @@ class _Profiles(Mapping):
     def __getitem__(self, name: str) -> Capabilities:
         row = self._rows[name]
         if isinstance(row, str):
-            import importlib
-
             row = self._rows[name] = importlib.import_module(row).conservative_profile()
         return row  # type: ignore[return-value]
 
@@ -198,9 +196,8 @@ def profile(name: str) -> Capabilities:
     try:
         return PROFILES[name]
     except KeyError:
-        raise ValueError(
-            f"funcoll: unknown capability profile {name!r}; use one of {', '.join(sorted(PROFILES))}"
-        ) from None
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"funcoll: unknown capability profile {name!r}; use one of {known}") from None
 
 
 def active_profile_name() -> Optional[str]:

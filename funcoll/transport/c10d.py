@@ -3,6 +3,7 @@ c10d backend object, and the background waiter that gives a backend's short Work
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -167,10 +168,8 @@ class BackendWait(C.Work):
             value = None if self._exc is not None else self._value()
         except Exception:  # noqa: BLE001 - a backend Work without result() (no outputs known): nothing to hand over
             value = []
-        try:
+        with contextlib.suppress(RuntimeError):  # settled meanwhile by another thread: get_future() and the waiter
             fut.set_exception(self._exc) if self._exc is not None else fut.set_result(value)
-        except RuntimeError:  # settled meanwhile by another thread: get_future() and the waiting thread both may
-            pass
 
     def _in_background(self) -> None:
         """A background waiter waits on the backend's Work, unless a thread does already."""
