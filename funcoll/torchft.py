@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 from torchft.process_group import ProcessGroupBaby, ProcessGroupWrapper
 
+from funcoll.entry.methods import METHODS
 from funcoll.entry.process_group import Options
 from funcoll.entry.process_group import ProcessGroupFuncoll as _FuncollGroup
 
@@ -42,9 +43,9 @@ UNSERVED = {
 }
 
 
-# the collective methods of torchft's ProcessGroup that take tensors (broadcast_one calls broadcast)
-_METHODS = ("allgather", "allgather_into_tensor_coalesced", "allreduce", "allreduce_coalesced", "alltoall_base",
-            "broadcast", "recv", "reduce_scatter", "reduce_scatter_tensor_coalesced", "send")
+# the collective methods of torchft's process groups: the c10d methods (funcoll's rows) its wrapper class defines, each
+# by the name torchft gives it (broadcast_one calls broadcast; barrier's check finds no tensor)
+_METHODS = tuple(name for name in METHODS if name in vars(ProcessGroupWrapper))
 
 
 def _served(method: str, fn):
