@@ -175,7 +175,10 @@ OPS: Dict[ReduceOp, OpRow] = {row.op: row for row in (  # in ReduceOp order; fie
 def op_named(name: str) -> Optional[OpRow]:
     """The row of the op a string names (its own name or an alias, any case); None for no op."""
     name = name.lower()
-    return next((row for row in OPS.values() if name in row.names), None)
+    for row in OPS.values():  # a loop, not a generator: every compiled reduce op is parsed here
+        if name in row.names:
+            return row
+    return None
 
 
 def check_reduction(opname: str, red: Reduction, dtype: torch.dtype) -> None:
