@@ -209,6 +209,9 @@ def _file_unit(path: str):
     return unit_of("funcoll." + path[:-len(".py")].replace("/", ".").removesuffix(".__init__"))
 
 
+EAGER_HOPS, XLA_HOPS = 50, 44  # the most funcoll calls an eager AVG all_reduce and a compiled XLA one may make
+
+
 def test_an_eager_call_goes_down_and_up_once():
     """At run time too, calls follow the table: every funcoll function an eager ``dist.all_reduce(t, op=AVG)`` under
     FUNCOLL_PROFILE=xccl calls (2 CPU ranks, size guard off and on; ``bench.hops`` counts docs/design.md's hops the
@@ -219,7 +222,9 @@ def test_an_eager_call_goes_down_and_up_once():
     define them (the interface's primitive runs its subclass's ``_`` method)."""
     from funcoll.launch import run_world
 
-    res = run_world("bench.hops:eager", 2, profile="xccl", env={"FUNCOLL_GUARD": "0"}, timeout=180)[0]
+    # (as users run it: without the suite's primitive counter, FUNCOLL_COUNT_CALLS)
+    res = run_world("bench.hops:eager", 2, profile="xccl", env={"FUNCOLL_GUARD": "0", "FUNCOLL_COUNT_CALLS": None},
+                    timeout=180)[0]
     for guard, calls in res.items():
         up = []
         for path, name, caller in calls:
@@ -230,3 +235,15 @@ def test_an_eager_call_goes_down_and_up_once():
         assert up == [("entry/pipeline.py", "entry/process_group.py", "allreduce"),
                       ("transport/__init__.py", "entry/pipeline.py", "start")], (guard, up)
         assert (("entry/checks.py", "size_guard") in {(p, n) for p, n, _ in calls}) == guard  # only when it is on
+    # the eager path's budget (docs/performance.md gives today's count): a new call on it shows here
+    assert len(res[False]) <= EAGER_HOPS, len(res[False])
+
+
+def test_a_compiled_xla_call_stays_within_its_hops():
+    """The compiled ``_c10d_functional.all_reduce(x, "avg")`` on XLA (world 1, the CPU PJRT device) makes at most
+    XLA_HOPS funcoll calls (``bench.hops xla``; docs/performance.md gives today's count)."""
+    pytest.importorskip("torch_xla", reason="needs torch_xla (the XLA transport)")
+    from tests import fresh
+
+    calls = fresh.run("bench.hops:xla", env={"PJRT_DEVICE": "CPU", "FUNCOLL_COUNT_CALLS": None}, timeout=300)
+    assert 0 < len(calls) <= XLA_HOPS, len(calls)
