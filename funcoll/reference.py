@@ -11,7 +11,7 @@ from typing import Callable, Dict
 
 import torch
 
-from funcoll.semantics import FLOAT4, FLOAT8, OPS, UNSIGNED, ReduceOp, Reduction, check_reduction, op_named
+from funcoll.semantics import FLOAT4, FLOAT8, OPS, UNSIGNED, ReduceOp, Reduction, check_reduction, op_named, wrap_int
 
 PREMUL = 0.5  # the premul_sum factor every test uses
 BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
@@ -70,14 +70,9 @@ def _to_ints(t: torch.Tensor) -> list:
     return t.to(torch.int64).reshape(-1).tolist()
 
 
-def _wrap(v: int, bits: int, signed: bool) -> int:
-    v %= 2 ** bits
-    return v - 2 ** bits if signed and v >= 2 ** (bits - 1) else v
-
-
 def _from_ints(vals: list, dtype: torch.dtype, shape) -> torch.Tensor:
     """``vals`` wrapped to ``dtype``: built as the signed integers of the same bits, then viewed as ``dtype``."""
-    signed = torch.tensor([_wrap(v, BITS[dtype], True) for v in vals], dtype=torch.int64)
+    signed = torch.tensor([wrap_int(v, BITS[dtype]) for v in vals], dtype=torch.int64)
     return signed.to(_SIGNED_OF_WIDTH[dtype.itemsize]).view(dtype).reshape(shape)
 
 

@@ -133,10 +133,8 @@ def all_gather_into_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor]
 # -- all_to_all --------------------------------------------------------------------------------------------------------
 def _agree(tp: Transport, values: Sequence[int]) -> torch.Tensor:
     """Gathers a few int64 values from every rank: returns an [n, len(values)] tensor (CPU)."""
-    mine = torch.tensor(list(values), dtype=torch.int64)  # on the host, then moved: the one host tensor funcoll makes
-    dev = getattr(tp, "control_device", None)
-    if dev is not None:
-        mine = mine.to(dev)
+    # on the host, then moved: the one host tensor funcoll makes
+    mine = torch.tensor(list(values), dtype=torch.int64).to(getattr(tp, "control_device", None) or "cpu")
     g = mine.new_empty((tp.size * mine.numel(),))
     _ag(tp, g, mine).wait()
     return g.view(tp.size, -1).cpu()
@@ -214,30 +212,10 @@ def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
     return Pending(handles)
 
 
-class _Carried:
-    """The split statistics of every rank, as the last carried exchange of a key left them in its chunk headers (read
-    once that exchange is complete): what the next exchange of the key plans with, the same on every rank."""
-
-    __slots__ = ("_read", "_stats")
-
-    def __init__(self, read=None, stats=None):
-        self._read, self._stats = read, stats
-
-    def stats(self) -> tuple:
-        if self._read is not None:
-            read, self._read = self._read, None
-            self._stats = read()
-        return self._stats
-
-
-_CARRIED_KEYS = 64  # keys (row bytes) a transport remembers statistics for
-
-
-def _carried_state(tp: Transport) -> dict:
-    state = tp.__dict__.get("_funcoll_carried")
-    if state is None:
-        state = tp.__dict__["_funcoll_carried"] = {}
-    return state
+# a transport's ``_funcoll_carried``: per key (row bytes, device), the reader of every rank's split statistics as the
+# last carried exchange of the key left them in its chunk headers (it waits for that exchange): what the next exchange
+# of the key plans with, the same on every rank; at most this many keys
+_CARRIED_KEYS = 64
 
 
 def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pending:
@@ -254,12 +232,12 @@ def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pendi
     if out_splits[r] != in_splits[r]:
         raise ValueError(f"funcoll.all_to_all_single: this rank sends itself {in_splits[r]} rows "
                          f"(input_split_sizes[{r}]) but expects {out_splits[r]} (output_split_sizes[{r}])")
-    state = _carried_state(tp)
+    state = tp.__dict__.setdefault("_funcoll_carried", {})
     key = (row_bytes, str(inp.device))
     known = state.get(key)
     # under a promised bound nothing is read on the host (an XPU graph capture can hold the call): the bound is the
     # chunk; else the statistics the previous exchange carried, or the agreement
-    stats = known.stats() if known is not None and bound is None else None
+    stats = known() if known is not None and bound is None else None
     mine = planner.split_stats(in_splits)
     if stats is None and bound is None:
         _note("uneven all_to_all=agree on split statistics")
@@ -269,7 +247,7 @@ def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pendi
     pending, read = _carried_a2a(tp, out, inp, out_splits, in_splits, p.chunk, mine, row_bytes)
     if len(state) >= _CARRIED_KEYS and key not in state:
         state.pop(next(iter(state)))
-    state[key] = _Carried(read)
+    state[key] = read
     return pending
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -21,14 +22,13 @@ __all__ = ["LOG", "Scope", "on_install", "on_uninstall", "group_label", "comm_na
 LOG = logging.getLogger("funcoll")
 
 # ``funcoll`` a torch log (``torch._logging.set_logs(modules=...)``) also when ``TORCH_LOGS``, parsed when torch is
-# imported, did not name it (torch registers a name it gives there itself)
-try:
+# imported, did not name it (torch registers a name it gives there itself); a torch without the logging registry:
+# plain Python logging still works
+with contextlib.suppress(Exception):
     from torch._logging import _internal as _tl
 
     if not _tl.log_registry.is_log("funcoll"):
         _tl.register_log("funcoll", "funcoll")
-except Exception:  # pragma: no cover - a torch without the logging registry: plain Python logging still works
-    pass
 
 _RF = torch._C._profiler._RecordFunctionFast
 _lock = threading.Lock()
@@ -126,7 +126,7 @@ _decided: set = set()  # (signature, strategies) already logged
 
 
 class Scope(list):
-    """The strategy notes of one collective (``pending._current``). While a profiler runs it opens the
+    """The strategy notes of one collective (``pending.this_call``). While a profiler runs it opens the
     collective's range at creation and a nested range for each strategy noted; ``close`` ends them and logs the
     decision once per signature when the funcoll log is at DEBUG. ``args`` are the arguments to call the
     algorithm with (the transport wrapped so that its native calls are ranges too)."""

@@ -119,7 +119,7 @@ class _Current(threading.local):
     log: Optional[list] = None
 
 
-this_call = _current = _Current()
+this_call = _Current()
 
 
 @contextlib.contextmanager
@@ -138,7 +138,7 @@ def record():
 
 
 def _note(strategy: str) -> None:
-    notes = _current.notes
+    notes = this_call.notes
     if notes is not None:
         notes.append(strategy)
 
@@ -152,24 +152,24 @@ def _entry(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         observed = bool(_profiler._is_profiler_enabled) or _LOG.isEnabledFor(10)
-        listened = _recorders or observed or _current.log is not None
-        if _current.notes is not None or not listened:  # nested, or nobody listens
+        listened = _recorders or observed or this_call.log is not None
+        if this_call.notes is not None or not listened:  # nested, or nobody listens
             with torch.no_grad():
                 return fn(*args, **kwargs)
         scope = Scope(op, fn, args, kwargs) if observed else None
-        _current.notes = notes = scope if scope is not None else []
+        this_call.notes = notes = scope if scope is not None else []
         try:
             with torch.no_grad():
                 return fn(*(scope.args if scope is not None else args), **kwargs)
         finally:
-            _current.notes = None
+            this_call.notes = None
             if scope is not None:
                 scope.close(args)
             strategies = list(dict.fromkeys(notes)) or ["native"]  # each strategy once, in order
             for log in _recorders:
                 log.append((op, strategies))
-            if _current.log is not None:
-                _current.log.append((op, strategies))
+            if this_call.log is not None:
+                this_call.log.append((op, strategies))
 
     return wrapper
 
@@ -177,5 +177,5 @@ def _entry(fn):
 def watched() -> bool:
     """Someone observes collectives: ``record()``, a strategy being noted on this thread, a profiler, the funcoll debug
     log. The fast path is off while they do: the full path reports to them."""
-    return (bool(_recorders) or _current.notes is not None or bool(_profiler._is_profiler_enabled)
+    return (bool(_recorders) or this_call.notes is not None or bool(_profiler._is_profiler_enabled)
             or _LOG.isEnabledFor(10))

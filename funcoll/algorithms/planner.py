@@ -182,22 +182,20 @@ def plan(caps, primitive: str, op: ReduceOp, dtype: torch.dtype, size: int = 2) 
             steps.append(Step(NATIVE, op, dtype))
             break
         if op is ReduceOp.AVG:
-            if dtype.is_floating_point:
-                if (dtype in LOW_PRECISION and primitive == "all_reduce" and size > 1
-                        and caps.reduces("reduce_scatter", ReduceOp.SUM, torch.float32) and caps.has("all_gather")
-                        and caps.moves(dtype)):
-                    steps.append(Step(AVG_RS_AG, ReduceOp.SUM, torch.float32,
-                                      "avg=float32 reduce_scatter+scale+all_gather"))
-                    break
-                if dtype in LOW_PRECISION:
-                    op, dtype = ReduceOp.SUM, torch.float32
-                    steps.append(Step(AVG_FLOAT32, op, dtype, "avg=sum+scale in float32"))
-                else:
-                    op = ReduceOp.SUM
-                    steps.append(Step(AVG_FLOAT, op, dtype, "avg=sum+scale"))
-            else:
+            if not dtype.is_floating_point:
                 op, dtype = ReduceOp.SUM, torch.int64
                 steps.append(Step(AVG_INT, op, dtype, "avg=int64 sum+truncating divide"))
+            elif dtype not in LOW_PRECISION:
+                op = ReduceOp.SUM
+                steps.append(Step(AVG_FLOAT, op, dtype, "avg=sum+scale"))
+            elif (primitive == "all_reduce" and size > 1 and caps.reduces("reduce_scatter", ReduceOp.SUM, torch.float32)
+                  and caps.has("all_gather") and caps.moves(dtype)):
+                steps.append(Step(AVG_RS_AG, ReduceOp.SUM, torch.float32,
+                                  "avg=float32 reduce_scatter+scale+all_gather"))
+                break
+            else:
+                op, dtype = ReduceOp.SUM, torch.float32
+                steps.append(Step(AVG_FLOAT32, op, dtype, "avg=sum+scale in float32"))
             continue
         if op is ReduceOp.PREMUL_SUM:
             op = ReduceOp.SUM

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from funcoll.algorithms.observe import _tensors
 from funcoll.algorithms.pending import Pending, _note
 from funcoll.semantics import MX, OPS, ReduceOp
 
@@ -57,26 +58,12 @@ def _bits(t: torch.Tensor, caps) -> torch.Tensor:
     return t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8)
 
 
-def _dtypes(x, seen: set) -> None:
-    """The dtypes of the tensors in ``x`` (a tensor, or lists, tuples and dicts of them), added to ``seen``."""
-    for y in x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else (x,):
-        if isinstance(y, torch.Tensor):
-            seen.add(y.dtype)
-        elif isinstance(y, (list, tuple, dict)):  # (split sizes and other numbers: passed over in the loop)
-            _dtypes(y, seen)
-
-
 def _as_uint8(x):
-    """``x`` (as :func:`_dtypes` walks it) with every tensor its uint8 view (one byte per element: any layout views)."""
-    if isinstance(x, torch.Tensor):
-        return x.view(torch.uint8)
-    if isinstance(x, list):
-        return [_as_uint8(y) for y in x]
-    if isinstance(x, tuple):
-        return tuple(_as_uint8(y) for y in x)
-    if isinstance(x, dict):
-        return {k: _as_uint8(y) for k, y in x.items()}
-    return x
+    """``x`` (an argument: a tensor, a list or tuple of them, or anything else) with every tensor its uint8 view (one
+    byte per element: any layout views)."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(map(_as_uint8, x))
+    return x.view(torch.uint8) if isinstance(x, torch.Tensor) else x
 
 
 def _mx_as_bytes(fn):
@@ -88,11 +75,10 @@ def _mx_as_bytes(fn):
 
     @functools.wraps(fn)
     def wrapper(tp, *args, **kwargs):
-        seen: set = set()
-        _dtypes((args, kwargs), seen)
+        seen = {t.dtype for t in _tensors(args + tuple(kwargs.values()))}
         if len(seen) == 1 and next(iter(seen)) in MX:
             _note(f"{next(iter(seen))} moved as {torch.uint8}")
-            args, kwargs = _as_uint8(args), _as_uint8(kwargs)
+            args, kwargs = _as_uint8(args), {k: _as_uint8(v) for k, v in kwargs.items()}
         return fn(tp, *args, **kwargs)
 
     return wrapper

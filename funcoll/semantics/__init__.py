@@ -16,7 +16,7 @@ import torch
 __all__ = ["ReduceOp", "OpRow", "OPS", "op_named", "Reduction", "FLOAT8", "FLOAT4", "MX", "UNSIGNED", "INTEGER_DTYPES",
            "FLOAT_DTYPES", "parse_reduction", "check_reduction", "check_all_gather", "check_reduce_scatter",
            "check_all_to_all", "check_root", "check_layout", "check_same_tensor", "check_rank_list", "dtype_kind",
-           "dtype_name", "ranks_text", "gathered_shape"]
+           "dtype_name", "ranks_text", "gathered_shape", "wrap_int"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -135,11 +135,16 @@ class OpRow:
     wide: Optional[Callable] = None  # the float/complex reference: wide(float64/complex128 stack [n, ...], factor)
 
 
+def wrap_int(value: int, bits: int) -> int:
+    """``value`` as a signed integer of ``bits`` bits holds it (two's complement: its low ``bits`` bits)."""
+    return (value + 2 ** (bits - 1)) % 2 ** bits - 2 ** (bits - 1)
+
+
 def _int_avg(column) -> int:
     """AVG of integers, funcoll's rule: the int64 sum (exact for 8- to 32-bit dtypes; an int64 sum wraps) divided by the
     number of ranks, truncated toward zero (NCCL's rounding: FuncSumPostDiv::divide). Not NCCL's answer where a narrower
     sum wraps: NCCL sums in the tensor's dtype (int8 AVG of [100, 100] is -28 there, 100 here)."""
-    total = (sum(column) + 2 ** 63) % 2 ** 64 - 2 ** 63
+    total = wrap_int(sum(column), 64)
     return abs(total) // len(column) * (1 if total >= 0 else -1)
 
 
