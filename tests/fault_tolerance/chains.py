@@ -70,6 +70,16 @@ def _compiled_sync(grads, group):
     return _COMPILED[name](grads)
 
 
+def _warm_up(model, group):
+    """Compiles the step's sync for ``group`` and runs it once on zeros. The ranks finish compiling seconds apart on a
+    loaded machine, so its collectives wait with a longer timeout than the group's (which the deaths are timed by)."""
+    group.set_timeout(timedelta(seconds=60))
+    try:
+        _compiled_sync([torch.zeros_like(p) for p in model.parameters()], group)
+    finally:
+        group.set_timeout(timedelta(seconds=GROUP_TIMEOUT))
+
+
 def _step(scenario, model, opt, step, stable, members, die_here, began):
     """One training step; ``die_here``: this rank dies right before its first communication of the step;
     ``began[0]`` is set to the time of that communication."""
@@ -166,7 +176,7 @@ def _train(store_port: int, prefix: str, route: str, plan, stable: int, world: i
             if s == 0 and route == "leave" and victim in job.members:
                 job.lose(victim)
             if scenario == "compiled":  # compiled for this group before the step (the victim too), not in it
-                _compiled_sync([torch.zeros_like(p) for p in model.parameters()], dist.group.WORLD)
+                _warm_up(model, dist.group.WORLD)
             began = [time.monotonic()]
             try:
                 _step(scenario, model, opt, step, stable, job.members, dies, began)
