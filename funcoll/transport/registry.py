@@ -38,9 +38,10 @@ class GroupContext:
 
 _funcoll_factories: Dict[str, Callable[[GroupContext], Transport]] = {}
 _c10d_factories: Dict[str, Callable[[object, torch.device], Transport]] = {}
-# (group name, device type) -> (process group, transport) for groups made with another backend: an entry holds for
-# that very group (a destroyed and re-created world reuses names: its new group gets a transport of its own)
-_c10d_cache: Dict[Tuple[str, str], Tuple[Any, Transport]] = {}
+# (group name, device type) -> (process group, its transport; None for a funcoll group, which is asked each time: a
+# reconfigure makes its transports anew). An entry holds for that very group (a destroyed and re-created world reuses
+# names: its new group gets an entry of its own). The dispatch-key kernels find a group by name: one dict lookup.
+_cache: Dict[Tuple[str, str], Tuple[Any, Optional[Transport]]] = {}
 _lock = threading.Lock()
 
 
@@ -75,51 +76,45 @@ def _ensure_loaded(device_type: str) -> None:
             raise
 
 
-# (group name, device type) -> (process group, transport): the dispatch-key kernels look a group up by name for every
-# collective; an entry holds while c10d still knows that group by that name (a destroyed and re-created world reuses
-# names), which costs one dict lookup
-_by_name: Dict[Tuple[str, str], Tuple[Any, Transport]] = {}
-
-
 def transport_for(group, device) -> Transport:
     """The transport that serves ``group`` (a ProcessGroup or a group name) for tensors on ``device``."""
-    if not isinstance(group, str):
-        return _transport_for(group, device)
-    key = (group, device.type if type(device) is torch.device else torch.device(device).type)
-    hit = _by_name.get(key)
-    if hit is not None and _world.pg_names.get(hit[0]) == group:
-        return hit[1]
-    try:
-        pg = resolve(group)
-    except RuntimeError:
-        lookup(group)  # raises the ValueError naming the fix
-        raise
-    tp = _transport_for(pg, device)
-    _by_name[key] = (pg, tp)
-    return tp
+    device_type = device.type if type(device) is torch.device else torch.device(device).type
+    if isinstance(group, str):  # the dispatch-key kernels' way, every collective
+        hit = _cache.get((group, device_type))
+        if hit is None or _world.pg_names.get(hit[0]) != group:
+            try:
+                pg = resolve(group)
+            except RuntimeError:
+                lookup(group)  # raises the ValueError naming the fix
+                raise
+            hit = _entry(pg, device)
+    else:
+        own = getattr(group, "funcoll_transport", None)  # a funcoll group (no import of the entry layer)
+        if own is not None:
+            return own(device_type)
+        hit = _cache.get((group.group_name, device_type))
+        if hit is None or hit[0] is not group:
+            hit = _entry(group, device)
+    return hit[0].funcoll_transport(device_type) if hit[1] is None else hit[1]
 
 
-def _transport_for(pg, device) -> Transport:
+def _entry(pg, device) -> Tuple[Any, Optional[Transport]]:
     device = torch.device(device)
-    own = getattr(pg, "funcoll_transport", None)  # a funcoll group: its own transports (no import of the entry layer)
-    if own is not None:
-        return own(device.type)
-    name = pg.group_name
-    key = (name, device.type)
-    hit = _c10d_cache.get(key)
-    if hit is not None and hit[0] is pg:
-        return hit[1]
+    key = (pg.group_name, device.type)
+    if hasattr(pg, "funcoll_transport"):
+        _cache[key] = (pg, None)
+        return _cache[key]
     _ensure_loaded(device.type)
     factory = _c10d_factories.get(device.type)
     if factory is None:
-        raise ValueError(f"funcoll: no transport for {device.type} tensors on group {name!r}")
+        raise ValueError(f"funcoll: no transport for {device.type} tensors on group {key[0]!r}")
     with _lock:
-        hit = _c10d_cache.get(key)
+        hit = _cache.get(key)
         if hit is None or hit[0] is not pg:
-            hit = _c10d_cache[key] = (pg, factory(pg, device))
+            hit = _cache[key] = (pg, factory(pg, device))
             if not hit[1].group_name:  # lent to the kernels: named after the group that lent it
-                hit[1].group_name = name
-    return hit[1]
+                hit[1].group_name = key[0]
+    return hit
 
 
 def c10d_leg(pg, device_type: str, label: str, create: str, accepts: Callable[[Any], bool], drives: str,

@@ -36,12 +36,16 @@ def _attempt(fn):
 
 def _seen(pg, stable):
     """What a rank sees of its group: (group rank, size, dist.get_rank, dist.get_world_size, a SUM of every rank's
-    stable id + 1, the stable id broadcast from the new rank 0)."""
+    stable id + 1, the stable id broadcast from the new rank 0, the same SUM as a functional collective: on funcoll
+    through funcoll's kernels, as compiled code on XPU and XLA runs it)."""
+    import torch.distributed._functional_collectives as fc
+
     t = torch.tensor([float(stable + 1)])
     dist.all_reduce(t, group=pg)
     b = torch.tensor([float(stable)])
     dist.broadcast(b, group_src=0, group=pg)
-    return pg.rank(), pg.size(), dist.get_rank(), dist.get_world_size(), t.item(), b.item()
+    f = fc.wait_tensor(fc.all_reduce(torch.tensor([float(stable + 1)]), "sum", pg))
+    return pg.rank(), pg.size(), dist.get_rank(), dist.get_world_size(), t.item(), b.item(), f.item()
 
 
 def _fields(handle: str, backend: str):
@@ -56,8 +60,10 @@ def _fields(handle: str, backend: str):
 def _rank_reconfigure(rank, world, backend):
     import torch.distributed.distributed_c10d as c10d
 
-    import funcoll  # noqa: F401  (the funcoll backend)
+    import funcoll
 
+    if backend == "funcoll":
+        funcoll.install("cpu")  # its kernels serve the functional collectives, as they do on XPU and XLA by default
     launcher_store = c10d._get_default_store()
     dist.destroy_process_group()
     store = dist.PrefixStore(f"rc-{backend}/", launcher_store)
@@ -145,7 +151,7 @@ def test_reconfigure_does_on_funcoll_what_it_does_on_gloo(world):
     # the numbers themselves (gloo's, and so funcoll's): the reversed order makes the last stable id rank 0
     s = sum(range(1, world + 1))
     assert [fc[r]["after1"] for r in range(world)] == [
-        (world - 1 - r, world, world - 1 - r, world, float(s), float(world - 1)) for r in range(world)]
+        (world - 1 - r, world, world - 1 - r, world, float(s), float(world - 1), float(s)) for r in range(world)]
     # the reused uuid: refused where it is claimed (the new rank 0), with gloo's words
     claimer = next(r for r in range(world - 1) if "reused" in fc[r])
     assert "reused" in gloo[claimer], gloo[claimer]
