@@ -9,7 +9,6 @@ transport is created for an XPU tensor.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import re
@@ -774,16 +773,11 @@ def _funcoll_xpu(ctx: GroupContext) -> XcclTransport:
     topology = os.environ.get(ENV_TOPOLOGY, "").strip() or measure_topology(
         dist.PrefixStore("funcoll-xccl-topology/", ctx.store), ctx.rank, ctx.size, ctx.timeout)
     cls, store = _xccl_class(), dist.PrefixStore("funcoll-xccl/", ctx.store)
-    try:
-        opts = cls.Options()
-    except Exception:  # very old bindings: no Options
-        backend = cls(store, ctx.rank, ctx.size)
-    else:
-        for attr, val in (("global_ranks_in_group", list(ctx.global_ranks)), ("group_name", f"funcoll-{ctx.name}"),
-                          ("_timeout", ctx.timeout)):
-            with contextlib.suppress(Exception):
-                setattr(opts, attr, val)
-        backend = cls(store, ctx.rank, ctx.size, opts)
+    opts = cls.Options()  # as torch makes an xccl group's backend (distributed_c10d.py, 2.9: 2043-2049; 2.15: 928-937)
+    opts.global_ranks_in_group = list(ctx.global_ranks)
+    opts.group_name = f"funcoll-{ctx.name}"
+    opts._timeout = ctx.timeout
+    backend = cls(store, ctx.rank, ctx.size, opts)
     return XcclTransport(backend, capabilities(topology=topology, backend=backend, gpu=_gpu_name(None),
                                                _backend_created=True), None)
 
