@@ -11,6 +11,8 @@ tests use ``_spawn_world``, which reports ranks that die or hang instead of rais
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import importlib
 import multiprocessing as mp
 import os
 import pickle
@@ -106,14 +108,10 @@ def _all_connected(world: int, timeout: float) -> None:
 
 
 def _child(rank, world, port, target, args, backend, results_queue, coll_timeout, forked=None):
-    import faulthandler
-
     if forked is not None:
         _as_spawned(*forked)
     faulthandler.enable(all_threads=True)  # a rank that crashes (a signal, an abort) prints every thread's stack
     try:  # (spawn gives the child the parent's sys.path)
-        import importlib
-
         import torch
         import torch.distributed as dist
 
