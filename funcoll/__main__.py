@@ -146,13 +146,12 @@ def cmd_probe(args) -> int:
 
         import funcoll  # noqa: F401  (registers the backend)
 
-        device = args.device or ("xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu")
+        device = args.device or ("xpu" if torch.xpu.is_available() else "cpu")
         if not dist.is_initialized():
             dist.init_process_group(args.backend)
+        rank = dist.get_rank()
         try:
-            results = [_probe_rank(dist.get_rank(), dist.get_world_size(), device, not args.no_cache,
-                                   args.simulate_wrong)]
-            rank = dist.get_rank()
+            results = [_probe_rank(rank, dist.get_world_size(), device, not args.no_cache, args.simulate_wrong)]
         finally:
             dist.destroy_process_group()
         if rank != 0:

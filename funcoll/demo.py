@@ -90,9 +90,7 @@ def rank_main(rank, n):
 
 
 def _cell(v: torch.Tensor) -> str:
-    if v.numel() > 4:
-        return f"[{v.numel()} params, sum {float(v.double().sum()):.6f}]"
-    return str(v.tolist())
+    return f"[{v.numel()} params, sum {float(v.double().sum()):.6f}]" if v.numel() > 4 else str(v.tolist())
 
 
 def main(argv=None) -> int:

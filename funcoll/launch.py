@@ -11,6 +11,8 @@ tests use ``_spawn_world``, which reports ranks that die or hang instead of rais
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import importlib
 import multiprocessing as mp
 import os
 import pickle
@@ -19,6 +21,7 @@ import socket
 import time
 import traceback
 from datetime import timedelta
+from multiprocessing import forkserver
 from typing import Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 __all__ = ["run_world"]
@@ -44,8 +47,6 @@ def _fork_server_pid() -> Union[int, None, bool]:
     says whether ``forkserver.ensure_running()`` found the server running (someone else chose its imports) or started
     it anew (under the environment of now, which ranks are compared with); a changed pid says both. CPython 3.10-3.13
     keep it in ``forkserver._forkserver._forkserver_pid`` (Lib/multiprocessing/forkserver.py)."""
-    from multiprocessing import forkserver
-
     return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", False)
 
 
@@ -54,8 +55,6 @@ def _context(rank_env: Mapping[str, str]):
     would be what spawned ones are (see the module's docstring), else ``spawn``."""
     if os.environ.get("FUNCOLL_LAUNCH", "forkserver") == "spawn" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
-    from multiprocessing import forkserver
-
     pid = _fork_server_pid()
     if pid is False or (not _server and pid is not None):  # unknown, or started by someone else: imports unknown
         return mp.get_context("spawn")
@@ -109,14 +108,10 @@ def _all_connected(world: int, timeout: float) -> None:
 
 
 def _child(rank, world, port, target, args, backend, results_queue, coll_timeout, forked=None):
-    import faulthandler
-
     if forked is not None:
         _as_spawned(*forked)
     faulthandler.enable(all_threads=True)  # a rank that crashes (a signal, an abort) prints every thread's stack
     try:  # (spawn gives the child the parent's sys.path)
-        import importlib
-
         import torch
         import torch.distributed as dist
 

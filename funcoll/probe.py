@@ -319,7 +319,7 @@ def _write_cache(path: str, entry: dict) -> None:
 
 
 def _sync(tp) -> None:
-    if getattr(tp, "device_type", "cpu") == "xla":
+    if tp.device_type == "xla":
         import torch_xla
 
         torch_xla.sync()
@@ -334,9 +334,9 @@ def _xla_on_cpu() -> bool:
         return False
 
 
-def _first_line(e: BaseException) -> str:
+def _raised(e: BaseException, when: str = "") -> str:
     text = str(e).strip()
-    return text.splitlines()[0][:200] if text else ""
+    return f"raised {type(e).__name__}{when}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def _all_gather_bytes(tp, mine: bytes, dev) -> torch.Tensor:
@@ -356,7 +356,7 @@ def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
         try:
             issued.append((*case.run(tp, case.inputs(tp.rank), dev), None))
         except Exception as e:  # noqa: BLE001 - a native request that raises is as wrong as a wrong result
-            issued.append((None, [], f"raised {type(e).__name__}: {_first_line(e)}"))
+            issued.append((None, [], _raised(e)))
     collected: Union[str, List[Tuple[List[torch.Tensor], Optional[str]]]]  # a batch's failure, or per case
     try:
         for i in range(len(issued)):
@@ -364,14 +364,14 @@ def _run_batch(tp, cases: List[_Case], dev) -> List[Optional[str]]:
                 if issued[i][2] is None:
                     issued[i][0].wait()
             except Exception as e:  # noqa: BLE001
-                issued[i] = (None, [], f"raised {type(e).__name__} on wait: {_first_line(e)}")
+                issued[i] = (None, [], _raised(e, " on wait"))
         _sync(tp)
         collected = [([t.cpu() for t in outs] if err is None else [], err) for _, outs, err in issued]
     except Exception as e:  # noqa: BLE001
-        collected = f"raised {type(e).__name__}: {_first_line(e)}"
+        collected = _raised(e)
     del issued  # the device tensors (on XLA, those of a failed graph too) must not reach the next sync
     if isinstance(collected, str):
-        if getattr(tp, "device_type", "cpu") == "xla":  # later collectives must not stay chained to the failed graph
+        if tp.device_type == "xla":  # later collectives must not stay chained to the failed graph
             from funcoll.transport.xla import reset_token
 
             reset_token(tp.control_device)
@@ -389,7 +389,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
                     cache: bool = True) -> ProbeResult:
     """Probes one transport (collective: every rank of its group calls it) and demotes what is wrong on it. A transport
     probed before in this process returns that result (no collective) unless ``cache=False``."""
-    if getattr(tp, "device_type", "cpu") == "xla" and _xla_on_cpu():
+    if tp.device_type == "xla" and _xla_on_cpu():
         raise RuntimeError("funcoll.probe: the XLA transport on the CPU PJRT device (PJRT_DEVICE=CPU) runs no "
                            "multi-replica collective and has no bf16 all-reduce; torch_xla 2.9 crashes after a few "
                            "failed ones. Probe XLA on a TPU (PJRT_DEVICE=TPU)")
@@ -397,7 +397,7 @@ def probe_transport(tp, device_type: Optional[str] = None, group: Optional[str] 
     if cache and done is not None:  # probed in this process already (every rank of the group was part of it)
         return done
     t0 = time.monotonic()
-    device_type = str(device_type or getattr(tp, "device_type", "cpu"))
+    device_type = device_type or tp.device_type
     group = str(group) if group is not None else group_label(tp)
     dev = torch.device(getattr(tp, "control_device", None) or "cpu")
     caps = tp.table  # the probe replaces the table; a group may read less of it (XLA's, by its replica groups)
@@ -479,7 +479,7 @@ def run(group=None, device: Optional[str] = None, *, cache: bool = True) -> Prob
     default: "xpu" where an XPU is available, else "cpu"). Collective: every rank of the group calls it.
     ``cache=False`` ignores and does not write the disk cache."""
     group = dist.group.WORLD if group is None else group
-    device = device or ("xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu")
+    device = device or ("xpu" if torch.xpu.is_available() else "cpu")
     tp = transport_for(group, device)
     return probe_transport(tp, torch.device(device).type, getattr(group, "group_name", None) or group_label(tp),
                            cache=cache)

@@ -79,8 +79,7 @@ def group_label(name: str, names: Optional[Mapping[str, str]] = None) -> str:
 def normalize_text(text: str) -> str:
     """Removes what differs between runs and machines from free text (graph-break and recompile reasons,
     generated code): memory addresses become ``0x?``, file paths their base name."""
-    text = _ADDRESS.sub("0x?", text)
-    return _PATH.sub(r"\1", text)
+    return _PATH.sub(r"\1", _ADDRESS.sub("0x?", text))
 
 
 def _value_of(node: torch.fx.Node):
