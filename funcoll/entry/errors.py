@@ -39,7 +39,7 @@ def backend_message(e: BaseException) -> str:
     while msg.startswith(_CALLBACK):
         msg = msg[len(_CALLBACK):].split("\n\nAt:\n", 1)[0].strip()
         head, sep, rest = msg.partition(": ")
-        if sep and head.isidentifier() and (head.endswith("Error") or head.endswith("Exception")):
+        if sep and head.isidentifier() and head.endswith(("Error", "Exception")):
             msg = rest.strip()
     return msg
 

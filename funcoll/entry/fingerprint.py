@@ -142,17 +142,27 @@ def _sizes(fp: dict) -> tuple:
     return ins, ins if fp.get("outputs") is None else fp["outputs"]
 
 
+def _pairs(fps: List[dict], n: int, r_key: str, q_key: str):
+    """``(r, q, rank r's r_key, rank q's q_key)`` for every two ranks r, q of the group that give both fields."""
+    for r in range(n):
+        for q in range(n):
+            mine, theirs = fps[r].get(r_key), fps[q].get(q_key)
+            if mine is not None and theirs is not None:
+                yield r, q, mine, theirs
+
+
 def _pairwise(kind: int, ins_key: str, outs_key: str, check: Callable, shown: Tuple[str, ...],
               sizes: Optional[Callable] = None) -> "Rule":
     """all_to_all's rule: its per-peer fields ``ins_key`` (what this rank sends each peer: rows, or a shape) and
-    ``outs_key`` (what it expects from each); the share: + every send, - every receive; sizes: those, or ``sizes``."""
+    ``outs_key`` (what it expects from each), shown after ``shown``; the share: + every send, - every receive; sizes:
+    those, or ``sizes``."""
     def share(fp: dict, rank: int) -> int:
         ins, outs = fp.get(ins_key), fp.get(outs_key)
         return 0 if ins is None or outs is None else _exchange(kind, rank, ins, outs)
 
     def per_peer(fp: dict) -> tuple:
         return fp.get(ins_key) or [], fp.get(outs_key) or []
-    return Rule(shown, (ins_key, outs_key), check, share, sizes or per_peer)
+    return Rule((*shown, ins_key, outs_key), (ins_key, outs_key), check, share, sizes or per_peer)
 
 
 def _split_sums(fp: dict) -> tuple:
@@ -164,49 +174,40 @@ def _split_sums(fp: dict) -> tuple:
 
 def _check_a2a_single(fps: List[dict], n: int) -> Optional[str]:
     trailing = fps[0]["tensors"][0][1] if fps[0].get("tensors") else []
-    for r in range(n):
-        out_s = fps[r].get("output_split_sizes")
-        for q in range(n):
-            in_s = fps[q].get("input_split_sizes")
-            if out_s is None or in_s is None:
-                continue
-            if len(out_s) != n or len(in_s) != n:
-                return (f"rank {r} gives {len(out_s)} output_split_sizes and rank {q} {len(in_s)} "
-                        f"input_split_sizes for a group of {n}")
-            if out_s[q] != in_s[r]:
-                return (f"the split sizes do not match: rank {q} sends {in_s[r]} rows to rank {r} "
-                        f"(input_split_sizes={in_s}) but rank {r} expects {out_s[q]} from rank {q} "
-                        f"(output_split_sizes={out_s}); row shape {trailing}")
+    for r, q, out_s, in_s in _pairs(fps, n, "output_split_sizes", "input_split_sizes"):
+        if len(out_s) != n or len(in_s) != n:
+            return (f"rank {r} gives {len(out_s)} output_split_sizes and rank {q} {len(in_s)} "
+                    f"input_split_sizes for a group of {n}")
+        if out_s[q] != in_s[r]:
+            return (f"the split sizes do not match: rank {q} sends {in_s[r]} rows to rank {r} "
+                    f"(input_split_sizes={in_s}) but rank {r} expects {out_s[q]} from rank {q} "
+                    f"(output_split_sizes={out_s}); row shape {trailing}")
     return None
 
 
 def _check_a2a(fps: List[dict], n: int) -> Optional[str]:
-    for r in range(n):
-        outs = fps[r].get("per_peer_out") or []
-        for q in range(n):
-            ins = fps[q].get("per_peer_in") or []
-            if len(outs) == n and len(ins) == n and outs[q] != ins[r]:
-                return (f"the per-peer shapes do not match: rank {q} sends a tensor of shape {ins[r]} to rank "
-                        f"{r}, which expects {outs[q]}")
+    for r, q, outs, ins in _pairs(fps, n, "per_peer_out", "per_peer_in"):
+        if len(outs) == n and len(ins) == n and outs[q] != ins[r]:
+            return (f"the per-peer shapes do not match: rank {q} sends a tensor of shape {ins[r]} to rank {r}, "
+                    f"which expects {outs[q]}")
     return None
 
 
-def _rooted(op: str, key: str, kind: int) -> "Rule":
+def _rooted(key: str, kind: int) -> "Rule":
     """gather (the root's list of output shapes) and scatter (of input shapes): the root's list against every
     rank's own tensor; its sizes are this rank's tensor and the root's list."""
+    what, way = ("receive", "from") if kind == _GATHER else ("send", "to")
+
     def check(fps: List[dict], n: int) -> Optional[str]:
         root = fps[0].get("root")
-        if root is None or not 0 <= root < n:
+        if root is None or not 0 <= root < n or fps[root].get(key) is None:
             return None
-        shapes = fps[root].get(key)
-        if shapes is None:
-            return None
+        shapes = fps[root][key]
         if len(shapes) != n:
             return f"the root (rank {root}) passes {len(shapes)} tensors for a group of {n}"
         for q in range(n):
             mine = (fps[q].get("tensors") or [[None, None]])[0][1]
             if shapes[q] != mine:
-                what, way = ("receive", "from") if op == "gather" else ("send", "to")
                 return (f"the root (rank {root}) would {what} a tensor of shape {shapes[q]} {way} rank {q}, whose "
                         f"tensor has shape {mine}")
         return None
@@ -219,7 +220,7 @@ def _rooted(op: str, key: str, kind: int) -> "Rule":
 
     def sizes(fp: dict) -> tuple:
         mine, listed = _shapes_of(fp), fp.get(key) or []
-        return (mine, listed) if op == "gather" else (listed, mine)
+        return (mine, listed) if kind == _GATHER else (listed, mine)
 
     return Rule(("root", "tensors", key), (key,), check, share, sizes)
 
@@ -272,18 +273,13 @@ def _sized_list(kind: int, own_key: str, list_key: str) -> "Rule":
     shown = ("tensors", own_key, list_key) if gathers else ("reduce_op", "tensors", own_key, list_key)
 
     def check(fps: List[dict], n: int) -> Optional[str]:
-        for r in range(n):
-            own = fps[r].get(own_key)
-            for q in range(n):
-                shapes = fps[q].get(list_key)
-                if own is None or shapes is None:
-                    continue
-                if len(shapes) != n:
-                    return f"rank {q} passes {len(shapes)} {arg} tensors for a group of {n}"
-                if _numel(shapes[r]) != _numel(own):
-                    return (f"the sizes do not match: rank {q} {verb} {_numel(shapes[r])} elements "
-                            f"{'from' if gathers else 'into'} rank {r} ({arg}[{r}] of shape {shapes[r]}) but rank "
-                            f"{r}'s {own_name} has {_numel(own)} (shape {own})")
+        for r, q, own, shapes in _pairs(fps, n, own_key, list_key):
+            if len(shapes) != n:
+                return f"rank {q} passes {len(shapes)} {arg} tensors for a group of {n}"
+            if _numel(shapes[r]) != _numel(own):
+                return (f"the sizes do not match: rank {q} {verb} {_numel(shapes[r])} elements "
+                        f"{'from' if gathers else 'into'} rank {r} ({arg}[{r}] of shape {shapes[r]}) but rank "
+                        f"{r}'s {own_name} has {_numel(own)} (shape {own})")
         return None
 
     def share(fp: dict, rank: int) -> int:
@@ -333,12 +329,10 @@ RULES: Dict[str, Rule] = {  # op -> its row
     "reduce_scatter_tensor_coalesced": Rule(("reduce_op", "tensors", "outputs")),
     "broadcast": Rule(("root", "tensors")), "reduce": Rule(("reduce_op", "root", "tensors")), "barrier": Rule(()),
     "all_to_all_single": _pairwise(_A2A, "input_split_sizes", "output_split_sizes", _check_a2a_single,
-                                   ("tensors", "outputs", "split_sizes", "input_split_sizes", "output_split_sizes"),
-                                   _split_sums),
-    "all_to_all": _pairwise(_A2A_LIST, "per_peer_in", "per_peer_out", _check_a2a,
-                            ("tensors", "per_peer_in", "per_peer_out")),
-    "gather": _rooted("gather", "root_outputs", _GATHER),
-    "scatter": _rooted("scatter", "root_inputs", _SCATTER),
+                                   ("tensors", "outputs", "split_sizes"), _split_sums),
+    "all_to_all": _pairwise(_A2A_LIST, "per_peer_in", "per_peer_out", _check_a2a, ("tensors",)),
+    "gather": _rooted("root_outputs", _GATHER),
+    "scatter": _rooted("root_inputs", _SCATTER),
     "gather_single": Rule(("root", "tensors", "root_output_numel"), ("root_output_numel",), _check_gather_single,
                           _share_gather_single, _sizes_gather_single, torch_name="gather"),
     "send": _P2P, "recv": _P2P,
@@ -507,11 +501,9 @@ def who(ranks: List[int], global_ranks) -> str:
 def compare(fps: List[dict], seq: int, group: str, global_ranks=None, by: str = DEBUG_CHECK) -> Optional[str]:
     """The mismatch message for the fingerprints of every rank (index = group rank), or None when they agree.
     The same on every rank: it depends on the fingerprints only. ``by`` names the check (the closing parenthesis)."""
-    n = len(fps)
     common = [{k: v for k, v in fp.items() if k not in PER_RANK} for fp in fps]
-    keys = [json.dumps(c, sort_keys=True) for c in common]
     fields: List[str] = []
-    if len(set(keys)) > 1:
+    if len({json.dumps(c, sort_keys=True) for c in common}) > 1:
         for key in sorted(set().union(*common), key=lambda k: (_ORDER.index(k) if k in _ORDER else len(_ORDER), k)):
             if key == "tensors":
                 fields += _tensor_fields(fps)
@@ -523,7 +515,7 @@ def compare(fps: List[dict], seq: int, group: str, global_ranks=None, by: str = 
         why: Optional[str] = "they differ in " + ", ".join(dict.fromkeys(fields))
     else:
         check = row_of(fps[0].get("op", "")).check
-        why = check(fps, n) if check is not None else None
+        why = check(fps, len(fps)) if check is not None else None
     if why is None:
         return None
     by_desc: Dict[str, List[int]] = {}

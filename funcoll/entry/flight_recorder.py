@@ -372,7 +372,6 @@ def _torch_entry(call: Call, pg_id: int, trace: GroupTrace) -> dict:
         peer = fp.get("peer")
         peer = "?" if peer in (None, "any") else peer
         name = f"send {call.rank}->{peer}" if call.op == "send" else f"recv {call.rank}<-{peer}"
-    done = call.state in (COMPLETED, FAILED, INVALID)
     return {"frames": [], "record_id": None, "pg_id": pg_id, "process_group": (trace.group, trace.desc),
             "thread_name": call.thread, "thread_id": call.thread,
             "collective_seq_id": trace.seq if p2p else call.seq,
@@ -381,7 +380,7 @@ def _torch_entry(call: Call, pg_id: int, trace: GroupTrace) -> dict:
             "input_sizes": ins, "input_dtypes": dtypes, "output_sizes": outs, "output_dtypes": dtypes,
             "state": "completed" if call.state == COMPLETED else "scheduled",
             "time_discovered_started_ns": None,
-            "time_discovered_completed_ns": int(call.t_done * 1e9) if call.t_done is not None and done else None,
+            "time_discovered_completed_ns": int(call.t_done * 1e9) if call.t_done is not None else None,
             "retired": call.state == COMPLETED, "timeout_ms": int((call.timeout or 0) * 1e3), "is_p2p": p2p,
             "funcoll_state": call.state, "funcoll_strategies": list(call.strategies)}
 
