@@ -20,8 +20,8 @@ import functools
 import importlib
 import os
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -47,7 +47,7 @@ _Caps = TypeVar("_Caps", bound="Capabilities")
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What one backend does natively. ``None`` fields mean "everything"."""
+    """What one backend does natively."""
 
     name: str
     primitives: frozenset  # native primitives (names from PRIMITIVES)
@@ -82,23 +82,18 @@ class Capabilities:
                 and (op, dtype) not in self.refused_pairs and (primitive, op) not in self.refused_on)
 
     def restrict(self: _Caps, other: "Capabilities") -> _Caps:
-        """What both can do natively (a transport run under another backend's profile); the rest is ``self``'s (its
+        """What both can do natively (a transport run under another backend's profile): the sets of what is native
+        intersect, the ``refused`` sets unite, a flag holds where it holds for both; the rest is ``self``'s (its
         ``is_async``, a fact table's versions)."""
-        return replace(
-            self,
-            name=f"{self.name}[{other.name}]" if other.name != self.name else self.name,
-            primitives=self.primitives & other.primitives,
-            reduce_ops=self.reduce_ops & other.reduce_ops,
-            dtypes=self.dtypes & other.dtypes,
-            reduce_dtypes=self.reduce_dtypes & other.reduce_dtypes,
-            refused_pairs=self.refused_pairs | other.refused_pairs,
-            uneven_all_to_all=self.uneven_all_to_all and other.uneven_all_to_all,
-            p2p_any_shape=self.p2p_any_shape and other.p2p_any_shape,
-            sources={**self.sources, **other.sources},
-            refused_on=self.refused_on | other.refused_on,
-            uneven_all_gather=self.uneven_all_gather and other.uneven_all_gather,
-            uneven_reduce_scatter=self.uneven_reduce_scatter and other.uneven_reduce_scatter,
-        )
+        both: Dict[str, Any] = {}
+        for f in fields(Capabilities):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, frozenset):
+                both[f.name] = mine | theirs if f.name.startswith("refused") else mine & theirs
+            elif isinstance(mine, bool) and f.name != "is_async":
+                both[f.name] = mine and theirs
+        return replace(self, name=f"{self.name}[{other.name}]" if other.name != self.name else self.name,
+                       sources={**self.sources, **other.sources}, **both)
 
 
 def _pairs(ops: Iterable[ReduceOp], dtypes: Iterable[torch.dtype]) -> frozenset:
