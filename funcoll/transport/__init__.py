@@ -234,11 +234,6 @@ def static_split_bound(bound: int):
         _bound.value = prev
 
 
-def promised_split_bound() -> Optional[int]:
-    """The bound of the innermost :func:`static_split_bound` block of this thread, or None."""
-    return getattr(_bound, "value", None)
-
-
 # The eager entry's hook before the first byte of a collective is sent (funcoll.debug: the call gets its sequence
 # number there and, in debug mode, the cross-rank fingerprint check runs), per thread, consumed once. Everything
 # the algorithms validate has been validated by then, so a rejected request neither sends nor counts.
@@ -321,10 +316,10 @@ class Native:
     are CPU tensors; ``caps`` and ``cls``: the capabilities and transport class it was made under (an answer under
     others is stale)."""
 
-    __slots__ = ("tp", "caps", "cls", "issue", "cpu")
+    __slots__ = ("caps", "cls", "issue", "cpu")
 
     def __init__(self, tp: "Transport", issue: Callable, calls_key: tuple):
-        self.tp, self.caps, self.cls = tp, tp.caps, type(tp)
+        self.caps, self.cls = tp.caps, type(tp)
         self.issue = _counted(issue, tp.calls, calls_key) if tp.counting else issue
         self.cpu = tp.device_type == "cpu"
 
@@ -520,9 +515,9 @@ class Transport:
         return self._like(torch.tensor([self.rank]), like)
 
     def split_bound(self) -> Optional[int]:
-        """A bound on every split size of an uneven all_to_all that every rank has promised (XLA's
+        """A bound on every split size of an uneven all_to_all that every rank has promised (this thread's innermost
         ``static_split_bound``; on every transport), or None: the ranks agree on their splits first."""
-        return promised_split_bound()
+        return getattr(_bound, "value", None)
 
     def retain(self, t: torch.Tensor) -> None:
         """Keeps a result nobody reads (a non-root rank's share of reduce/gather) alive until the collective has run: a
