@@ -40,7 +40,7 @@ def guard_from_env() -> bool:
 
 
 _LOCAL_STORES = (dist.HashStore, FakeStore)
-_SUCCESS = getattr(getattr(C, "ErrorType", None), "SUCCESS", None)  # torch >= 2.10 (c10d's Backend::getError)
+_SUCCESS = C.ErrorType.SUCCESS  # c10d's Backend::getError
 
 
 def unwrap_store(store):

@@ -164,8 +164,7 @@ class NativeWork(_Work, BackendWait):
 
     def __init__(self, handle, rec: NativeEntry, state, args=(), outputs=None, quiet: bool = True):  # noqa: D107
         Work.__init__(self)
-        if quiet:
-            self._quiet = True
+        self._quiet = quiet
         self._h = handle
         self._rec = rec  # the call's flight-recorder record (GroupTrace.native_record): a Call only when it fails
         self._state = state

@@ -20,8 +20,8 @@ import functools
 import importlib
 import os
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -47,7 +47,7 @@ _Caps = TypeVar("_Caps", bound="Capabilities")
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What one backend does natively. ``None`` fields mean "everything"."""
+    """What one backend does natively."""
 
     name: str
     primitives: frozenset  # native primitives (names from PRIMITIVES)
@@ -82,23 +82,18 @@ class Capabilities:
                 and (op, dtype) not in self.refused_pairs and (primitive, op) not in self.refused_on)
 
     def restrict(self: _Caps, other: "Capabilities") -> _Caps:
-        """What both can do natively (a transport run under another backend's profile); the rest is ``self``'s (its
+        """What both can do natively (a transport run under another backend's profile): the sets of what is native
+        intersect, the ``refused`` sets unite, a flag holds where it holds for both; the rest is ``self``'s (its
         ``is_async``, a fact table's versions)."""
-        return replace(
-            self,
-            name=f"{self.name}[{other.name}]" if other.name != self.name else self.name,
-            primitives=self.primitives & other.primitives,
-            reduce_ops=self.reduce_ops & other.reduce_ops,
-            dtypes=self.dtypes & other.dtypes,
-            reduce_dtypes=self.reduce_dtypes & other.reduce_dtypes,
-            refused_pairs=self.refused_pairs | other.refused_pairs,
-            uneven_all_to_all=self.uneven_all_to_all and other.uneven_all_to_all,
-            p2p_any_shape=self.p2p_any_shape and other.p2p_any_shape,
-            sources={**self.sources, **other.sources},
-            refused_on=self.refused_on | other.refused_on,
-            uneven_all_gather=self.uneven_all_gather and other.uneven_all_gather,
-            uneven_reduce_scatter=self.uneven_reduce_scatter and other.uneven_reduce_scatter,
-        )
+        both: Dict[str, Any] = {}
+        for f in fields(Capabilities):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, frozenset):
+                both[f.name] = mine | theirs if f.name.startswith("refused") else mine & theirs
+            elif isinstance(mine, bool) and f.name != "is_async":
+                both[f.name] = mine and theirs
+        return replace(self, name=f"{self.name}[{other.name}]" if other.name != self.name else self.name,
+                       sources={**self.sources, **other.sources}, **both)
 
 
 def _pairs(ops: Iterable[ReduceOp], dtypes: Iterable[torch.dtype]) -> frozenset:
@@ -239,11 +234,6 @@ def static_split_bound(bound: int):
         _bound.value = prev
 
 
-def promised_split_bound() -> Optional[int]:
-    """The bound of the innermost :func:`static_split_bound` block of this thread, or None."""
-    return getattr(_bound, "value", None)
-
-
 # The eager entry's hook before the first byte of a collective is sent (funcoll.debug: the call gets its sequence
 # number there and, in debug mode, the cross-rank fingerprint check runs), per thread, consumed once. Everything
 # the algorithms validate has been validated by then, so a rejected request neither sends nor counts.
@@ -326,10 +316,10 @@ class Native:
     are CPU tensors; ``caps`` and ``cls``: the capabilities and transport class it was made under (an answer under
     others is stale)."""
 
-    __slots__ = ("tp", "caps", "cls", "issue", "cpu")
+    __slots__ = ("caps", "cls", "issue", "cpu")
 
     def __init__(self, tp: "Transport", issue: Callable, calls_key: tuple):
-        self.tp, self.caps, self.cls = tp, tp.caps, type(tp)
+        self.caps, self.cls = tp.caps, type(tp)
         self.issue = _counted(issue, tp.calls, calls_key) if tp.counting else issue
         self.cpu = tp.device_type == "cpu"
 
@@ -525,9 +515,9 @@ class Transport:
         return self._like(torch.tensor([self.rank]), like)
 
     def split_bound(self) -> Optional[int]:
-        """A bound on every split size of an uneven all_to_all that every rank has promised (XLA's
+        """A bound on every split size of an uneven all_to_all that every rank has promised (this thread's innermost
         ``static_split_bound``; on every transport), or None: the ranks agree on their splits first."""
-        return promised_split_bound()
+        return getattr(_bound, "value", None)
 
     def retain(self, t: torch.Tensor) -> None:
         """Keeps a result nobody reads (a non-root rank's share of reduce/gather) alive until the collective has run: a

@@ -27,7 +27,6 @@ def c10d_op(red: Reduction):
 
 
 def _options(cls, **fields):
-    """A c10d options object of class ``cls`` with ``fields`` set."""
     options = cls()
     for name, value in fields.items():
         setattr(options, name, value)
@@ -424,11 +423,7 @@ class C10dTransport(Transport):
     def abort(self) -> None:
         """The backend's own ``abort()`` (ProcessGroupXCCL's does not interrupt an in-flight collective:
         intel/torch-xpu-ops#5071; ProcessGroupTpu's is empty: docs/fault-tolerance.md)."""
-        stop = getattr(self.backend, "abort", None)
-        if stop is not None:
-            stop()
+        getattr(self.backend, "abort", lambda: None)()
 
     def shutdown(self) -> None:
-        stop = getattr(self.backend, "shutdown", None)
-        if stop is not None:
-            stop()
+        getattr(self.backend, "shutdown", lambda: None)()

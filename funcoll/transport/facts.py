@@ -22,7 +22,7 @@ def parse_version(v, what: str, example: str) -> Optional[Version]:
     m = re.match(r"\s*(\d+(?:\.\d+)*)", str(v))
     if not m:
         raise ValueError(f"{what} from {v!r}; write it as e.g. {example}")
-    return tuple(int(x) for x in m.group(1).split("."))
+    return row_key(m.group(1))
 
 
 def row_key(row: str) -> Version:

@@ -245,13 +245,13 @@ class XlaTransport(Transport):
         return self._chained(_X._xla_collective_permute(t, self._token(), pairs))
 
     def retain(self, t: torch.Tensor) -> None:
-        _keep_until_step(t)
+        """Keeps ``t`` alive until the next ``torch_xla.sync()`` / ``xm.mark_step()``, which then runs it."""
+        xm.add_step_closure(lambda _t: None, args=(t,))
 
     def _send(self, t, dst, tag):
         # The receiver runs the same collective-permute (same pair). The result (zeros here) is kept alive until
         # the next step, so the op is part of this rank's next graph without a sync of its own.
-        res = self._permute(t, [[self.global_ranks[self.rank], self.global_ranks[dst]]])
-        _keep_until_step(res)
+        self.retain(self._permute(t, [[self.global_ranks[self.rank], self.global_ranks[dst]]]))
         return DONE
 
     def _recv(self, t, src, tag):
@@ -293,11 +293,6 @@ def _bitcast(kind: str):
 
         op = _bitcasts[kind] = xor.register(f"funcoll_bits_{kind}", lambda x: x.bitcast(kind))
     return op
-
-
-def _keep_until_step(t: torch.Tensor) -> None:
-    """Keeps ``t`` alive until the next ``torch_xla.sync()`` / ``xm.mark_step()``, which then runs it."""
-    xm.add_step_closure(lambda _t: None, args=(t,))
 
 
 def _check_runtime(rank_global: int, world_size: int) -> None:
