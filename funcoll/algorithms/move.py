@@ -22,6 +22,7 @@ from funcoll.algorithms.tensors import (
     _flat,
     _mx_as_bytes,
     _offsets,
+    _padded_to,
     _summable,
     _unflatten,
     _with_contig_out,
@@ -301,14 +302,7 @@ def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> P
     whose splits are all ``chunk`` already holds the padded layout and sends its tensors as they are."""
     if all(s == chunk for s in out_splits + in_splits):
         return _a2a_even(tp, out, inp)
-    rest = tuple(inp.shape[1:])
-    pieces = []
-    for off, s in zip(_offsets(in_splits), in_splits):
-        piece = inp[off:off + s]
-        if s < chunk:
-            piece = torch.cat([piece, piece.new_zeros((chunk - s,) + rest)])
-        pieces.append(piece)
-    padded = torch.cat(pieces)
+    padded = torch.cat([_padded_to(inp[off:off + s], chunk) for off, s in zip(_offsets(in_splits), in_splits)])
     recv = padded.new_empty(padded.shape)
 
     def unpad():
@@ -471,9 +465,8 @@ def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -
         return p.and_then(lambda: _unflatten(torch.cat(bufs), outs))
     # every size is in every rank's list: no agreement, no host sync (XLA)
     _note(f"uneven all_gather=pad to {big}+all_gather+unpad")
-    padded = flat if flat.numel() == big else torch.cat([flat, flat.new_zeros((big - flat.numel(),))])
     g = flat.new_empty((n * big,))
-    return _ag(tp, g, padded).and_then(lambda: _unflatten(
+    return _ag(tp, g, _padded_to(flat, big)).and_then(lambda: _unflatten(
         torch.cat([g[q * big:q * big + s] for q, s in enumerate(sizes)]), outs))
 
 

@@ -21,6 +21,7 @@ from funcoll.algorithms.tensors import (
     _local_reduce,
     _moved,
     _padded_flat,
+    _padded_to,
     _summable,
     _trunc_div,
     _unflatten,
@@ -424,7 +425,6 @@ def _rs_uneven(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], s
         flat = torch.cat([t.reshape(-1) for t in inps])
         return _ar(tp, flat, red).and_then(lambda: out.copy_(flat[lo:lo + out.numel()]))
     _note(f"uneven reduce_scatter=pad to {big}+reduce_scatter+unpad")
-    padded = torch.cat([t.reshape(-1) if s == big else torch.cat([t.reshape(-1), t.new_zeros((big - s,))])
-                        for t, s in zip(inps, sizes)])
+    padded = torch.cat([_padded_to(t.reshape(-1), big) for t in inps])
     block = padded.new_empty((big,))
     return _rs(tp, block, padded, red).and_then(lambda: out.copy_(block[:out.numel()]))
