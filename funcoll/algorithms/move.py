@@ -157,7 +157,6 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
     if caps.has("send_recv") and caps.p2p_any_shape and caps.has("all_to_all") and caps.moves(torch.uint8):
         return _planned_a2a(tp, out, inp, out_splits, in_splits, bound)
     if caps.has("send_recv") and caps.p2p_any_shape and bound is None:
-        _note("uneven all_to_all=pairwise send/recv")
         return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
     if bound is not None:
         _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
@@ -195,6 +194,7 @@ def _sends_first(rank: int, k: int, n: int) -> bool:
 def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
     """Uneven all_to_all as n-1 rounds of one send and one receive per rank, each message exactly its split: the
     bytes of a native alltoallv, no agreement, no padding."""
+    _note(planner.A2aPlan(planner.PAIRWISE).note())
     n, r, caps = tp.size, tp.rank, tp.caps
     if out_splits[r] != in_splits[r]:
         raise ValueError(f"funcoll.all_to_all_single: this rank sends itself {in_splits[r]} rows "
@@ -228,7 +228,6 @@ def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pendi
     n, r = tp.size, tp.rank
     row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
     if n <= planner.PAIRWISE_WORLD:
-        _note(planner.A2aPlan(planner.PAIRWISE).note())
         return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
     if out_splits[r] != in_splits[r]:
         raise ValueError(f"funcoll.all_to_all_single: this rank sends itself {in_splits[r]} rows "
