@@ -74,26 +74,27 @@ def native_reduce_scatter_call(tp: Transport, op, out: torch.Tensor, inp: torch.
     red = semantics.parse_reduction(op, "reduce_scatter_tensor")
     semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
     semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
-    caps = tp.caps
-    if (out.numel() == 0 or red.op is ReduceOp.PREMUL_SUM or out.dim() == 0
-            or tuple(inp.shape) != (tp.size * out.shape[0],) + tuple(out.shape[1:])
-            or not caps.moves(inp.dtype)
-            or not planner.plan(caps, "reduce_scatter", red.op, inp.dtype, tp.size).native):
+    if (out.numel() == 0 or out.dim() == 0 or tuple(inp.shape) != (tp.size * out.shape[0],) + tuple(out.shape[1:])
+            or not _plan_native(tp, "reduce_scatter", red, inp.dtype)):
         return None
     return ("reduce_scatter", str(red.op), inp.dtype)
+
+
+def _plan_native(tp: Transport, primitive: str, red: Reduction, dtype: torch.dtype) -> bool:
+    """Whether ``primitive`` of ``dtype`` is one native call: a dtype the transport moves, the planner's plan native,
+    and not premul_sum (a native call names its op, not its factor)."""
+    return (red.op is not ReduceOp.PREMUL_SUM and tp.caps.moves(dtype)
+            and planner.plan(tp.caps, primitive, red.op, dtype, tp.size).native)
 
 
 def _rs_list_native(tp: Transport, red: Reduction, dtype: torch.dtype, sizes: Sequence[int]) -> bool:
     """Whether ``dist.reduce_scatter`` (the list form) goes to the backend's own list reduce_scatter: a function of what
     every rank shares (the transport, the reduce op, the dtype, every destination's size), so that every rank of a
     call issues the same exchange, whatever its tensors' layouts and whether the fast path took it."""
-    caps = tp.caps
-    if (red.op is ReduceOp.PREMUL_SUM or "reduce_scatter" not in tp.list_forms or not caps.moves(dtype)
-            or not planner.plan(caps, "reduce_scatter", red.op, dtype, tp.size).native):
+    if "reduce_scatter" not in tp.list_forms or not _plan_native(tp, "reduce_scatter", red, dtype):
         return False
     # uneven: XCCL and NCCL send one reduce per destination (the reduce plan must be native too); gloo one all_reduce
-    return len(set(sizes)) == 1 or (caps.uneven_reduce_scatter
-                                    and planner.plan(caps, "reduce", red.op, dtype, tp.size).native)
+    return len(set(sizes)) == 1 or (tp.caps.uneven_reduce_scatter and _plan_native(tp, "reduce", red, dtype))
 
 
 def native_reduce_scatter_list_call(tp: Transport, op, out: torch.Tensor, ins: tuple) -> Optional[tuple]:
