@@ -62,16 +62,15 @@ class Reduction:
         return f.to(device=like.device, dtype=like.dtype).reshape(()) if isinstance(f, torch.Tensor) else f
 
 
-def parse_reduction(op, opname: str) -> Reduction:
+def parse_reduction(op, opname: str, dtype: Optional[torch.dtype] = None) -> Reduction:
     """Accepts a string ("sum", "avg", ...), a funcoll ``ReduceOp`` or ``Reduction``, a ``torch.distributed.ReduceOp``
-    (one made by ``torch.distributed._make_nccl_premul_sum(factor)`` too) or a ``ReduceOp.RedOpType``."""
-    if isinstance(op, Reduction):
-        return op
-    red = None
+    (one made by ``torch.distributed._make_nccl_premul_sum(factor)`` too) or a ``ReduceOp.RedOpType``; given the
+    request's ``dtype``, also refuses an op that makes no sense for it (:func:`check_reduction`)."""
+    red = op if isinstance(op, Reduction) else None
     if isinstance(op, str):  # a funcoll ReduceOp is one too
         row = op_named(op)
         red = Reduction(row.op) if row is not None else None
-    else:
+    elif red is None:
         import torch.distributed as dist
 
         if isinstance(op, dist.ReduceOp.RedOpType):
@@ -85,6 +84,8 @@ def parse_reduction(op, opname: str) -> Reduction:
     if red.op is ReduceOp.PREMUL_SUM and red.factor is None:
         raise ValueError(f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
                          "torch.distributed._make_nccl_premul_sum(factor)")
+    if dtype is not None:
+        check_reduction(opname, red, dtype)
     return red
 
 
