@@ -130,16 +130,14 @@ def _coalesced(outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor], one: 
     groups: dict = {}
     for o, i in zip(outs, inps):
         if i.numel():
-            pair = groups.setdefault((i.dtype, i.device), ([], []))
-            pair[0].append(o)
-            pair[1].append(i)
+            groups.setdefault((i.dtype, i.device), []).append((o, i))
     pendings = []
-    for os_, ins in groups.values():
-        if len(ins) == 1:
-            pendings.append(one(os_[0], ins[0]))
+    for (dtype, _), pairs in groups.items():
+        if len(pairs) == 1:
+            pendings.append(one(*pairs[0]))
         else:
-            _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
-            pendings.append(many(os_, ins))
+            _note(f"flat buffer of {len(pairs)} {dtype} tensors")
+            pendings.append(many(*zip(*pairs)))  # the group's outputs, its inputs
     return Pending(pendings)
 
 
