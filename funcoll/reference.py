@@ -14,9 +14,8 @@ import torch
 from funcoll.semantics import FLOAT4, FLOAT8, OPS, UNSIGNED, ReduceOp, Reduction, check_reduction, op_named, wrap_int
 
 PREMUL = 0.5  # the premul_sum factor every test uses
-BITS = {torch.int8: 8, torch.uint8: 8, torch.int16: 16, torch.uint16: 16, torch.int32: 32, torch.uint32: 32,
-        torch.int64: 64, torch.uint64: 64}
 _SIGNED_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BITS = {dtype: 8 * dtype.itemsize for dtype in (*_SIGNED_OF_WIDTH.values(), *UNSIGNED)}
 
 
 def valid_ops(dtype: torch.dtype) -> list:

@@ -22,6 +22,7 @@ from funcoll.algorithms.tensors import (
     _flat,
     _mx_as_bytes,
     _offsets,
+    _padded_to,
     _summable,
     _unflatten,
     _with_contig_out,
@@ -156,7 +157,6 @@ def _a2a(tp: Transport, out: torch.Tensor, inp: torch.Tensor, out_splits, in_spl
     if caps.has("send_recv") and caps.p2p_any_shape and caps.has("all_to_all") and caps.moves(torch.uint8):
         return _planned_a2a(tp, out, inp, out_splits, in_splits, bound)
     if caps.has("send_recv") and caps.p2p_any_shape and bound is None:
-        _note("uneven all_to_all=pairwise send/recv")
         return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
     if bound is not None:
         _note(f"uneven all_to_all=pad to static bound {bound}+even all_to_all+unpad")
@@ -194,6 +194,7 @@ def _sends_first(rank: int, k: int, n: int) -> bool:
 def _pairwise_a2a(tp: Transport, out, inp, out_splits, in_splits) -> Pending:
     """Uneven all_to_all as n-1 rounds of one send and one receive per rank, each message exactly its split: the
     bytes of a native alltoallv, no agreement, no padding."""
+    _note(planner.A2aPlan(planner.PAIRWISE).note())
     n, r, caps = tp.size, tp.rank, tp.caps
     if out_splits[r] != in_splits[r]:
         raise ValueError(f"funcoll.all_to_all_single: this rank sends itself {in_splits[r]} rows "
@@ -227,7 +228,6 @@ def _planned_a2a(tp: Transport, out, inp, out_splits, in_splits, bound) -> Pendi
     n, r = tp.size, tp.rank
     row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
     if n <= planner.PAIRWISE_WORLD:
-        _note(planner.A2aPlan(planner.PAIRWISE).note())
         return _pairwise_a2a(tp, out, inp, out_splits, in_splits)
     if out_splits[r] != in_splits[r]:
         raise ValueError(f"funcoll.all_to_all_single: this rank sends itself {in_splits[r]} rows "
@@ -301,14 +301,7 @@ def _padded_a2a(tp: Transport, out, inp, out_splits, in_splits, chunk: int) -> P
     whose splits are all ``chunk`` already holds the padded layout and sends its tensors as they are."""
     if all(s == chunk for s in out_splits + in_splits):
         return _a2a_even(tp, out, inp)
-    rest = tuple(inp.shape[1:])
-    pieces = []
-    for off, s in zip(_offsets(in_splits), in_splits):
-        piece = inp[off:off + s]
-        if s < chunk:
-            piece = torch.cat([piece, piece.new_zeros((chunk - s,) + rest)])
-        pieces.append(piece)
-    padded = torch.cat(pieces)
+    padded = torch.cat([_padded_to(inp[off:off + s], chunk) for off, s in zip(_offsets(in_splits), in_splits)])
     recv = padded.new_empty(padded.shape)
 
     def unpad():
@@ -471,9 +464,8 @@ def all_gather(tp: Transport, outs: Sequence[torch.Tensor], inp: torch.Tensor) -
         return p.and_then(lambda: _unflatten(torch.cat(bufs), outs))
     # every size is in every rank's list: no agreement, no host sync (XLA)
     _note(f"uneven all_gather=pad to {big}+all_gather+unpad")
-    padded = flat if flat.numel() == big else torch.cat([flat, flat.new_zeros((big - flat.numel(),))])
     g = flat.new_empty((n * big,))
-    return _ag(tp, g, padded).and_then(lambda: _unflatten(
+    return _ag(tp, g, _padded_to(flat, big)).and_then(lambda: _unflatten(
         torch.cat([g[q * big:q * big + s] for q, s in enumerate(sizes)]), outs))
 
 

@@ -21,6 +21,7 @@ from funcoll.algorithms.tensors import (
     _local_reduce,
     _moved,
     _padded_flat,
+    _padded_to,
     _summable,
     _trunc_div,
     _unflatten,
@@ -36,8 +37,7 @@ from funcoll.transport import Transport
 def _native_reduction(caps, size: int, op, dtype: torch.dtype) -> Optional[Reduction]:
     """The validated :class:`Reduction` when all_reduce of ``dtype`` with ``op`` is one native call under funcoll's
     semantics (the planner's plan), else None; raises as the algorithm does for an invalid request."""
-    red = semantics.parse_reduction(op, "all_reduce")
-    semantics.check_reduction("all_reduce", red, dtype)
+    red = semantics.parse_reduction(op, "all_reduce", dtype)
     native = red.op is not ReduceOp.PREMUL_SUM and planner.plan(caps, "all_reduce", red.op, dtype, size).native
     return red if native else None
 
@@ -70,36 +70,35 @@ def native_all_reduce_call(tp: Transport, op, t: torch.Tensor) -> Optional[tuple
 
 def native_reduce_scatter_call(tp: Transport, op, out: torch.Tensor, inp: torch.Tensor) -> Optional[tuple]:
     """``ProcessGroup._reduce_scatter_base(out, inp, opts)`` (input in the concatenated shape)."""
-    red = semantics.parse_reduction(op, "reduce_scatter_tensor")
-    semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
+    red = semantics.parse_reduction(op, "reduce_scatter_tensor", inp.dtype)
     semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
-    caps = tp.caps
-    if (out.numel() == 0 or red.op is ReduceOp.PREMUL_SUM or out.dim() == 0
-            or tuple(inp.shape) != (tp.size * out.shape[0],) + tuple(out.shape[1:])
-            or not caps.moves(inp.dtype)
-            or not planner.plan(caps, "reduce_scatter", red.op, inp.dtype, tp.size).native):
+    if (out.numel() == 0 or out.dim() == 0 or tuple(inp.shape) != (tp.size * out.shape[0],) + tuple(out.shape[1:])
+            or not _plan_native(tp, "reduce_scatter", red, inp.dtype)):
         return None
     return ("reduce_scatter", str(red.op), inp.dtype)
+
+
+def _plan_native(tp: Transport, primitive: str, red: Reduction, dtype: torch.dtype) -> bool:
+    """Whether ``primitive`` of ``dtype`` is one native call: a dtype the transport moves, the planner's plan native,
+    and not premul_sum (a native call names its op, not its factor)."""
+    return (red.op is not ReduceOp.PREMUL_SUM and tp.caps.moves(dtype)
+            and planner.plan(tp.caps, primitive, red.op, dtype, tp.size).native)
 
 
 def _rs_list_native(tp: Transport, red: Reduction, dtype: torch.dtype, sizes: Sequence[int]) -> bool:
     """Whether ``dist.reduce_scatter`` (the list form) goes to the backend's own list reduce_scatter: a function of what
     every rank shares (the transport, the reduce op, the dtype, every destination's size), so that every rank of a
     call issues the same exchange, whatever its tensors' layouts and whether the fast path took it."""
-    caps = tp.caps
-    if (red.op is ReduceOp.PREMUL_SUM or "reduce_scatter" not in tp.list_forms or not caps.moves(dtype)
-            or not planner.plan(caps, "reduce_scatter", red.op, dtype, tp.size).native):
+    if "reduce_scatter" not in tp.list_forms or not _plan_native(tp, "reduce_scatter", red, dtype):
         return False
     # uneven: XCCL and NCCL send one reduce per destination (the reduce plan must be native too); gloo one all_reduce
-    return len(set(sizes)) == 1 or (caps.uneven_reduce_scatter
-                                    and planner.plan(caps, "reduce", red.op, dtype, tp.size).native)
+    return len(set(sizes)) == 1 or (tp.caps.uneven_reduce_scatter and _plan_native(tp, "reduce", red, dtype))
 
 
 def native_reduce_scatter_list_call(tp: Transport, op, out: torch.Tensor, ins: tuple) -> Optional[tuple]:
     """``ProcessGroup.reduce_scatter([out], [ins], opts)`` (``dist.reduce_scatter``; ``ins``: each input's (dtype,
     shape)) as the backend's list form, which wants rank r's input in rank r's output shape."""
-    red = semantics.parse_reduction(op, "reduce_scatter")
-    semantics.check_reduction("reduce_scatter", red, out.dtype)
+    red = semantics.parse_reduction(op, "reduce_scatter", out.dtype)
     sizes = [math.prod(s) for _, s in ins]
     if (len(ins) != tp.size or any(d != out.dtype for d, _ in ins) or ins[tp.rank][1] != out.shape
             or not any(sizes) or not _rs_list_native(tp, red, out.dtype, sizes)):
@@ -266,8 +265,7 @@ _STEPS: dict[str, Callable[..., Pending]] = {
 @_entry
 def all_reduce(tp: Transport, tensor: torch.Tensor, op="sum") -> Pending:
     """In-place all_reduce of ``tensor`` over the transport's group."""
-    red = semantics.parse_reduction(op, "all_reduce")
-    semantics.check_reduction("all_reduce", red, tensor.dtype)
+    red = semantics.parse_reduction(op, "all_reduce", tensor.dtype)
     if tensor.numel() == 0:
         return Pending()  # nothing to send: complete at once
     return _with_contig_out(tensor, lambda t: _ar(tp, t, red))
@@ -338,8 +336,7 @@ def _rs(tp: Transport, out: torch.Tensor, inp: torch.Tensor, red: Reduction) -> 
 
 @_entry
 def reduce_scatter_tensor(tp: Transport, out: torch.Tensor, inp: torch.Tensor, op="sum") -> Pending:
-    red = semantics.parse_reduction(op, "reduce_scatter_tensor")
-    semantics.check_reduction("reduce_scatter_tensor", red, inp.dtype)
+    red = semantics.parse_reduction(op, "reduce_scatter_tensor", inp.dtype)
     semantics.check_reduce_scatter("reduce_scatter_tensor", out, inp, tp.size)
     if out.numel() == 0:
         return Pending()  # nothing to send: complete at once
@@ -371,8 +368,7 @@ def reduce_scatter_tensor_coalesced(tp: Transport, outs: Sequence[torch.Tensor],
 @_entry
 def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
     """The result lands in ``tensor`` on ``dst``; other ranks' tensors are left unchanged."""
-    red = semantics.parse_reduction(op, "reduce")
-    semantics.check_reduction("reduce", red, tensor.dtype)
+    red = semantics.parse_reduction(op, "reduce", tensor.dtype)
     semantics.check_root("reduce", "dst", dst, tp.size)
     if tensor.numel() == 0:
         return Pending()  # nothing to send: complete at once
@@ -396,8 +392,7 @@ def reduce(tp: Transport, tensor: torch.Tensor, dst: int, op="sum") -> Pending:
 def reduce_scatter(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], op="sum") -> Pending:
     """``dist.reduce_scatter``: ``inps[r]`` of every rank is reduced into ``out`` on rank r; ``inps[r]`` has rank r's
     output size, which may differ per destination (as NCCL, XCCL and gloo serve the list form)."""
-    red = semantics.parse_reduction(op, "reduce_scatter")
-    semantics.check_reduction("reduce_scatter", red, out.dtype)
+    red = semantics.parse_reduction(op, "reduce_scatter", out.dtype)
     sizes = semantics.check_rank_list("reduce_scatter", "input", inps, out, tp.size, tp.rank)
     if not any(sizes):
         return Pending()  # nothing to send on any rank (every rank sees every size): complete at once
@@ -424,7 +419,6 @@ def _rs_uneven(tp: Transport, out: torch.Tensor, inps: Sequence[torch.Tensor], s
         flat = torch.cat([t.reshape(-1) for t in inps])
         return _ar(tp, flat, red).and_then(lambda: out.copy_(flat[lo:lo + out.numel()]))
     _note(f"uneven reduce_scatter=pad to {big}+reduce_scatter+unpad")
-    padded = torch.cat([t.reshape(-1) if s == big else torch.cat([t.reshape(-1), t.new_zeros((big - s,))])
-                        for t, s in zip(inps, sizes)])
+    padded = torch.cat([_padded_to(t.reshape(-1), big) for t in inps])
     block = padded.new_empty((big,))
     return _rs(tp, block, padded, red).and_then(lambda: out.copy_(block[:out.numel()]))

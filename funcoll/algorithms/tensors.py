@@ -94,12 +94,17 @@ def _local_reduce(g: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     return acc
 
 
+def _padded_to(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` with rows of zeros appended up to ``rows`` rows (``t`` itself when it has them)."""
+    have = t.shape[0]
+    return t if have == rows else torch.cat([t, t.new_zeros((rows - have,) + tuple(t.shape[1:]))])
+
+
 def _padded_flat(t: torch.Tensor, n: int) -> torch.Tensor:
     """``t`` flattened, as is when its size divides by ``n`` (a view: no copy), else copied and padded to it. Callers
     tell the two apart by size, never by ``data_ptr()``: a lazy XLA tensor and its padded copy report the same one."""
     flat = t.reshape(-1)
-    pad = -flat.numel() % n
-    return flat if not pad else torch.cat([flat, flat.new_zeros(pad)])
+    return _padded_to(flat, flat.numel() + -flat.numel() % n)
 
 
 def _trunc_div(w: torch.Tensor, n: int) -> torch.Tensor:
@@ -125,16 +130,14 @@ def _coalesced(outs: Sequence[torch.Tensor], inps: Sequence[torch.Tensor], one: 
     groups: dict = {}
     for o, i in zip(outs, inps):
         if i.numel():
-            pair = groups.setdefault((i.dtype, i.device), ([], []))
-            pair[0].append(o)
-            pair[1].append(i)
+            groups.setdefault((i.dtype, i.device), []).append((o, i))
     pendings = []
-    for os_, ins in groups.values():
-        if len(ins) == 1:
-            pendings.append(one(os_[0], ins[0]))
+    for (dtype, _), pairs in groups.items():
+        if len(pairs) == 1:
+            pendings.append(one(*pairs[0]))
         else:
-            _note(f"flat buffer of {len(ins)} {ins[0].dtype} tensors")
-            pendings.append(many(os_, ins))
+            _note(f"flat buffer of {len(pairs)} {dtype} tensors")
+            pendings.append(many(*zip(*pairs)))  # the group's outputs, its inputs
     return Pending(pendings)
 
 

@@ -34,13 +34,13 @@ class ReduceOp(str, enum.Enum):
         return self.value
 
 
-FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-                                               "float8_e8m0fnu") if hasattr(torch, n))
-FLOAT4 = frozenset(getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n))  # two fp4 values per byte
+FLOAT8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+                    torch.float8_e8m0fnu})
+FLOAT4 = frozenset({torch.float4_e2m1fn_x2})  # two fp4 values per byte
 # the two halves of an MX tensor (torchao's MXTensor: packed fp4 pairs ``qdata`` and e8m0 ``scale``), one byte per
 # element: collectives move them as their uint8 view, from the first step (torch 2.9 has no copy kernel for
 # float4_e2m1fn_x2), and never reduce them
-MX = FLOAT4 | frozenset(getattr(torch, n) for n in ("float8_e8m0fnu",) if hasattr(torch, n))
+MX = FLOAT4 | {torch.float8_e8m0fnu}
 UNSIGNED = frozenset({torch.uint8, torch.uint16, torch.uint32, torch.uint64})
 INTEGER_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64}) | UNSIGNED
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})  # no float8/float4: see above
@@ -62,25 +62,21 @@ class Reduction:
         return f.to(device=like.device, dtype=like.dtype).reshape(()) if isinstance(f, torch.Tensor) else f
 
 
-def parse_reduction(op, opname: str) -> Reduction:
+def parse_reduction(op, opname: str, dtype: Optional[torch.dtype] = None) -> Reduction:
     """Accepts a string ("sum", "avg", ...), a funcoll ``ReduceOp`` or ``Reduction``, a ``torch.distributed.ReduceOp``
-    (one made by ``torch.distributed._make_nccl_premul_sum(factor)`` too) or a ``ReduceOp.RedOpType``."""
-    if isinstance(op, Reduction):
-        return op
-    red = None
+    (one made by ``torch.distributed._make_nccl_premul_sum(factor)`` too) or a ``ReduceOp.RedOpType``; given the
+    request's ``dtype``, also refuses an op that makes no sense for it (:func:`check_reduction`)."""
+    red = op if isinstance(op, Reduction) else None
     if isinstance(op, str):  # a funcoll ReduceOp is one too
         row = op_named(op)
         red = Reduction(row.op) if row is not None else None
-    else:
+    elif red is None:
         import torch.distributed as dist
 
         if isinstance(op, dist.ReduceOp.RedOpType):
             red = Reduction(ReduceOp(op.name.lower()))
         elif isinstance(op, dist.ReduceOp):
-            kind, factor = op.op, None  # type: ignore[attr-defined]
-            if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:  # type: ignore[attr-defined]
-                state = op.__getstate__()  # type: ignore[attr-defined]  # (RedOpType.PREMUL_SUM, factor)
-                factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
+            kind, factor = op.__getstate__()  # type: ignore[attr-defined]  # (RedOpType, premul_sum's factor or None)
             red = Reduction(ReduceOp(kind.name.lower()), factor)
     if red is None:
         raise ValueError(f"funcoll.{opname}: unknown reduce op {op!r}; use one of "
@@ -88,6 +84,8 @@ def parse_reduction(op, opname: str) -> Reduction:
     if red.op is ReduceOp.PREMUL_SUM and red.factor is None:
         raise ValueError(f"funcoll.{opname}: reduce op premul_sum needs a factor; build it with "
                          "torch.distributed._make_nccl_premul_sum(factor)")
+    if dtype is not None:
+        check_reduction(opname, red, dtype)
     return red
 
 
