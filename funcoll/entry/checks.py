@@ -244,7 +244,10 @@ class CheckedRecv(Handle):
     def finish(self, error: Optional[BaseException]) -> None:
         self._error = error
         self._done.set()
-        self._fut.set_exception(error) if error is not None else self._fut.set_result(None)
+        if error is not None:
+            self._fut.set_exception(error)
+        else:
+            self._fut.set_result(None)
 
     def wait(self, timeout=None) -> None:
         if not self._done.wait(None if timeout is None else timeout.total_seconds()):

@@ -268,7 +268,7 @@ def _present(device_type: str) -> bool:
             return False
         return bool(os.environ.get("PJRT_DEVICE")) or importlib.util.find_spec("libtpu") is not None
     if device_type == "xpu":
-        return hasattr(torch, "xpu") and torch.xpu.is_available()
+        return torch.xpu.is_available()
     if device_type == "tpu":  # TorchTPU registered its device (it renames PrivateUse1 only when a TPU is found)
         return torch._C._get_privateuse1_backend_name() == "tpu"
     return False
