@@ -66,11 +66,13 @@ def parse_reduction(op, opname: str, dtype: Optional[torch.dtype] = None) -> Red
     """Accepts a string ("sum", "avg", ...), a funcoll ``ReduceOp`` or ``Reduction``, a ``torch.distributed.ReduceOp``
     (one made by ``torch.distributed._make_nccl_premul_sum(factor)`` too) or a ``ReduceOp.RedOpType``; given the
     request's ``dtype``, also refuses an op that makes no sense for it (:func:`check_reduction`)."""
-    red = op if isinstance(op, Reduction) else None
-    if isinstance(op, str):  # a funcoll ReduceOp is one too
+    red: Optional[Reduction] = None
+    if isinstance(op, Reduction):
+        red = op
+    elif isinstance(op, str):  # a funcoll ReduceOp is one too
         row = op_named(op)
         red = Reduction(row.op) if row is not None else None
-    elif red is None:
+    else:
         import torch.distributed as dist
 
         if isinstance(op, dist.ReduceOp.RedOpType):

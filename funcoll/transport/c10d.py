@@ -168,7 +168,10 @@ class BackendWait(C.Work):
         except Exception:  # noqa: BLE001 - a backend Work without result() (no outputs known): nothing to hand over
             value = []
         with contextlib.suppress(RuntimeError):  # settled meanwhile by another thread: get_future() and the waiter
-            fut.set_exception(self._exc) if self._exc is not None else fut.set_result(value)
+            if self._exc is not None:
+                fut.set_exception(self._exc)
+            else:
+                fut.set_result(value)
 
     def _in_background(self) -> None:
         """A background waiter waits on the backend's Work, unless a thread does already."""
